@@ -1,0 +1,41 @@
+"""alpa_ir: an automatic parallelizing compiler for JAX training steps (import alpa_ir).
+
+Public API (imported lazily, so that ``import alpa_ir`` stays cheap for tools
+that need no JAX):
+
+- ``import_jax(fn, *example_args)`` -> module; ``str(module)`` is its text,
+  ``parse_module(text)`` the way back.
+- ``execute(module, *args, backend="xla")`` runs a module; ``compile_module``
+  returns a reusable executable.
+- ``mark_pipeline_boundary``, ``grad``, ``value_and_grad``: markers for steps.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS: dict[str, str] = {
+    "import_jax": "alpa_ir.frontend.jaxpr_import",
+    "parse_module": "alpa_ir.ir_text",
+    "print_module": "alpa_ir.ir_text",
+    "execute": "alpa_ir.api",
+    "compile_module": "alpa_ir.api",
+    "mark_pipeline_boundary": "alpa_ir.markers",
+    "grad": "alpa_ir.markers",
+    "value_and_grad": "alpa_ir.markers",
+    "AlpaError": "alpa_ir.errors",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'alpa_ir' has no attribute '{name}'")
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -1,0 +1,1 @@
+"""IR dialects: lax, mesh, sharding, pipeline (import alpa_ir.dialects)."""

@@ -1,0 +1,512 @@
+"""Parameter attributes of the ``lax`` dialect and the codecs between JAX
+primitive parameters and xDSL attributes.
+
+Each parameter of a JAX primitive has a :class:`Codec`: it names the xDSL
+attribute type of the op property, encodes the Python value JAX uses
+(``encode``; ``None`` means the property is omitted) and decodes it back
+(``decode``; an absent property decodes to the parameter's default, usually
+``None``). Structured parameters (dimension numbers) get attributes with a
+readable syntax, e.g. ``#lax.dot<contract [1] x [0], batch [] x []>``.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import operator
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+from jax import lax
+from xdsl.dialects.builtin import (
+    ArrayAttr,
+    DenseArrayBase,
+    DenseIntOrFPElementsAttr,
+    FloatAttr,
+    IntegerAttr,
+    IntegerType,
+    StringAttr,
+    TensorType,
+    f64,
+    i1,
+    i64,
+)
+from xdsl.ir import Attribute, ParametrizedAttribute, TypeAttribute
+from xdsl.irdl import irdl_attr_definition
+from xdsl.parser import AttrParser
+from xdsl.printer import Printer
+
+from alpa_ir.errors import AlpaError
+from alpa_ir.ir_types import element_type, numpy_dtype
+
+# --------------------------------------------------------------------------
+# Attributes for structured parameters
+# --------------------------------------------------------------------------
+
+
+def ints_attr(values: Sequence[int]) -> DenseArrayBase:
+    return DenseArrayBase.from_list(i64, [int(v) for v in values])
+
+
+def ints_of(attr: DenseArrayBase) -> tuple[int, ...]:
+    return tuple(int(v) for v in attr.get_values())
+
+
+def _parse_int_list(parser: AttrParser) -> DenseArrayBase:
+    values = parser.parse_comma_separated_list(parser.Delimiter.SQUARE, parser.parse_integer)
+    return ints_attr(values)
+
+
+def _print_int_list(printer: Printer, attr: DenseArrayBase) -> None:
+    printer.print_string("[" + ", ".join(str(v) for v in ints_of(attr)) + "]")
+
+
+class IntTuplesAttr(ParametrizedAttribute):
+    """Base of attributes that are a record of int tuples, printed as
+    ``#lax.name<field = [..], field = [..]>``."""
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        return tuple(name for name, _ in cls.get_irdl_definition().parameters)
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
+        values: dict[str, DenseArrayBase] = {}
+
+        def parse_field() -> None:
+            name = parser.parse_identifier()
+            parser.parse_punctuation("=")
+            values[name] = _parse_int_list(parser)
+
+        parser.parse_comma_separated_list(parser.Delimiter.ANGLE, parse_field)
+        names = cls.field_names()
+        unknown = set(values) - set(names)
+        if unknown:
+            parser.raise_error(f"unknown field(s) {sorted(unknown)} in #{cls.name}")
+        return [values.get(n, ints_attr(())) for n in names]
+
+    def print_parameters(self, printer: Printer) -> None:
+        printer.print_string("<")
+        for k, (name, value) in enumerate(zip(self.field_names(), self.parameters, strict=True)):
+            if k:
+                printer.print_string(", ")
+            printer.print_string(f"{name} = ")
+            _print_int_list(printer, value)  # type: ignore[arg-type]
+        printer.print_string(">")
+
+    def as_tuples(self) -> tuple[tuple[int, ...], ...]:
+        return tuple(ints_of(p) for p in self.parameters)  # type: ignore[arg-type]
+
+
+@irdl_attr_definition
+class DotDimsAttr(IntTuplesAttr):
+    """``dot_general`` dimension numbers."""
+
+    name = "lax.dot"
+    lhs_contracting: DenseArrayBase
+    rhs_contracting: DenseArrayBase
+    lhs_batch: DenseArrayBase
+    rhs_batch: DenseArrayBase
+
+
+@irdl_attr_definition
+class ConvDimsAttr(IntTuplesAttr):
+    """``conv_general_dilated`` dimension numbers (``lax.ConvDimensionNumbers``)."""
+
+    name = "lax.conv"
+    lhs_spec: DenseArrayBase
+    rhs_spec: DenseArrayBase
+    out_spec: DenseArrayBase
+
+
+@irdl_attr_definition
+class GatherDimsAttr(IntTuplesAttr):
+    """``gather`` dimension numbers (``lax.GatherDimensionNumbers``)."""
+
+    name = "lax.gather"
+    offset_dims: DenseArrayBase
+    collapsed_slice_dims: DenseArrayBase
+    start_index_map: DenseArrayBase
+    operand_batching_dims: DenseArrayBase
+    start_indices_batching_dims: DenseArrayBase
+
+
+@irdl_attr_definition
+class ScatterDimsAttr(IntTuplesAttr):
+    """``scatter*`` dimension numbers (``lax.ScatterDimensionNumbers``)."""
+
+    name = "lax.scatter"
+    update_window_dims: DenseArrayBase
+    inserted_window_dims: DenseArrayBase
+    scatter_dims_to_operand_dims: DenseArrayBase
+    operand_batching_dims: DenseArrayBase
+    scatter_indices_batching_dims: DenseArrayBase
+
+
+LAX_ATTRIBUTES: tuple[type[Attribute], ...] = (
+    DotDimsAttr,
+    ConvDimsAttr,
+    GatherDimsAttr,
+    ScatterDimsAttr,
+)
+
+# --------------------------------------------------------------------------
+# Codecs
+# --------------------------------------------------------------------------
+
+
+class Codec:
+    """Encodes one primitive parameter as an op property and back."""
+
+    attr_type: ClassVar[type[Attribute] | tuple[type[Attribute], ...]] = Attribute
+
+    @property
+    def required(self) -> bool:
+        """Whether the property must be present (the value cannot be ``None``)."""
+        return not getattr(self, "optional", False)
+
+    def constraint(self) -> Any:
+        """The IRDL constraint of the property (a class or a union of classes)."""
+        if isinstance(self.attr_type, tuple):
+            return functools.reduce(operator.or_, self.attr_type)
+        return self.attr_type
+
+    def encode(self, value: Any) -> Attribute | None:
+        raise NotImplementedError
+
+    def decode(self, attr: Attribute | None) -> Any:
+        raise NotImplementedError
+
+
+def _check(cond: bool, what: str, value: Any) -> None:
+    if not cond:
+        raise AlpaError(f"cannot encode {what} parameter value {value!r}")
+
+
+@dataclass(frozen=True)
+class IntC(Codec):
+    attr_type = IntegerAttr
+
+    def encode(self, value: Any) -> Attribute | None:
+        _check(isinstance(value, int | np.integer) and not isinstance(value, bool), "int", value)
+        return IntegerAttr(int(value), i64)
+
+    def decode(self, attr: Attribute | None) -> Any:
+        assert isinstance(attr, IntegerAttr)
+        return int(attr.value.data)
+
+
+@dataclass(frozen=True)
+class BoolC(Codec):
+    attr_type = IntegerAttr
+
+    def encode(self, value: Any) -> Attribute | None:
+        _check(isinstance(value, bool | np.bool_), "bool", value)
+        return IntegerAttr(int(bool(value)), i1)
+
+    def decode(self, attr: Attribute | None) -> Any:
+        assert isinstance(attr, IntegerAttr)
+        return bool(attr.value.data)
+
+
+@dataclass(frozen=True)
+class IntOrBoolC(Codec):
+    """``scan``'s ``unroll`` (an int, or a bool meaning 'fully')."""
+
+    attr_type = IntegerAttr
+
+    def encode(self, value: Any) -> Attribute | None:
+        if isinstance(value, bool | np.bool_):
+            return IntegerAttr(int(bool(value)), i1)
+        return IntC().encode(value)
+
+    def decode(self, attr: Attribute | None) -> Any:
+        assert isinstance(attr, IntegerAttr)
+        if attr.type == i1:
+            return bool(attr.value.data)
+        return int(attr.value.data)
+
+
+@dataclass(frozen=True)
+class NumberC(Codec):
+    """An optional int or float (e.g. ``gather``'s ``fill_value``)."""
+
+    attr_type = (IntegerAttr, FloatAttr)
+    optional: bool = True
+
+    def encode(self, value: Any) -> Attribute | None:
+        if value is None:
+            return None
+        if isinstance(value, int | np.integer) and not isinstance(value, bool):
+            return IntegerAttr(int(value), i64)
+        _check(isinstance(value, float | np.floating), "number", value)
+        return FloatAttr(float(value), f64)
+
+    def decode(self, attr: Attribute | None) -> Any:
+        if attr is None:
+            return None
+        if isinstance(attr, IntegerAttr):
+            return int(attr.value.data)
+        assert isinstance(attr, FloatAttr)
+        return float(attr.value.data)
+
+
+@dataclass(frozen=True)
+class StrC(Codec):
+    attr_type = StringAttr
+
+    def encode(self, value: Any) -> Attribute | None:
+        _check(isinstance(value, str), "string", value)
+        return StringAttr(value)
+
+    def decode(self, attr: Attribute | None) -> Any:
+        assert isinstance(attr, StringAttr)
+        return attr.data
+
+
+@dataclass(frozen=True)
+class IntsC(Codec):
+    """A tuple of ints; ``optional`` allows ``None`` (omitted)."""
+
+    attr_type = DenseArrayBase
+    optional: bool = False
+
+    def encode(self, value: Any) -> Attribute | None:
+        if value is None and self.optional:
+            return None
+        _check(isinstance(value, tuple | list), "int tuple", value)
+        return ints_attr(value)
+
+    def decode(self, attr: Attribute | None) -> Any:
+        if attr is None:
+            return None
+        assert isinstance(attr, DenseArrayBase)
+        return ints_of(attr)
+
+
+@dataclass(frozen=True)
+class BoolsC(Codec):
+    attr_type = DenseArrayBase
+
+    def encode(self, value: Any) -> Attribute | None:
+        _check(isinstance(value, tuple | list), "bool tuple", value)
+        return DenseArrayBase.from_list(i1, [int(bool(v)) for v in value])
+
+    def decode(self, attr: Attribute | None) -> Any:
+        assert isinstance(attr, DenseArrayBase)
+        return tuple(bool(v) for v in attr.get_values())
+
+
+@dataclass(frozen=True)
+class IntTableC(Codec):
+    """A tuple of equal-length int tuples (padding pairs, pad configs), as a
+    ``dense<[[lo, hi], ...]> : tensor<Nx2xi64>`` attribute."""
+
+    attr_type = DenseIntOrFPElementsAttr
+    width: int = 2
+
+    def encode(self, value: Any) -> Attribute | None:
+        rows = [tuple(int(x) for x in row) for row in value]
+        _check(all(len(r) == self.width for r in rows), f"{self.width}-tuple table", value)
+        flat = [x for r in rows for x in r]
+        return DenseIntOrFPElementsAttr.from_list(TensorType(i64, [len(rows), self.width]), flat)
+
+    def decode(self, attr: Attribute | None) -> Any:
+        assert isinstance(attr, DenseIntOrFPElementsAttr)
+        flat = [int(v) for v in attr.get_values()]
+        return tuple(tuple(flat[k : k + self.width]) for k in range(0, len(flat), self.width))
+
+
+@dataclass(frozen=True)
+class DTypeC(Codec):
+    """A numpy dtype as an element type (``f32``); ``optional`` allows ``None``."""
+
+    attr_type = TypeAttribute
+    optional: bool = False
+
+    def encode(self, value: Any) -> Attribute | None:
+        if value is None and self.optional:
+            return None
+        return element_type(np.dtype(value))
+
+    def decode(self, attr: Attribute | None) -> Any:
+        if attr is None:
+            return None
+        return numpy_dtype(attr)
+
+
+@dataclass(frozen=True)
+class EnumC(Codec):
+    """A Python enum member by name; ``optional`` allows ``None``."""
+
+    attr_type = StringAttr
+    enum_type: type[enum.Enum] = enum.Enum
+    optional: bool = False
+
+    def encode(self, value: Any) -> Attribute | None:
+        if value is None and self.optional:
+            return None
+        _check(isinstance(value, self.enum_type), self.enum_type.__name__, value)
+        return StringAttr(value.name.lower())
+
+    def decode(self, attr: Attribute | None) -> Any:
+        if attr is None:
+            return None
+        assert isinstance(attr, StringAttr)
+        try:
+            return self.enum_type[attr.data.upper()]
+        except KeyError:
+            raise AlpaError(
+                f"'{attr.data}' is not a {self.enum_type.__name__}; expected one of "
+                + ", ".join(m.name.lower() for m in self.enum_type)
+            ) from None
+
+
+@dataclass(frozen=True)
+class PrecisionC(Codec):
+    """``None``, one ``lax.Precision``, or a pair (lhs, rhs)."""
+
+    attr_type = (StringAttr, ArrayAttr)
+    optional: bool = True
+
+    def encode(self, value: Any) -> Attribute | None:
+        if value is None:
+            return None
+        if isinstance(value, tuple):
+            return ArrayAttr([self._one(v) for v in value])
+        return self._one(value)
+
+    @staticmethod
+    def _one(value: Any) -> StringAttr:
+        if isinstance(value, lax.Precision):
+            return StringAttr(value.name.lower())
+        if isinstance(value, lax.DotAlgorithmPreset):
+            return StringAttr("algorithm:" + value.name.lower())
+        raise AlpaError(f"cannot encode precision parameter value {value!r}")
+
+    @staticmethod
+    def _decode_one(attr: Attribute) -> Any:
+        assert isinstance(attr, StringAttr)
+        if attr.data.startswith("algorithm:"):
+            return lax.DotAlgorithmPreset[attr.data.removeprefix("algorithm:").upper()]
+        return lax.Precision[attr.data.upper()]
+
+    def decode(self, attr: Attribute | None) -> Any:
+        if attr is None:
+            return None
+        if isinstance(attr, ArrayAttr):
+            return tuple(self._decode_one(a) for a in attr.data)
+        return self._decode_one(attr)
+
+
+@dataclass(frozen=True)
+class StructC(Codec):
+    """A record of int tuples (dimension numbers) as an :class:`IntTuplesAttr`."""
+
+    attr_type = IntTuplesAttr
+    attr_class: type[IntTuplesAttr] = DotDimsAttr
+    to_python: Callable[[tuple[tuple[int, ...], ...]], Any] = tuple
+    from_python: Callable[[Any], Sequence[Sequence[int]]] = tuple
+
+    def constraint(self) -> Any:
+        return self.attr_class
+
+    def encode(self, value: Any) -> Attribute | None:
+        fields = self.from_python(value)
+        return self.attr_class(*[ints_attr(f) for f in fields])
+
+    def decode(self, attr: Attribute | None) -> Any:
+        assert isinstance(attr, self.attr_class)
+        return self.to_python(attr.as_tuples())
+
+
+def _dot_from_python(v: Any) -> Sequence[Sequence[int]]:
+    (lc, rc), (lb, rb) = v
+    return (lc, rc, lb, rb)
+
+
+def _dot_to_python(t: tuple[tuple[int, ...], ...]) -> Any:
+    return ((t[0], t[1]), (t[2], t[3]))
+
+
+DOT_DIMS = StructC(DotDimsAttr, _dot_to_python, _dot_from_python)
+CONV_DIMS = StructC(
+    ConvDimsAttr, lambda t: lax.ConvDimensionNumbers(*t), lambda v: tuple(v)
+)
+GATHER_DIMS = StructC(
+    GatherDimsAttr,
+    lambda t: lax.GatherDimensionNumbers(*t),
+    lambda v: tuple(getattr(v, n) for n in GatherDimsAttr.field_names()),
+)
+SCATTER_DIMS = StructC(
+    ScatterDimsAttr,
+    lambda t: lax.ScatterDimensionNumbers(*t),
+    lambda v: tuple(getattr(v, n) for n in ScatterDimsAttr.field_names()),
+)
+
+
+@dataclass(frozen=True)
+class DroppedC(Codec):
+    """A parameter that carries no semantics here and is not kept (sharding
+    hints of JAX's explicit-sharding mode): encoded as nothing, decoded as
+    ``None``."""
+
+    attr_type = Attribute
+
+    def encode(self, value: Any) -> Attribute | None:
+        return None
+
+    def decode(self, attr: Attribute | None) -> Any:
+        return None
+
+
+@dataclass(frozen=True)
+class NoneOnlyC(Codec):
+    """A parameter that must be ``None`` to be imported (e.g. ``accuracy``)."""
+
+    attr_type = Attribute
+
+    def encode(self, value: Any) -> Attribute | None:
+        _check(value is None, "(only None supported)", value)
+        return None
+
+    def decode(self, attr: Attribute | None) -> Any:
+        return None
+
+
+@dataclass(frozen=True)
+class PrimitiveNameC(Codec):
+    """A primitive passed as a parameter (``select_and_scatter_add``'s
+    ``select_prim``), by name."""
+
+    attr_type = StringAttr
+
+    def encode(self, value: Any) -> Attribute | None:
+        return StringAttr(value.name)
+
+    def decode(self, attr: Attribute | None) -> Any:
+        from alpa_ir.frontend.primitives import lookup_primitive
+
+        assert isinstance(attr, StringAttr)
+        return lookup_primitive(attr.data)
+
+
+# Shared codec instances used by the primitive table.
+INT = IntC()
+BOOL = BoolC()
+INTS = IntsC()
+OPT_INTS = IntsC(optional=True)
+DTYPE = DTypeC()
+OPT_DTYPE = DTypeC(optional=True)
+PAIRS = IntTableC(2)
+TRIPLES = IntTableC(3)
+DROPPED = DroppedC()
+NONE_ONLY = NoneOnlyC()
+GATHER_MODE = EnumC(lax.GatherScatterMode)
+ROUNDING = EnumC(lax.RoundingMethod)
+
+
+def is_bool_attr(attr: Attribute) -> bool:
+    return isinstance(attr, IntegerAttr) and isinstance(attr.type, IntegerType) and attr.type == i1

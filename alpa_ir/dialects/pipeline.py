@@ -1,0 +1,183 @@
+"""The ``pipeline`` dialect: a pipeline plan (stages on submeshes), cross-mesh
+transfers with their tile plans, and the static per-mesh instruction lists of
+a schedule.
+
+``construct-stages`` writes ``pipeline.plan`` and one ``pipeline.stage`` per
+stage (its layers, its logical mesh, and the functions holding its forward,
+backward and apply-grad computation); ``cross-mesh-resharding`` writes a
+``pipeline.transfer`` per tensor that crosses meshes; ``emit-instructions``
+writes a ``pipeline.program`` per mesh whose body is its instruction list::
+
+    pipeline.program {mesh = @mesh0} {
+      pipeline.run {function = @stage0_forward, micro_batch = 0}
+      pipeline.send {transfer = @t0, micro_batch = 0}
+      pipeline.free {transfer = @t0, micro_batch = 0}
+    }
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from xdsl.dialects.builtin import (
+    ArrayAttr,
+    DenseArrayBase,
+    DictionaryAttr,
+    FlatSymbolRefAttr,
+    IntegerAttr,
+    StringAttr,
+)
+from xdsl.ir import Dialect
+from xdsl.irdl import irdl_op_definition, opt_prop_def, prop_def, region_def, traits_def
+from xdsl.traits import NoTerminator, SymbolOpInterface
+from xdsl.utils.exceptions import VerifyException
+
+from alpa_ir.dialects.lax_params import ints_of
+from alpa_ir.dialects.sharding import ShardingSpecAttr
+from alpa_ir.dialects.syntax import PropertiesOp, PropertiesSymbolOp
+
+SCHEDULES = ("gpipe", "1f1b")
+
+
+@irdl_op_definition
+class PlanOp(PropertiesSymbolOp):
+    """The pipeline plan: its stages in order, micro-batch count and schedule."""
+
+    name = "pipeline.plan"
+    sym_name = prop_def(StringAttr)
+    stages = prop_def(ArrayAttr[FlatSymbolRefAttr])
+    num_micro_batches = prop_def(IntegerAttr)
+    schedule = prop_def(StringAttr)
+    traits = traits_def(SymbolOpInterface())
+    PROPERTY_ORDER: ClassVar[tuple[str, ...]] = ("stages", "num_micro_batches", "schedule")
+
+    def verify_(self) -> None:
+        if self.schedule.data not in SCHEDULES:
+            raise VerifyException(
+                f"unknown schedule '{self.schedule.data}'; expected one of {', '.join(SCHEDULES)}"
+            )
+        if int(self.num_micro_batches.value.data) < 1:
+            raise VerifyException("num_micro_batches must be at least 1")
+
+
+@irdl_op_definition
+class StageOp(PropertiesSymbolOp):
+    """One pipeline stage: layers ``[first, last]``, its logical mesh, and the
+    functions of its forward, backward and apply-grad parts."""
+
+    name = "pipeline.stage"
+    sym_name = prop_def(StringAttr)
+    layers = prop_def(DenseArrayBase)
+    mesh = prop_def(FlatSymbolRefAttr)
+    forward = opt_prop_def(FlatSymbolRefAttr)
+    backward = opt_prop_def(FlatSymbolRefAttr)
+    apply_grad = opt_prop_def(FlatSymbolRefAttr)
+    traits = traits_def(SymbolOpInterface())
+    PROPERTY_ORDER: ClassVar[tuple[str, ...]] = ("layers", "mesh", "forward", "backward", "apply_grad")
+
+    def verify_(self) -> None:
+        layers = ints_of(self.layers)
+        if len(layers) != 2 or layers[0] > layers[1] or layers[0] < 0:
+            raise VerifyException(f"stage @{self.sym_name.data}: layers must be [first, last]")
+
+
+@irdl_op_definition
+class TransferOp(PropertiesSymbolOp):
+    """A tensor crossing from one mesh to another: source and destination
+    specs, and the tile plan (a list of point-to-point sends, each a
+    dictionary of source device, destination devices, tile slice and bytes)."""
+
+    name = "pipeline.transfer"
+    sym_name = prop_def(StringAttr)
+    value = prop_def(StringAttr)
+    src_mesh = prop_def(FlatSymbolRefAttr)
+    dst_mesh = prop_def(FlatSymbolRefAttr)
+    src_spec = prop_def(ShardingSpecAttr)
+    dst_spec = prop_def(ShardingSpecAttr)
+    tiles = opt_prop_def(ArrayAttr[DictionaryAttr])
+    traits = traits_def(SymbolOpInterface())
+    PROPERTY_ORDER: ClassVar[tuple[str, ...]] = ("value", "src_mesh", "dst_mesh", "src_spec", "dst_spec", "tiles")
+
+
+@irdl_op_definition
+class ProgramOp(PropertiesOp):
+    """The static instruction list of one mesh."""
+
+    name = "pipeline.program"
+    mesh = prop_def(FlatSymbolRefAttr)
+    body = region_def("single_block")
+    traits = traits_def(NoTerminator())
+    PROPERTY_ORDER: ClassVar[tuple[str, ...]] = ("mesh",)
+
+
+class InstructionOp(PropertiesOp):
+    """Base of the instructions; ``micro_batch`` is absent for per-step work."""
+
+    PROPERTY_ORDER: ClassVar[tuple[str, ...]] = ("function", "transfer", "micro_batch", "buffers")
+
+
+@irdl_op_definition
+class RunOp(InstructionOp):
+    """Run one stage function on this mesh for one micro-batch."""
+
+    name = "pipeline.run"
+    function = prop_def(FlatSymbolRefAttr)
+    micro_batch = opt_prop_def(IntegerAttr)
+
+
+@irdl_op_definition
+class SendOp(InstructionOp):
+    """Send this mesh's tiles of a transfer."""
+
+    name = "pipeline.send"
+    transfer = prop_def(FlatSymbolRefAttr)
+    micro_batch = opt_prop_def(IntegerAttr)
+
+
+@irdl_op_definition
+class RecvOp(InstructionOp):
+    """Receive this mesh's tiles of a transfer."""
+
+    name = "pipeline.recv"
+    transfer = prop_def(FlatSymbolRefAttr)
+    micro_batch = opt_prop_def(IntegerAttr)
+
+
+@irdl_op_definition
+class BroadcastOp(InstructionOp):
+    """All-gather received tiles across the destination mesh (local all-gather)."""
+
+    name = "pipeline.broadcast"
+    transfer = prop_def(FlatSymbolRefAttr)
+    micro_batch = opt_prop_def(IntegerAttr)
+
+
+@irdl_op_definition
+class FreeOp(InstructionOp):
+    """Free buffers that are dead from here on."""
+
+    name = "pipeline.free"
+    buffers = prop_def(ArrayAttr[StringAttr])
+    micro_batch = opt_prop_def(IntegerAttr)
+
+
+Pipeline = Dialect(
+    "pipeline",
+    [PlanOp, StageOp, TransferOp, ProgramOp, RunOp, SendOp, RecvOp, BroadcastOp, FreeOp],
+    [],
+)
+
+__all__ = [
+    "SCHEDULES",
+    "BroadcastOp",
+    "FreeOp",
+    "InstructionOp",
+    "PlanOp",
+    "Pipeline",
+    "ProgramOp",
+    "RecvOp",
+    "RunOp",
+    "SendOp",
+    "StageOp",
+    "TransferOp",
+]

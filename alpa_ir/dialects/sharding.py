@@ -1,0 +1,312 @@
+"""The ``sharding`` dialect: sharding specs, chosen strategies and explicit
+collectives over the axes of a logical mesh.
+
+Values keep their global (logical) shapes; a spec says how a value is laid out
+on the mesh, in Alpa's notation: ``#sharding.spec<[S0, R]>`` splits tensor
+axis 0 over mesh axis 0 and replicates over the rest; ``S01`` splits one
+tensor axis over mesh axes 0 then 1. A value can also be a pending partial
+sum over some mesh axes: ``#sharding.spec<[S0, R], partial = [1]>``.
+
+Specs are attached as discardable attributes: ``sharding.specs`` on an op
+(one spec per result), ``sharding.spec`` on function arguments and results.
+Because shapes stay global, collectives are the identity on values and a
+sharded module still means the same single-device program: executing it
+unsharded gives the same numbers (the oracle every plan is checked against).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+from xdsl.dialects.builtin import (
+    ArrayAttr,
+    DenseArrayBase,
+    IntegerAttr,
+    StringAttr,
+    TensorType,
+    i64,
+)
+from xdsl.ir import Attribute, Dialect, ParametrizedAttribute
+from xdsl.irdl import (
+    IRDLOperation,
+    irdl_attr_definition,
+    irdl_op_definition,
+    operand_def,
+    opt_prop_def,
+    prop_def,
+    result_def,
+    traits_def,
+)
+from xdsl.parser import AttrParser, Parser
+from xdsl.printer import Printer
+from xdsl.traits import Pure
+from xdsl.utils.exceptions import VerifyException
+
+from alpa_ir.dialects.lax_params import ints_attr, ints_of
+
+SPECS_ATTR = "sharding.specs"
+"""Op attribute: an ``ArrayAttr`` of one spec per result."""
+SPEC_ATTR = "sharding.spec"
+"""Function argument/result attribute: the spec of that value."""
+STRATEGY_ATTR = "sharding.strategy"
+"""Op attribute: the name of the strategy the solver chose (a string)."""
+
+
+@dataclass(frozen=True)
+class ShardingSpec:
+    """A sharding spec as a Python value.
+
+    ``dims[i]`` is the tuple of mesh axes tensor axis ``i`` is split over
+    (major to minor; empty = replicated), ``partial`` the mesh axes over which
+    the value is a pending partial sum.
+    """
+
+    dims: tuple[tuple[int, ...], ...]
+    partial: tuple[int, ...] = ()
+
+    @staticmethod
+    def replicated(rank: int) -> ShardingSpec:
+        return ShardingSpec(((),) * rank)
+
+    @property
+    def rank(self) -> int:
+        return len(self.dims)
+
+    def used_axes(self) -> tuple[int, ...]:
+        return tuple(a for d in self.dims for a in d) + self.partial
+
+    def is_replicated(self) -> bool:
+        return not self.used_axes()
+
+    def num_shards(self, mesh_shape: Sequence[int], dim: int) -> int:
+        n = 1
+        for a in self.dims[dim]:
+            n *= mesh_shape[a]
+        return n
+
+    def local_shape(self, shape: Sequence[int], mesh_shape: Sequence[int]) -> tuple[int, ...]:
+        return tuple(s // self.num_shards(mesh_shape, i) for i, s in enumerate(shape))
+
+    def validate(self, shape: Sequence[int] | None = None, mesh_rank: int | None = None) -> None:
+        """Raise ValueError when axes repeat, exceed the mesh, or do not divide."""
+        axes = self.used_axes()
+        if len(set(axes)) != len(axes):
+            raise ValueError(f"spec {self} uses a mesh axis twice")
+        if mesh_rank is not None and any(a < 0 or a >= mesh_rank for a in axes):
+            raise ValueError(f"spec {self} uses a mesh axis outside a {mesh_rank}-d mesh")
+        if shape is not None and len(shape) != self.rank:
+            raise ValueError(f"spec {self} has rank {self.rank}, the tensor has rank {len(shape)}")
+
+    def __str__(self) -> str:
+        body = "[" + ", ".join("S" + "".join(map(str, d)) if d else "R" for d in self.dims) + "]"
+        if self.partial:
+            body += ", partial = [" + ", ".join(map(str, self.partial)) + "]"
+        return body
+
+    def to_attr(self) -> ShardingSpecAttr:
+        return ShardingSpecAttr(
+            ArrayAttr([ints_attr(d) for d in self.dims]), ints_attr(self.partial)
+        )
+
+
+@irdl_attr_definition
+class ShardingSpecAttr(ParametrizedAttribute):
+    """``#sharding.spec<[S0, R]>`` or ``#sharding.spec<[S01, R], partial = [1]>``."""
+
+    name = "sharding.spec"
+    dims: ArrayAttr[DenseArrayBase]
+    partial: DenseArrayBase
+
+    @property
+    def spec(self) -> ShardingSpec:
+        return ShardingSpec(tuple(ints_of(d) for d in self.dims.data), ints_of(self.partial))
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
+        parser.parse_punctuation("<")
+
+        def parse_dim() -> DenseArrayBase:
+            pos = parser.pos
+            word = parser.parse_identifier()
+            if word == "R":
+                return ints_attr(())
+            if word.startswith("S") and word[1:].isdigit():
+                return ints_attr([int(c) for c in word[1:]])
+            parser.raise_error(f"expected R or S<mesh axes>, got '{word}'", pos, parser.pos)
+
+        dims = parser.parse_comma_separated_list(parser.Delimiter.SQUARE, parse_dim)
+        partial = ints_attr(())
+        if parser.parse_optional_punctuation(",") is not None:
+            parser.parse_keyword("partial")
+            parser.parse_punctuation("=")
+            partial = ints_attr(
+                parser.parse_comma_separated_list(parser.Delimiter.SQUARE, parser.parse_integer)
+            )
+        parser.parse_punctuation(">")
+        return (ArrayAttr(dims), partial)
+
+    def print_parameters(self, printer: Printer) -> None:
+        printer.print_string(f"<{self.spec}>")
+
+    def verify(self) -> None:
+        try:
+            self.spec.validate()
+        except ValueError as exc:
+            raise VerifyException(str(exc)) from None
+
+
+def spec_attr(spec: ShardingSpec) -> ShardingSpecAttr:
+    return spec.to_attr()
+
+
+def result_specs(op: IRDLOperation | object) -> list[ShardingSpec] | None:
+    """The specs annotated on an op's results, or None."""
+    attrs = getattr(op, "attributes", {})
+    value = attrs.get(SPECS_ATTR)
+    if value is None:
+        return None
+    return [a.spec for a in value.data]  # type: ignore[union-attr]
+
+
+def set_result_specs(op: IRDLOperation, specs: Sequence[ShardingSpec]) -> None:
+    op.attributes[SPECS_ATTR] = ArrayAttr([s.to_attr() for s in specs])
+
+
+# --------------------------------------------------------------------------
+# Collectives: identity on global values; on the mesh, each is the collective
+# of its name over ``axes``. Operand and result share the global type.
+# --------------------------------------------------------------------------
+
+
+class CollectiveOp(IRDLOperation):
+    """Base of the explicit collectives: ``%y = sharding.all_reduce %x {axes = [1]} : tensor<...>``."""
+
+    input = operand_def(TensorType)
+    output = result_def(TensorType)
+    axes = prop_def(DenseArrayBase)
+    traits = traits_def(Pure())
+
+    PROPERTY_ORDER: ClassVar[tuple[str, ...]] = ("axes",)
+
+    @property
+    def mesh_axes(self) -> tuple[int, ...]:
+        return ints_of(self.axes)
+
+    def int_prop(self, name: str) -> int:
+        attr = self.properties[name]
+        assert isinstance(attr, IntegerAttr)
+        return int(attr.value.data)
+
+    def print(self, printer: Printer) -> None:
+        from alpa_ir.dialects.lax import print_attr_dict
+
+        printer.print_string(" ")
+        printer.print_operand(self.input)
+        names = [n for n in self.PROPERTY_ORDER if n in self.properties]
+        print_attr_dict(
+            printer, [(n, self.properties[n]) for n in names] + list(self.attributes.items())
+        )
+        printer.print_string(" : ")
+        printer.print_attribute(self.output.type)
+
+    @classmethod
+    def parse(cls, parser: Parser) -> CollectiveOp:
+        operand = parser.parse_unresolved_operand()
+        attrs = parser.parse_optional_attr_dict()
+        parser.parse_punctuation(":")
+        ty = parser.parse_type()
+        known = set(cls.get_irdl_definition().properties)
+        return cls.create(
+            operands=[parser.resolve_operand(operand, ty)],
+            result_types=[ty],
+            properties={k: v for k, v in attrs.items() if k in known},
+            attributes={k: v for k, v in attrs.items() if k not in known},
+        )
+
+    def verify_(self) -> None:
+        if self.input.type != self.output.type:
+            raise VerifyException(f"{self.name}: operand and result types differ")
+        axes = self.mesh_axes
+        if not axes or len(set(axes)) != len(axes):
+            raise VerifyException(f"{self.name}: needs distinct mesh axes, got {list(axes)}")
+
+
+@irdl_op_definition
+class AllReduceOp(CollectiveOp):
+    """Sum a partial value over mesh ``axes`` (partial -> not partial)."""
+
+    name = "sharding.all_reduce"
+
+
+@irdl_op_definition
+class AllGatherOp(CollectiveOp):
+    """Gather tensor axis ``dim``, split over mesh ``axes``, on every device."""
+
+    name = "sharding.all_gather"
+    dim = prop_def(IntegerAttr)
+    PROPERTY_ORDER: ClassVar[tuple[str, ...]] = ("axes", "dim")
+
+
+@irdl_op_definition
+class ReduceScatterOp(CollectiveOp):
+    """Sum a partial value over mesh ``axes`` and leave tensor axis ``dim`` split over them."""
+
+    name = "sharding.reduce_scatter"
+    dim = prop_def(IntegerAttr)
+    PROPERTY_ORDER: ClassVar[tuple[str, ...]] = ("axes", "dim")
+
+
+@irdl_op_definition
+class AllToAllOp(CollectiveOp):
+    """Move the split over mesh ``axes`` from tensor axis ``src_dim`` to ``dst_dim``."""
+
+    name = "sharding.all_to_all"
+    src_dim = prop_def(IntegerAttr)
+    dst_dim = prop_def(IntegerAttr)
+    PROPERTY_ORDER: ClassVar[tuple[str, ...]] = ("axes", "src_dim", "dst_dim")
+
+
+@irdl_op_definition
+class ReshardOp(CollectiveOp):
+    """Change a value's layout from spec ``src`` to spec ``dst`` (any
+    communication the two need; lowered to the collectives above, or done by
+    local slicing when ``dst`` only splits more)."""
+
+    name = "sharding.reshard"
+    axes = opt_prop_def(DenseArrayBase)
+    src = prop_def(ShardingSpecAttr)
+    dst = prop_def(ShardingSpecAttr)
+    PROPERTY_ORDER: ClassVar[tuple[str, ...]] = ("src", "dst")
+
+    def verify_(self) -> None:
+        if self.input.type != self.output.type:
+            raise VerifyException(f"{self.name}: operand and result types differ")
+
+
+Sharding = Dialect(
+    "sharding",
+    [AllReduceOp, AllGatherOp, ReduceScatterOp, AllToAllOp, ReshardOp],
+    [ShardingSpecAttr],
+)
+
+__all__ = [
+    "SPECS_ATTR",
+    "SPEC_ATTR",
+    "STRATEGY_ATTR",
+    "AllGatherOp",
+    "AllReduceOp",
+    "AllToAllOp",
+    "CollectiveOp",
+    "ReduceScatterOp",
+    "ReshardOp",
+    "Sharding",
+    "ShardingSpec",
+    "ShardingSpecAttr",
+    "result_specs",
+    "set_result_specs",
+    "spec_attr",
+]
+
+_ = (StringAttr, i64)

@@ -1,0 +1,1 @@
+"""JAX frontend: jaxpr to IR and back (import alpa_ir.frontend)."""

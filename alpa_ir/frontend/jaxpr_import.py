@@ -1,0 +1,259 @@
+"""Import a JAX function into the IR: jaxpr -> ``builtin.module { func.func @main }``.
+
+Nested calls (``jit``, ``custom_jvp_call``, ``custom_vjp_call``, remat) are
+inlined; control flow (``while``, ``scan``, ``cond``) keeps its bodies as
+regions. Literals and constants become ``lax.constant``. The pytree structure
+of the inputs and outputs is kept as attributes of ``@main`` so that results
+come back as the user's pytrees. Each op carries the user's source location.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import numpy as np
+from jax._src import source_info_util
+from jax.extend.core import ClosedJaxpr, Jaxpr, Literal, Var
+from xdsl.dialects import func
+from xdsl.dialects.builtin import (
+    ArrayAttr,
+    DictionaryAttr,
+    FileLineColLoc,
+    IntAttr,
+    ModuleOp,
+    StringAttr,
+    TensorType,
+)
+from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
+
+from alpa_ir.dialects.lax import PRIMITIVE_OPS, ConstantOp, PrimitiveOp, ReturnOp
+from alpa_ir.dialects.lax_generic_params import encode_generic
+from alpa_ir.dialects.lax_params import DroppedC, NoneOnlyC
+from alpa_ir.dialects.lax_primitives import INLINED_PRIMITIVES, PRIMITIVES, PrimitiveSpec
+from alpa_ir.errors import AlpaError, UnsupportedPrimitiveError
+from alpa_ir.frontend.pytree_codec import encode_treedef, flat_names
+from alpa_ir.ir_types import tensor_type
+
+IN_TREE_ATTR = "alpa.in_tree"
+OUT_TREE_ATTR = "alpa.out_tree"
+DONATED_ATTR = "alpa.donated"
+
+
+def _aval_type(aval: Any, where: str) -> TensorType:
+    shape = getattr(aval, "shape", None)
+    dtype = getattr(aval, "dtype", None)
+    if shape is None or dtype is None:
+        raise UnsupportedPrimitiveError(f"{where}: values of type {aval} are not supported")
+    try:
+        return tensor_type(shape, dtype)
+    except AlpaError as exc:
+        raise UnsupportedPrimitiveError(f"{where}: {exc}") from None
+
+
+def _user_location(eqn: Any) -> tuple[str, int, int] | None:
+    frame = source_info_util.user_frame(eqn.source_info.traceback)
+    if frame is None:
+        return None
+    return frame.file_name, frame.start_line, frame.start_column
+
+
+def _where(eqn: Any) -> str:
+    loc = _user_location(eqn)
+    return f"{loc[0]}:{loc[1]}" if loc else "<unknown location>"
+
+
+@dataclass
+class _BlockEmitter:
+    """Emits the eqns of one jaxpr into one block."""
+
+    importer: JaxprImporter
+    block: Block
+    env: dict[Var, SSAValue] = field(default_factory=dict)
+    constants: dict[tuple[Any, ...], SSAValue] = field(default_factory=dict)
+
+    def add(self, op: Operation) -> Operation:
+        self.block.add_op(op)
+        return op
+
+    def constant(self, value: Any, aval: Any) -> SSAValue:
+        array = np.asarray(value, dtype=aval.dtype)
+        key = (array.dtype.str, array.shape, array.tobytes())
+        if key not in self.constants:
+            op = ConstantOp.from_array(array, _aval_type(aval, "constant"))
+            self.constants[key] = self.add(op).results[0]
+        return self.constants[key]
+
+    def read(self, atom: Any) -> SSAValue:
+        if isinstance(atom, Literal):
+            return self.constant(atom.val, atom.aval)
+        return self.env[atom]
+
+    def emit_jaxpr(self, jaxpr: Jaxpr, consts: Sequence[Any], inputs: Sequence[SSAValue]) -> list[SSAValue]:
+        for var, const in zip(jaxpr.constvars, consts, strict=True):
+            self.env[var] = self.constant(const, var.aval)
+        for var, value in zip(jaxpr.invars, inputs, strict=True):
+            self.env[var] = value
+        for eqn in jaxpr.eqns:
+            self.emit_eqn(eqn)
+        return [self.read(v) for v in jaxpr.outvars]
+
+    def emit_eqn(self, eqn: Any) -> None:
+        name = eqn.primitive.name
+        inputs = [self.read(v) for v in eqn.invars]
+        if name in INLINED_PRIMITIVES:
+            outs = self.inline(eqn, inputs)
+        else:
+            outs = self.importer.make_op(self, eqn, inputs)
+        for var, value in zip(eqn.outvars, outs, strict=True):
+            self.env[var] = value
+
+    def inline(self, eqn: Any, inputs: list[SSAValue]) -> list[SSAValue]:
+        params = eqn.params
+        sub = params.get("jaxpr", params.get("call_jaxpr", params.get("fun_jaxpr")))
+        if sub is None:
+            raise UnsupportedPrimitiveError(
+                f"{_where(eqn)}: cannot inline primitive '{eqn.primitive.name}' (no sub-jaxpr)"
+            )
+        if isinstance(sub, ClosedJaxpr):
+            jaxpr, consts = sub.jaxpr, sub.consts
+        else:
+            jaxpr, consts = sub, ()
+        nested = _BlockEmitter(self.importer, self.block, constants=self.constants)
+        return nested.emit_jaxpr(jaxpr, consts, inputs)
+
+
+class JaxprImporter:
+    """Builds ops from jaxpr eqns; one instance per import."""
+
+    def __init__(self, *, locations: bool = True) -> None:
+        self.locations = locations
+
+    def region_of(self, closed: Any, eqn: Any) -> Region:
+        if isinstance(closed, ClosedJaxpr):
+            jaxpr, consts = closed.jaxpr, closed.consts
+        else:
+            jaxpr, consts = closed, ()
+        block = Block(arg_types=[_aval_type(v.aval, _where(eqn)) for v in jaxpr.invars])
+        emitter = _BlockEmitter(self, block)
+        outs = emitter.emit_jaxpr(jaxpr, consts, list(block.args))
+        block.add_op(ReturnOp.create(operands=outs))
+        return Region(block)
+
+    def make_op(self, emitter: _BlockEmitter, eqn: Any, inputs: list[SSAValue]) -> list[SSAValue]:
+        name = eqn.primitive.name
+        result_types = [_aval_type(v.aval, f"{_where(eqn)}: primitive '{name}'") for v in eqn.outvars]
+        spec = PRIMITIVES.get(name)
+        if spec is not None:
+            op = self._table_op(spec, eqn, inputs, result_types)
+        else:
+            op = self._generic_op(eqn, inputs, result_types)
+        if self.locations and (loc := _user_location(eqn)) is not None:
+            op.location = FileLineColLoc(StringAttr(loc[0]), IntAttr(loc[1]), IntAttr(loc[2]))
+        emitter.add(op)
+        return list(op.results)
+
+    def _table_op(
+        self, spec: PrimitiveSpec, eqn: Any, inputs: list[SSAValue], result_types: list[Attribute]
+    ) -> Operation:
+        params = eqn.params
+        known = set(spec.params) | set(spec.region_params) | set(spec.rebuilt_params)
+        if spec.variadic_region_param:
+            known.add(spec.variadic_region_param)
+        unknown = set(params) - known
+        if unknown:
+            raise UnsupportedPrimitiveError(
+                f"{_where(eqn)}: primitive '{spec.name}' has parameters {sorted(unknown)} "
+                "that the lax dialect does not know (JAX version mismatch?)"
+            )
+        properties: dict[str, Attribute] = {}
+        for pname, codec in spec.params.items():
+            try:
+                attr = codec.encode(params.get(pname))
+            except AlpaError as exc:
+                raise UnsupportedPrimitiveError(
+                    f"{_where(eqn)}: primitive '{spec.name}' parameter '{pname}': {exc}"
+                ) from None
+            if attr is not None and not isinstance(codec, DroppedC | NoneOnlyC):
+                properties[pname] = attr
+        regions = [self.region_of(params[p], eqn) for p in spec.region_params]
+        if spec.variadic_region_param:
+            regions += [self.region_of(b, eqn) for b in params[spec.variadic_region_param]]
+        return PRIMITIVE_OPS[spec.name].create(
+            operands=inputs, result_types=result_types, properties=properties, regions=regions
+        )
+
+    def _generic_op(
+        self, eqn: Any, inputs: list[SSAValue], result_types: list[Attribute]
+    ) -> Operation:
+        name = eqn.primitive.name
+        try:
+            params = {k: encode_generic(v, where=f"'{k}' ") for k, v in eqn.params.items()}
+        except AlpaError as exc:
+            raise UnsupportedPrimitiveError(
+                f"{_where(eqn)}: primitive '{name}' is not supported by the lax dialect ({exc})"
+            ) from None
+        return PrimitiveOp.create(
+            operands=inputs,
+            result_types=result_types,
+            properties={"primitive": StringAttr(name), "params": DictionaryAttr(params)},
+        )
+
+
+def _arg_names(fn: Callable[..., Any], count: int) -> list[str]:
+    try:
+        params = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        params = []
+    return [params[k] if k < len(params) else f"arg{k}" for k in range(count)]
+
+
+def _sanitize(name: str) -> str:
+    clean = "".join(c if c.isalnum() or c in "_.$-" else "_" for c in name)
+    if not clean or not (clean[0].isalpha() or clean[0] == "_"):
+        clean = "v" + clean
+    return clean
+
+
+def import_jax(
+    fn: Callable[..., Any],
+    *example_args: Any,
+    donate_argnums: Sequence[int] = (),
+    locations: bool = True,
+) -> ModuleOp:
+    """Trace ``fn`` on ``example_args`` (arrays or ``jax.ShapeDtypeStruct``) and
+    return the module. ``str(module)`` is its text."""
+    closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*example_args)
+    in_leaves, in_tree = jax.tree.flatten(example_args)
+    out_tree = jax.tree.structure(out_shape)
+    jaxpr = closed.jaxpr
+
+    importer = JaxprImporter(locations=locations)
+    arg_types = [_aval_type(v.aval, f"argument {k}") for k, v in enumerate(jaxpr.invars)]
+    block = Block(arg_types=arg_types)
+    names = flat_names(example_args, _arg_names(fn, len(example_args)))
+    for arg, name in zip(block.args, names, strict=True):
+        arg.name_hint = _sanitize(name)
+    outs = _BlockEmitter(importer, block).emit_jaxpr(jaxpr, closed.consts, list(block.args))
+    block.add_op(func.ReturnOp(*outs))
+
+    main = func.FuncOp("main", (arg_types, [o.type for o in outs]), Region(block))
+    main.attributes[IN_TREE_ATTR] = StringAttr(encode_treedef(in_tree))
+    main.attributes[OUT_TREE_ATTR] = StringAttr(encode_treedef(out_tree))
+    donated = _donated_leaves(example_args, donate_argnums)
+    if any(donated):
+        main.attributes[DONATED_ATTR] = ArrayAttr(
+            [IntAttr(k) for k, d in enumerate(donated) if d]
+        )
+    del in_leaves
+    return ModuleOp([main])
+
+
+def _donated_leaves(example_args: tuple[Any, ...], donate_argnums: Sequence[int]) -> list[bool]:
+    flags: list[bool] = []
+    for k, arg in enumerate(example_args):
+        flags += [k in donate_argnums] * len(jax.tree.leaves(arg))
+    return flags

@@ -1,0 +1,89 @@
+"""Conversions between JAX/numpy dtypes and shapes and builtin xDSL types."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import cache
+
+import ml_dtypes
+import numpy as np
+from xdsl.dialects.builtin import (
+    BFloat16Type,
+    ComplexType,
+    Float16Type,
+    Float32Type,
+    Float64Type,
+    IntegerType,
+    Signedness,
+    TensorType,
+    bf16,
+    f16,
+    f32,
+    f64,
+    i1,
+)
+from xdsl.ir import Attribute
+
+from alpa_ir.errors import AlpaError
+
+
+@cache
+def _dtype_table() -> dict[np.dtype, Attribute]:
+    table: dict[np.dtype, Attribute] = {
+        np.dtype(np.float32): f32,
+        np.dtype(np.float64): f64,
+        np.dtype(np.float16): f16,
+        np.dtype(ml_dtypes.bfloat16): bf16,
+        np.dtype(np.bool_): i1,
+    }
+    table[np.dtype(np.complex64)] = ComplexType(f32)
+    table[np.dtype(np.complex128)] = ComplexType(f64)
+    for bits in (8, 16, 32, 64):
+        table[np.dtype(f"int{bits}")] = IntegerType(bits)
+        table[np.dtype(f"uint{bits}")] = IntegerType(bits, Signedness.UNSIGNED)
+    return table
+
+
+@cache
+def _type_table() -> dict[Attribute, np.dtype]:
+    return {attr: dtype for dtype, attr in _dtype_table().items()}
+
+
+def element_type(dtype: np.dtype | type) -> Attribute:
+    """The xDSL element type of a numpy/JAX dtype (``float32`` -> ``f32``)."""
+    try:
+        return _dtype_table()[np.dtype(dtype)]
+    except (KeyError, TypeError):
+        raise AlpaError(f"unsupported element type {dtype}") from None
+
+
+def numpy_dtype(elem: Attribute) -> np.dtype:
+    """The numpy dtype of an xDSL element type (``f32`` -> ``float32``)."""
+    try:
+        return _type_table()[elem]
+    except KeyError:
+        raise AlpaError(f"unsupported element type {elem}") from None
+
+
+def tensor_type(shape: Sequence[int], dtype: np.dtype | type) -> TensorType:
+    return TensorType(element_type(dtype), [int(d) for d in shape])
+
+
+def shape_of(ty: Attribute) -> tuple[int, ...]:
+    if not isinstance(ty, TensorType):
+        raise AlpaError(f"expected a tensor type, got {ty}")
+    return tuple(int(d) for d in ty.get_shape())
+
+
+def dtype_of(ty: Attribute) -> np.dtype:
+    if not isinstance(ty, TensorType):
+        raise AlpaError(f"expected a tensor type, got {ty}")
+    return numpy_dtype(ty.element_type)
+
+
+def nbytes_of(ty: Attribute) -> int:
+    """Bytes of a whole tensor of type ``ty``."""
+    return int(np.prod(shape_of(ty), dtype=np.int64)) * dtype_of(ty).itemsize
+
+
+FLOAT_TYPES = (Float16Type, BFloat16Type, Float32Type, Float64Type)

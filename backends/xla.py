@@ -1,0 +1,228 @@
+"""The ``xla`` backend (embedded default): runs a module on the local JAX devices.
+
+An unannotated module runs as one jitted program on one device. A module
+whose ``@main`` names a logical mesh (``mesh.mesh = @m``) runs as one SPMD
+program on that mesh of local devices: argument and result specs become the
+program's input and output shardings, and specs annotated on intermediate
+values become sharding constraints (GSPMD propagates the rest). Modules with
+an explicit per-device plan (after ``auto-sharding``) are run by the SPMD
+executor in :mod:`alpa_ir.backends.spmd`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from xdsl.dialects import func
+from xdsl.dialects.builtin import ModuleOp, StringAttr, SymbolRefAttr
+from xdsl.ir import Operation
+
+from alpa_ir.dialects.mesh import MESH_ATTR, LogicalMeshOp
+from alpa_ir.dialects.sharding import (
+    SPEC_ATTR,
+    CollectiveOp,
+    ShardingSpec,
+    ShardingSpecAttr,
+    result_specs,
+)
+from alpa_ir.errors import AlpaError
+from alpa_ir.frontend.jax_export import OpHandler, eval_block
+from alpa_ir.frontend.jaxpr_import import IN_TREE_ATTR, OUT_TREE_ATTR
+from alpa_ir.frontend.pytree_codec import decode_treedef
+from alpa_ir.ir_types import dtype_of, shape_of
+from alpa_ir.module_utils import main_function, symbol_op
+
+
+def mesh_axis_names(mesh_op: LogicalMeshOp) -> tuple[str, ...]:
+    if mesh_op.axis_names is not None:
+        return tuple(a.data for a in mesh_op.axis_names.data)
+    return tuple(f"m{k}" for k in range(len(mesh_op.mesh_shape)))
+
+
+def local_devices_for(device_ids: Sequence[int]) -> list[Any]:
+    """The local JAX devices with these ids (indices into ``jax.devices()``)."""
+    devices = jax.devices()
+    needed = max(device_ids) + 1 if device_ids else 0
+    if needed > len(devices):
+        raise AlpaError(
+            f"the plan needs {needed} devices but only {len(devices)} local devices exist"
+        )
+    return [devices[i] for i in device_ids]
+
+
+def jax_mesh(mesh_op: LogicalMeshOp) -> Mesh:
+    devices = np.array(local_devices_for(mesh_op.device_ids), dtype=object)
+    return Mesh(devices.reshape(mesh_op.mesh_shape), mesh_axis_names(mesh_op))
+
+
+def partition_spec(spec: ShardingSpec, names: Sequence[str]) -> PartitionSpec:
+    if spec.partial:
+        raise AlpaError(f"a partial value ({spec}) cannot be an input or output sharding")
+    return PartitionSpec(
+        *[None if not d else (names[d[0]] if len(d) == 1 else tuple(names[a] for a in d)) for d in spec.dims]
+    )
+
+
+def _arg_spec(function: func.FuncOp, index: int, rank: int, results: bool = False) -> ShardingSpec:
+    attrs = function.res_attrs if results else function.arg_attrs
+    if attrs is not None:
+        entry = attrs.data[index].data.get(SPEC_ATTR)
+        if isinstance(entry, ShardingSpecAttr):
+            return entry.spec
+    return ShardingSpec.replicated(rank)
+
+
+def function_mesh(module: ModuleOp, function: func.FuncOp) -> LogicalMeshOp | None:
+    ref = function.attributes.get(MESH_ATTR)
+    if ref is None:
+        return None
+    if isinstance(ref, SymbolRefAttr):
+        name = ref.root_reference.data
+    elif isinstance(ref, StringAttr):
+        name = ref.data
+    else:
+        raise AlpaError(f"@{function.sym_name.data}: {MESH_ATTR} must be a symbol reference")
+    mesh_op = symbol_op(module, name, LogicalMeshOp)
+    assert isinstance(mesh_op, LogicalMeshOp)
+    return mesh_op
+
+
+def check_arguments(function: func.FuncOp, flat_args: Sequence[Any]) -> None:
+    """Raise a clear error when the arguments do not match @main's inputs."""
+    types = function.function_type.inputs.data
+    if len(flat_args) != len(types):
+        raise AlpaError(f"the module takes {len(types)} array arguments, got {len(flat_args)}")
+    for k, (arg, ty, block_arg) in enumerate(zip(flat_args, types, function.args, strict=True)):
+        want_shape, want_dtype = shape_of(ty), dtype_of(ty)
+        shape, dtype = tuple(np.shape(arg)), np.result_type(arg)
+        if shape != want_shape or dtype != want_dtype:
+            name = block_arg.name_hint or f"#{k}"
+            raise AlpaError(
+                f"argument {k} ({name}) is {dtype}{list(shape)}, the module expects "
+                f"{want_dtype}{list(want_shape)}"
+            )
+
+
+@dataclass
+class XlaExecutable:
+    """A module compiled for the local devices; call it with the user's arguments."""
+
+    module: ModuleOp
+    function: func.FuncOp
+    jitted: Callable[..., Any]
+    in_tree: Any
+    out_tree: Any
+    mesh: Mesh | None = None
+    _lowered_text: dict[str, str] = field(default_factory=dict)
+
+    def __call__(self, *args: Any) -> Any:
+        flat, tree = jax.tree.flatten(args)
+        if self.in_tree is not None and tree != self.in_tree:
+            raise AlpaError(
+                f"arguments have structure {tree}, the module was imported with {self.in_tree}"
+            )
+        check_arguments(self.function, flat)
+        outs = self.jitted(*flat)
+        if self.out_tree is None:
+            return list(outs)
+        return jax.tree.unflatten(self.out_tree, list(outs))
+
+    def hlo_text(self, *args: Any) -> str:
+        """The compiled HLO text for these arguments (after XLA's SPMD partitioner)."""
+        flat = jax.tree.leaves(args)
+        return self.jitted.lower(*flat).compile().as_text()  # type: ignore[attr-defined]
+
+
+def _identity_handlers() -> dict[type, OpHandler]:
+    """Collectives are the identity on global values; GSPMD inserts the real ones."""
+
+    def identity(op: Operation, operands: list[Any]) -> list[Any]:
+        return operands
+
+    return {cls: identity for cls in _collective_classes()}
+
+
+def _collective_classes() -> list[type]:
+    from alpa_ir.dialects import sharding
+
+    return [
+        c
+        for c in vars(sharding).values()
+        if isinstance(c, type) and issubclass(c, CollectiveOp) and c is not CollectiveOp
+    ]
+
+
+def _annotated_eval(function: func.FuncOp, mesh: Mesh, names: Sequence[str]) -> Callable[..., Any]:
+    """Evaluate @main, constraining every value whose op carries specs."""
+    handlers = _identity_handlers()
+    block = function.body.block
+
+    def run(*flat: Any) -> Any:
+        return tuple(eval_block(block, list(flat), handlers, on_result=constrain))
+
+    def constrain(op: Operation, results: list[Any]) -> list[Any]:
+        specs = result_specs(op)
+        if specs is None:
+            return results
+        out = []
+        for value, spec in zip(results, specs, strict=True):
+            if spec.partial:
+                out.append(value)
+            else:
+                sharding = NamedSharding(mesh, partition_spec(spec, names))
+                out.append(jax.lax.with_sharding_constraint(value, sharding))
+        return out
+
+    return run
+
+
+class XlaBackend:
+    """Runs modules on the local JAX devices."""
+
+    name = "xla"
+
+    def compile(self, module: ModuleOp) -> XlaExecutable:
+        function = main_function(module)
+        in_tree = _tree(function, IN_TREE_ATTR)
+        out_tree = _tree(function, OUT_TREE_ATTR)
+        mesh_op = function_mesh(module, function)
+        if mesh_op is None:
+            block = function.body.block
+            jitted = jax.jit(lambda *flat: tuple(eval_block(block, list(flat))))
+            return XlaExecutable(module, function, jitted, in_tree, out_tree)
+        mesh = jax_mesh(mesh_op)
+        names = mesh_axis_names(mesh_op)
+        ins = function.function_type.inputs.data
+        outs = function.function_type.outputs.data
+        in_shardings = tuple(
+            NamedSharding(mesh, partition_spec(_arg_spec(function, k, len(shape_of(t))), names))
+            for k, t in enumerate(ins)
+        )
+        out_shardings = tuple(
+            NamedSharding(
+                mesh, partition_spec(_arg_spec(function, k, len(shape_of(t)), results=True), names)
+            )
+            for k, t in enumerate(outs)
+        )
+        jitted = jax.jit(
+            _annotated_eval(function, mesh, names),
+            in_shardings=in_shardings,
+            out_shardings=out_shardings,
+        )
+        return XlaExecutable(module, function, jitted, in_tree, out_tree, mesh)
+
+    def execute(self, module: ModuleOp, *args: Any) -> Any:
+        return self.compile(module)(*args)
+
+
+def _tree(function: func.FuncOp, attr: str) -> Any:
+    text = function.attributes.get(attr)
+    if text is None:
+        return None
+    assert isinstance(text, StringAttr)
+    return decode_treedef(text.data)

@@ -1,0 +1,1 @@
+"""Compiler passes, one module per pass (import alpa_ir.passes)."""

@@ -1,0 +1,1 @@
+"""Plugin hook specs and the built-in plugins (import alpa_ir.plugins)."""

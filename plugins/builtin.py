@@ -1,0 +1,36 @@
+"""The built-in plugin: registers every dialect, pass, solver, backend, cost model,
+sharding rule and cluster preset of alpa_ir through the public hooks.
+
+Imports happen inside the hooks so that loading the registry stays cheap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from alpa_ir.plugins.hookspecs import hookimpl
+
+
+@hookimpl
+def alpa_ir_dialects() -> Sequence[Any]:
+    from alpa_ir.dialects.lax import Lax
+    from alpa_ir.dialects.mesh import Mesh
+    from alpa_ir.dialects.pipeline import Pipeline
+    from alpa_ir.dialects.sharding import Sharding
+
+    return [Lax, Mesh, Sharding, Pipeline]
+
+
+@hookimpl
+def alpa_ir_passes() -> Sequence[type]:
+    from alpa_ir.passes.merge_trivial_ops import MergeTrivialOps
+
+    return [MergeTrivialOps]
+
+
+@hookimpl
+def alpa_ir_backends() -> Mapping[str, Callable[[], Any]]:
+    from alpa_ir.backends.xla import XlaBackend
+
+    return {"xla": XlaBackend}

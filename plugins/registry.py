@@ -1,0 +1,209 @@
+"""The plugin registry: loads plugins with pluggy and merges their contributions.
+
+A :class:`PluginRegistry` is an immutable value built once by
+:func:`load_registry` and passed down to whoever needs it (the pass manager,
+the CLI tools, the API). There is no global registry; :func:`default_registry`
+caches the one built from the built-in plugin and the installed entry points.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType, ModuleType
+from typing import Any
+
+import pluggy
+
+from alpa_ir.errors import AlpaError
+from alpa_ir.plugins.hookspecs import PROJECT_NAME, AlpaIrHookSpecs
+
+
+class PluginLoadError(AlpaError):
+    """A plugin could not be imported or raised while contributing."""
+
+
+@dataclass(frozen=True)
+class PluginRegistry:
+    """Everything the loaded plugins contribute, by name.
+
+    Each table maps a name to the contribution and ``owners`` records which
+    plugin contributed each ``(kind, name)``. ``load_errors`` holds the plugins
+    found through entry points that failed to load; they are reported by the
+    commands that would have needed them, and never stop the others.
+    """
+
+    dialects: Mapping[str, Any]
+    passes: Mapping[str, type]
+    solvers: Mapping[str, Callable[[], Any]]
+    backends: Mapping[str, Callable[[], Any]]
+    cost_models: Mapping[str, Callable[[], Any]]
+    stage_cost_models: Mapping[str, Callable[[], Any]]
+    sharding_rules: Mapping[str, Any]
+    cluster_presets: Mapping[str, Callable[[], Any]]
+    owners: Mapping[tuple[str, str], str] = field(default_factory=dict)
+    plugin_names: tuple[str, ...] = ()
+    load_errors: tuple[str, ...] = ()
+    explicit_plugins: tuple[str, ...] = ()
+    """The module names loaded on request (``extra_plugins``, ``--load-plugin``), in
+    order: what a reproducer must load again to find the same passes."""
+
+    def load_error_hint(self) -> str:
+        """A suffix for 'unknown X' errors naming the plugins that failed to load."""
+        if not self.load_errors:
+            return ""
+        return " (plugins that failed to load: " + "; ".join(self.load_errors) + ")"
+
+    def get_pass(self, name: str) -> type:
+        try:
+            return self.passes[name]
+        except KeyError:
+            known = ", ".join(sorted(self.passes))
+            raise AlpaError(
+                f"unknown pass '{name}'; known passes: {known}{self.load_error_hint()}"
+            ) from None
+
+    def get(self, kind: str, name: str) -> Any:
+        """Look up a contribution of ``kind`` (e.g. ``"solvers"``) by name."""
+        table: Mapping[str, Any] = getattr(self, kind)
+        try:
+            return table[name]
+        except KeyError:
+            singular = kind.rstrip("s").replace("_", " ")
+            known = ", ".join(sorted(table)) or "none"
+            raise AlpaError(
+                f"unknown {singular} '{name}'; known: {known}{self.load_error_hint()}"
+            ) from None
+
+
+_TABLES: tuple[tuple[str, str], ...] = (
+    ("passes", "alpa_ir_passes"),
+    ("solvers", "alpa_ir_solvers"),
+    ("backends", "alpa_ir_backends"),
+    ("cost_models", "alpa_ir_cost_models"),
+    ("stage_cost_models", "alpa_ir_stage_cost_models"),
+    ("sharding_rules", "alpa_ir_sharding_rules"),
+    ("cluster_presets", "alpa_ir_cluster_presets"),
+)
+
+
+def _import_plugin(spec: str) -> ModuleType:
+    try:
+        return importlib.import_module(spec)
+    except Exception as exc:  # any exception of a plugin's import is the plugin's failure
+        raise PluginLoadError(
+            f"plugin '{spec}' failed to load: {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def _entry_point_plugins() -> list[tuple[str, Any | None, str | None]]:
+    """(name, plugin object or None, error or None) for the ``alpa_ir`` entry points."""
+    from importlib.metadata import entry_points
+
+    found: list[tuple[str, Any | None, str | None]] = []
+    for ep in entry_points(group=PROJECT_NAME):
+        try:
+            found.append((ep.name, ep.load(), None))
+        except Exception as exc:  # a broken third-party plugin must not take the tool down
+            found.append((ep.name, None, f"'{ep.name}' ({type(exc).__name__}: {exc})"))
+    return found
+
+
+def _contributions(
+    pm: pluggy.PluginManager, hook_name: str
+) -> list[tuple[str, Iterable[tuple[str, Any]]]]:
+    hook = getattr(pm.hook, hook_name)
+    results: list[tuple[str, Iterable[tuple[str, Any]]]] = []
+    for impl in hook.get_hookimpls():
+        plugin_name = pm.get_name(impl.plugin) or repr(impl.plugin)
+        try:
+            value = impl.function()
+        except Exception as exc:
+            raise PluginLoadError(
+                f"plugin '{plugin_name}' failed in {hook_name}: {type(exc).__name__}: {exc}"
+            ) from exc
+        if value is None:
+            continue
+        if isinstance(value, Mapping):
+            items: Iterable[tuple[str, Any]] = value.items()
+        else:
+            items = ((_contribution_name(hook_name, plugin_name, v), v) for v in value)
+        results.append((plugin_name, list(items)))
+    return results
+
+
+def _contribution_name(hook_name: str, plugin_name: str, value: Any) -> str:
+    name = getattr(value, "name", None)
+    if not isinstance(name, str):
+        raise PluginLoadError(
+            f"plugin '{plugin_name}' returned from {hook_name} an object without a "
+            f"string 'name': {value!r}"
+        )
+    return name
+
+
+def load_registry(
+    extra_plugins: Sequence[str | object] = (),
+    *,
+    entry_points: bool = True,
+    builtin: bool = True,
+) -> PluginRegistry:
+    """Build a registry from the built-in plugin, the installed entry points and
+    ``extra_plugins`` (module names to import, or plugin objects).
+
+    An explicitly requested plugin that fails raises :class:`PluginLoadError`;
+    an entry-point plugin that fails is recorded in ``load_errors`` and warned about.
+    """
+    pm = pluggy.PluginManager(PROJECT_NAME)
+    pm.add_hookspecs(AlpaIrHookSpecs)
+    load_errors: list[str] = []
+    if builtin:
+        from alpa_ir.plugins import builtin as builtin_plugin
+
+        pm.register(builtin_plugin, name="builtin")
+    if entry_points:
+        for name, plugin, error in _entry_point_plugins():
+            if error is not None:
+                load_errors.append(error)
+                warnings.warn(f"alpa_ir plugin {error} failed to load", stacklevel=2)
+            elif pm.get_plugin(name) is None:
+                pm.register(plugin, name=name)
+    for spec in extra_plugins:
+        plugin = _import_plugin(spec) if isinstance(spec, str) else spec
+        name = spec if isinstance(spec, str) else repr(spec)
+        if pm.get_plugin(name) is None and not pm.is_registered(plugin):
+            try:
+                pm.register(plugin, name=name)
+            except Exception as exc:
+                raise PluginLoadError(f"plugin '{name}' failed to register: {exc}") from exc
+
+    owners: dict[tuple[str, str], str] = {}
+    tables: dict[str, dict[str, Any]] = {}
+    for table, hook_name in (("dialects", "alpa_ir_dialects"), *_TABLES):
+        merged: dict[str, Any] = {}
+        for plugin_name, items in _contributions(pm, hook_name):
+            for name, value in items:
+                if name in merged:
+                    raise PluginLoadError(
+                        f"{table[:-1].replace('_', ' ')} '{name}' is contributed twice: by "
+                        f"plugin '{owners[(table, name)]}' and by plugin '{plugin_name}'"
+                    )
+                merged[name] = value
+                owners[(table, name)] = plugin_name
+        tables[table] = merged
+    return PluginRegistry(
+        **{k: MappingProxyType(v) for k, v in tables.items()},
+        owners=MappingProxyType(owners),
+        plugin_names=tuple(n for n, _ in pm.list_name_plugin()),
+        load_errors=tuple(load_errors),
+        explicit_plugins=tuple(spec for spec in extra_plugins if isinstance(spec, str)),
+    )
+
+
+@functools.cache
+def default_registry() -> PluginRegistry:
+    """The registry of the built-in plugin and the installed entry points (built once)."""
+    return load_registry()

@@ -1,0 +1,1 @@
+"""Runtime: mesh workers, instruction interpreter, transfers (import alpa_ir.runtime)."""

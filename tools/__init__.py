@@ -1,0 +1,1 @@
+"""Command-line programs: alpa-opt and friends (import alpa_ir.tools)."""
