@@ -99,7 +99,8 @@ def check_arguments(function: func.FuncOp, flat_args: Sequence[Any]) -> None:
         raise AlpaError(f"the module takes {len(types)} array arguments, got {len(flat_args)}")
     for k, (arg, ty, block_arg) in enumerate(zip(flat_args, types, function.args, strict=True)):
         want_shape, want_dtype = shape_of(ty), dtype_of(ty)
-        shape, dtype = tuple(np.shape(arg)), np.result_type(arg)
+        shape = tuple(np.shape(arg))
+        dtype = arg.dtype if hasattr(arg, "dtype") else np.result_type(arg)
         if shape != want_shape or dtype != want_dtype:
             name = block_arg.name_hint or f"#{k}"
             raise AlpaError(

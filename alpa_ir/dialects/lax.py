@@ -54,6 +54,7 @@ from xdsl.printer import Printer
 from xdsl.traits import IsTerminator, Pure
 from xdsl.utils.exceptions import VerifyException
 
+from alpa_ir.dialects import fast_types
 from alpa_ir.dialects.lax_params import (
     LAX_ATTRIBUTES,
     Codec,
@@ -141,7 +142,7 @@ def parse_regions(parser: Parser) -> list[Region]:
 def parse_signature(parser: Parser, operands: Sequence[Any]) -> tuple[list[SSAValue], list[Attribute]]:
     parser.parse_punctuation(":")
     pos = parser.pos
-    fn_type = parser.parse_function_type()
+    fn_type = fast_types.parse_function_type(parser)
     inputs = list(fn_type.inputs.data)
     if len(inputs) != len(operands):
         parser.raise_error(
@@ -376,9 +377,9 @@ class ReturnOp(IRDLOperation):
         types: list[Attribute] = []
         if operands:
             parser.parse_punctuation(":")
-            types = [parser.parse_type()]
+            types = [fast_types.parse_type(parser)]
             while parser.parse_optional_punctuation(",") is not None:
-                types.append(parser.parse_type())
+                types.append(fast_types.parse_type(parser))
         return ReturnOp.create(operands=parser.resolve_operands(operands, types, parser.pos))
 
 

@@ -113,7 +113,7 @@ class ProgramOp(PropertiesOp):
 class InstructionOp(PropertiesOp):
     """Base of the instructions; ``micro_batch`` is absent for per-step work."""
 
-    PROPERTY_ORDER: ClassVar[tuple[str, ...]] = ("function", "transfer", "micro_batch", "buffers")
+    PROPERTY_ORDER: ClassVar[tuple[str, ...]] = ("function", "transfer", "buffers", "micro_batch")
 
 
 @irdl_op_definition

@@ -44,6 +44,7 @@ from xdsl.printer import Printer
 from xdsl.traits import Pure
 from xdsl.utils.exceptions import VerifyException
 
+from alpa_ir.dialects import fast_types
 from alpa_ir.dialects.lax_params import ints_attr, ints_of
 
 SPECS_ATTR = "sharding.specs"
@@ -216,7 +217,7 @@ class CollectiveOp(IRDLOperation):
         operand = parser.parse_unresolved_operand()
         attrs = parser.parse_optional_attr_dict()
         parser.parse_punctuation(":")
-        ty = parser.parse_type()
+        ty = fast_types.parse_type(parser)
         known = set(cls.get_irdl_definition().properties)
         return cls.create(
             operands=[parser.resolve_operand(operand, ty)],
