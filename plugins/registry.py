@@ -72,7 +72,7 @@ class PluginRegistry:
         try:
             return table[name]
         except KeyError:
-            singular = kind.rstrip("s").replace("_", " ")
+            singular = _singular(kind)
             known = ", ".join(sorted(table)) or "none"
             raise AlpaError(
                 f"unknown {singular} '{name}'; known: {known}{self.load_error_hint()}"
@@ -88,6 +88,12 @@ _TABLES: tuple[tuple[str, str], ...] = (
     ("sharding_rules", "alpa_ir_sharding_rules"),
     ("cluster_presets", "alpa_ir_cluster_presets"),
 )
+
+
+def _singular(table: str) -> str:
+    """``passes`` -> ``pass``, ``cost_models`` -> ``cost model``."""
+    word = table[:-2] if table.endswith("sses") else table[:-1]
+    return word.replace("_", " ")
 
 
 def _import_plugin(spec: str) -> ModuleType:
@@ -188,7 +194,7 @@ def load_registry(
             for name, value in items:
                 if name in merged:
                     raise PluginLoadError(
-                        f"{table[:-1].replace('_', ' ')} '{name}' is contributed twice: by "
+                        f"{_singular(table)} '{name}' is contributed twice: by "
                         f"plugin '{owners[(table, name)]}' and by plugin '{plugin_name}'"
                     )
                 merged[name] = value

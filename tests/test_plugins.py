@@ -1,0 +1,150 @@
+"""Third-party plugins: --load-plugin, entry-point discovery, broken and clashing plugins.
+
+The sample plugin lives in tests/plugins_fixture/ (a package with its own
+pyproject.toml). Entry-point discovery is tested in a subprocess that sees a
+hand-written ``*.dist-info`` (what ``pip install`` would create) on its path.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from alpa_ir.plugins.registry import PluginLoadError, load_registry
+from alpa_ir.tools.alpa_opt import main
+
+FIXTURES = Path(__file__).parent / "plugins_fixture"
+ALPA_OPT = Path(sys.executable).parent / "alpa-opt"
+
+FUNC_IR = """\
+builtin.module {
+  func.func @f() {
+    func.return
+  }
+  func.func @g() {
+    func.return
+  }
+}
+"""
+
+
+@pytest.fixture(autouse=True)
+def _fixture_plugins_importable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(FIXTURES))
+
+
+def _fake_install(tmp_path: Path, entry_points: dict[str, str]) -> Path:
+    """A site folder holding the metadata pip would write for the fixture package."""
+    site = tmp_path / "site"
+    dist = site / "alpa_sample_plugin-0.1.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: alpa-sample-plugin\nVersion: 0.1.0\n"
+    )
+    lines = "".join(f"{name} = {target}\n" for name, target in entry_points.items())
+    (dist / "entry_points.txt").write_text("[alpa_ir]\n" + lines)
+    return site
+
+
+def _alpa_opt(site: Path, *argv: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(site), str(FIXTURES)])
+    return subprocess.run(
+        [str(ALPA_OPT), *argv], input=stdin, capture_output=True, text=True, env=env, timeout=120
+    )
+
+
+def test_registry_loads_a_plugin_by_module_name() -> None:
+    registry = load_registry(["alpa_sample_plugin"], builtin=False, entry_points=False)
+    assert "sample-count-ops" in registry.passes
+    assert registry.owners[("passes", "sample-count-ops")] == "alpa_sample_plugin"
+    assert registry.explicit_plugins == ("alpa_sample_plugin",)
+
+
+def test_load_plugin_lists_and_runs_its_pass(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plugin = "--load-plugin=alpa_sample_plugin"
+    assert main(["--list-passes", plugin], builtin_plugins=False, entry_point_plugins=False) == 0
+    listing = capsys.readouterr().out
+    assert "  sample-count-ops  [plugin alpa_sample_plugin]\n" in listing
+    assert "      prefix: str = sample  -- prefix of the attribute name\n" in listing
+    src = tmp_path / "in.mlir"
+    src.write_text(FUNC_IR)
+    argv = [str(src), plugin, "-p", "sample-count-ops{prefix=n}"]
+    assert main(argv, builtin_plugins=False, entry_point_plugins=False) == 0
+    assert capsys.readouterr().out.startswith("builtin.module attributes {n.op_count = 4 : i64}")
+
+
+def test_entry_point_plugin_is_discovered(tmp_path: Path) -> None:
+    site = _fake_install(tmp_path, {"sample": "alpa_sample_plugin"})
+    listing = _alpa_opt(site, "--list-passes")
+    assert listing.returncode == 0, listing.stderr
+    assert "  sample-count-ops  [plugin sample]\n" in listing.stdout
+    assert "  merge-trivial-ops\n" in listing.stdout  # the built-in passes are still there
+    done = _alpa_opt(site, "-", "-p", "sample-count-ops", stdin=FUNC_IR)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("builtin.module attributes {sample.op_count = 4 : i64}")
+
+
+def test_broken_entry_point_plugin_warns_and_the_tool_still_works(tmp_path: Path) -> None:
+    site = _fake_install(tmp_path, {"broken": "alpa_broken_plugin", "sample": "alpa_sample_plugin"})
+    listing = _alpa_opt(site, "--list-passes")
+    assert listing.returncode == 0
+    assert listing.stderr == (
+        "alpa-opt: warning: plugin 'broken' (RuntimeError: the sample plugin is broken on "
+        "purpose) failed to load; skipped\n"
+    )
+    assert "  sample-count-ops  [plugin sample]\n" in listing.stdout
+    done = _alpa_opt(site, "-", "-p", "sample-count-ops", stdin=FUNC_IR)
+    assert done.returncode == 0 and "sample.op_count = 4" in done.stdout
+    missing = _alpa_opt(site, "-", "-p", "broken-pass", stdin=FUNC_IR)
+    assert missing.returncode == 1
+    error = missing.stderr.splitlines()[-1]
+    assert error.startswith("alpa-opt: error: unknown pass 'broken-pass'; known passes: ")
+    assert error.endswith(
+        "(plugins that failed to load: 'broken' (RuntimeError: the sample "
+        "plugin is broken on purpose))"
+    )
+
+
+def test_broken_plugin_loaded_on_request_is_an_error() -> None:
+    with pytest.raises(PluginLoadError) as info:
+        load_registry(["alpa_broken_plugin"], builtin=False, entry_points=False)
+    assert str(info.value) == (
+        "plugin 'alpa_broken_plugin' failed to load: RuntimeError: the sample plugin is broken "
+        "on purpose"
+    )
+
+
+def test_duplicate_pass_names_name_both_plugins(capsys: pytest.CaptureFixture[str]) -> None:
+    message = (
+        "pass 'sample-count-ops' is contributed twice: by plugin 'alpa_sample_plugin' and by "
+        "plugin 'alpa_duplicate_plugin'"
+    )
+    with pytest.raises(PluginLoadError) as info:
+        load_registry(
+            ["alpa_sample_plugin", "alpa_duplicate_plugin"], builtin=False, entry_points=False
+        )
+    assert str(info.value) == message
+    argv = [
+        "--list-passes",
+        "--load-plugin=alpa_sample_plugin",
+        "--load-plugin=alpa_duplicate_plugin",
+    ]
+    assert main(argv, builtin_plugins=False, entry_point_plugins=False) == 1
+    assert capsys.readouterr().err == f"alpa-opt: error: {message}\n"
+
+
+def test_duplicate_between_entry_point_and_load_plugin(tmp_path: Path) -> None:
+    site = _fake_install(tmp_path, {"sample": "alpa_sample_plugin"})
+    done = _alpa_opt(site, "--list-passes", "--load-plugin=alpa_duplicate_plugin")
+    assert done.returncode == 1
+    assert done.stderr == (
+        "alpa-opt: error: pass 'sample-count-ops' is contributed twice: by plugin 'sample' "
+        "and by plugin 'alpa_duplicate_plugin'\n"
+    )

@@ -1,0 +1,52 @@
+"""The text of ``alpa-opt --list-passes``: each pass, its summary and its options."""
+
+from __future__ import annotations
+
+import inspect
+
+from alpa_ir.errors import AlpaError
+from alpa_ir.pass_options import format_value, pass_options, type_text
+from alpa_ir.plugins.registry import PluginRegistry
+
+
+def pass_summary(cls: type) -> str:
+    """The first line of the pass's docstring (dataclass-generated ones do not count)."""
+    doc = cls.__dict__.get("__doc__") or ""
+    if doc.startswith(f"{cls.__name__}("):
+        doc = ""
+    lines = inspect.cleandoc(doc).splitlines()
+    return lines[0].strip() if lines else "(no description)"
+
+
+def _option_lines(cls: type) -> list[str]:
+    try:
+        infos = pass_options(cls)
+    except AlpaError as err:
+        return [f"      (options unreadable: {err})"]
+    lines: list[str] = []
+    for info in infos:
+        if info.required:
+            spec = f"{info.name}: {type_text(info.type)} (required)"
+        else:
+            try:
+                default = format_value(info.default, info.type)
+            except TypeError:
+                default = repr(info.default)
+            spec = f"{info.name}: {type_text(info.type)} = {default}"
+        lines.append(f"      {spec}" + (f"  -- {info.help}" if info.help else ""))
+    return lines
+
+
+def format_pass_list(registry: PluginRegistry) -> str:
+    """Every pass of ``registry`` by name: summary, owning plugin if not built in, options."""
+    lines = [f"Available passes ({len(registry.passes)}):"]
+    for name in sorted(registry.passes):
+        cls = registry.passes[name]
+        owner = registry.owners.get(("passes", name), "builtin")
+        origin = "" if owner == "builtin" else f"  [plugin {owner}]"
+        lines.append(f"  {name}{origin}")
+        lines.append(f"      {pass_summary(cls)}")
+        lines.extend(_option_lines(cls))
+    if registry.load_errors:
+        lines.append("Plugins that failed to load: " + "; ".join(registry.load_errors))
+    return "\n".join(lines) + "\n"
