@@ -39,7 +39,9 @@ class LogicalDeviceMesh:
             if len(value) != n:
                 raise AlpaError(f"mesh {field} needs {n} values (one per axis), got {len(value)}")
             object.__setattr__(self, field, value)
-        devices = tuple(range(self.size)) if self.devices is None else tuple(int(d) for d in self.devices)
+        devices = (
+            tuple(range(self.size)) if self.devices is None else tuple(int(d) for d in self.devices)
+        )
         if len(devices) != self.size or len(set(devices)) != len(devices):
             raise AlpaError(
                 f"a mesh of shape {list(shape)} needs {self.size} distinct devices, got {len(devices)}"

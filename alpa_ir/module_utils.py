@@ -29,6 +29,10 @@ def symbol_op(module: ModuleOp, name: str, kind: type[Operation] | None = None) 
     """The top-level op defining symbol ``@name``."""
     for op in module.ops:
         sym = op.properties.get("sym_name") or op.attributes.get("sym_name")
-        if isinstance(sym, StringAttr) and sym.data == name and (kind is None or isinstance(op, kind)):
+        if (
+            isinstance(sym, StringAttr)
+            and sym.data == name
+            and (kind is None or isinstance(op, kind))
+        ):
             return op
     raise AlpaError(f"module has no symbol @{name}")

@@ -19,7 +19,9 @@ SpecRule = Callable[[str, tuple[int, ...]], ShardingSpec | None]
 """(value name, global shape) -> spec, or None for replicated."""
 
 
-def _checked(spec: ShardingSpec | None, shape: tuple[int, ...], mesh: LogicalDeviceMesh, what: str) -> ShardingSpec:
+def _checked(
+    spec: ShardingSpec | None, shape: tuple[int, ...], mesh: LogicalDeviceMesh, what: str
+) -> ShardingSpec:
     if spec is None:
         return ShardingSpec.replicated(len(shape))
     try:
@@ -62,7 +64,10 @@ def annotate_shardings(
             if len(specs) != len(shapes):
                 raise AlpaError(f"{len(specs)} {kind} specs given for {len(shapes)} {kind}s")
             chosen = list(specs)
-        return [_checked(c, s, mesh, f"{kind} '{n}'") for c, s, n in zip(chosen, shapes, names, strict=True)]
+        return [
+            _checked(c, s, mesh, f"{kind} '{n}'")
+            for c, s, n in zip(chosen, shapes, names, strict=True)
+        ]
 
     ins = resolve(arg_specs, main.function_type.inputs.data, "argument")
     main.arg_attrs = ArrayAttr([DictionaryAttr({SPEC_ATTR: s.to_attr()}) for s in ins])

@@ -64,7 +64,10 @@ def partition_spec(spec: ShardingSpec, names: Sequence[str]) -> PartitionSpec:
     if spec.partial:
         raise AlpaError(f"a partial value ({spec}) cannot be an input or output sharding")
     return PartitionSpec(
-        *[None if not d else (names[d[0]] if len(d) == 1 else tuple(names[a] for a in d)) for d in spec.dims]
+        *[
+            None if not d else (names[d[0]] if len(d) == 1 else tuple(names[a] for a in d))
+            for d in spec.dims
+        ]
     )
 
 

@@ -41,7 +41,9 @@ PIPELINE_IR = """builtin.module {
 }"""
 
 
-@pytest.mark.parametrize("text", [MESH_IR, SHARDING_IR, PIPELINE_IR], ids=["mesh", "sharding", "pipeline"])
+@pytest.mark.parametrize(
+    "text", [MESH_IR, SHARDING_IR, PIPELINE_IR], ids=["mesh", "sharding", "pipeline"]
+)
 def test_roundtrip(text):
     module = alpa_ir.parse_module(text)
     assert str(module) == text
@@ -57,7 +59,9 @@ def test_spec_attribute_values():
     ]
     assert specs[0] == ShardingSpec(((0,), (1,)))
     assert str(ShardingSpec(((0, 1), ()), partial=(2,))) == "[S01, R], partial = [2]"
-    assert ShardingSpec(((0, 1), ()), (2,)).to_attr() == ShardingSpecAttr(*ShardingSpec(((0, 1), ()), (2,)).to_attr().parameters)
+    assert ShardingSpec(((0, 1), ()), (2,)).to_attr() == ShardingSpecAttr(
+        *ShardingSpec(((0, 1), ()), (2,)).to_attr().parameters
+    )
     assert ShardingSpec(((0,), (1,))).local_shape((8, 32), (2, 4)) == (4, 8)
 
 
@@ -68,8 +72,14 @@ def test_spec_attribute_values():
         (MESH_IR.replace("array<i64: 2, 1>", "array<i64: 3, 1>"), "does not multiply"),
         (MESH_IR.replace("bandwidth = 3125000000.0", "bandwidth = 0.0"), "positive bandwidth"),
         (PIPELINE_IR.replace('"1f1b"', '"zigzag"'), "unknown schedule"),
-        (SHARDING_IR.replace("#sharding.spec<[S0, S1]>", "#sharding.spec<[S0, S0]>"), "mesh axis twice"),
-        (SHARDING_IR.replace("#sharding.spec<[S0, R]>}", "#sharding.spec<[Q0, R]>}", 1), "expected R or S"),
+        (
+            SHARDING_IR.replace("#sharding.spec<[S0, S1]>", "#sharding.spec<[S0, S0]>"),
+            "mesh axis twice",
+        ),
+        (
+            SHARDING_IR.replace("#sharding.spec<[S0, R]>}", "#sharding.spec<[Q0, R]>}", 1),
+            "expected R or S",
+        ),
     ],
 )
 def test_inconsistent_ir_is_rejected(text, message):

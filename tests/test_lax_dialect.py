@@ -70,4 +70,6 @@ def test_constants_roundtrip_exactly():
     module = alpa_ir.import_jax(lambda x: x + values.sum() + big.sum(), np.float32(1))
     parsed = alpa_ir.parse_module(str(module))
     assert str(parsed) == str(module)
-    np.testing.assert_array_equal(alpa_ir.execute(parsed, np.float32(1)), np.float32(1) + values.sum() + big.sum())
+    np.testing.assert_array_equal(
+        alpa_ir.execute(parsed, np.float32(1)), np.float32(1) + values.sum() + big.sum()
+    )

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+
 from alpa_ir.tools.alpa_p2 import main
 
 

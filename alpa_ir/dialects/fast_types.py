@@ -34,7 +34,7 @@ def _scan_type(text: str, pos: int) -> int:
                 return -1
         elif depth == 0 and c in _STOP:
             break
-        elif c in "\"()[]":
+        elif c in '"()[]':
             return -1
         pos += 1
     return pos if depth == 0 and pos > start else -1

@@ -124,9 +124,12 @@ def print_signature(printer: Printer, op: Operation) -> None:
 
 
 def parse_operands(parser: Parser) -> list[Any]:
-    return parser.parse_optional_undelimited_comma_separated_list(
-        parser.parse_optional_unresolved_operand, parser.parse_unresolved_operand
-    ) or []
+    return (
+        parser.parse_optional_undelimited_comma_separated_list(
+            parser.parse_optional_unresolved_operand, parser.parse_unresolved_operand
+        )
+        or []
+    )
 
 
 def parse_regions(parser: Parser) -> list[Region]:
@@ -139,7 +142,9 @@ def parse_regions(parser: Parser) -> list[Region]:
     return regions
 
 
-def parse_signature(parser: Parser, operands: Sequence[Any]) -> tuple[list[SSAValue], list[Attribute]]:
+def parse_signature(
+    parser: Parser, operands: Sequence[Any]
+) -> tuple[list[SSAValue], list[Attribute]]:
     parser.parse_punctuation(":")
     pos = parser.pos
     fn_type = fast_types.parse_function_type(parser)
@@ -164,9 +169,7 @@ class LaxOp(IRDLOperation):
     @classmethod
     def stored_params(cls) -> Mapping[str, Codec]:
         """The parameters kept as properties (all but dropped/None-only ones)."""
-        return {
-            k: c for k, c in cls.SPEC.params.items() if not isinstance(c, DroppedC | NoneOnlyC)
-        }
+        return {k: c for k, c in cls.SPEC.params.items() if not isinstance(c, DroppedC | NoneOnlyC)}
 
     @property
     def primitive_name(self) -> str:
@@ -183,7 +186,10 @@ class LaxOp(IRDLOperation):
 
     def jax_params(self) -> dict[str, Any]:
         """All non-region parameters as the Python values JAX binds with."""
-        return {name: codec.decode(self.properties.get(name)) for name, codec in self.SPEC.params.items()}
+        return {
+            name: codec.decode(self.properties.get(name))
+            for name, codec in self.SPEC.params.items()
+        }
 
     def print(self, printer: Printer) -> None:
         if self.operands:
@@ -223,7 +229,9 @@ class LaxOp(IRDLOperation):
             )
         for ty in (*self.operand_types, *self.result_types):
             if not isinstance(ty, TensorType):
-                raise VerifyException(f"{self.name}: operands and results must be tensors, got {ty}")
+                raise VerifyException(
+                    f"{self.name}: operands and results must be tensors, got {ty}"
+                )
         for region in self.regions:
             if len(region.blocks) != 1:
                 raise VerifyException(f"{self.name}: each region must have exactly one block")

@@ -432,9 +432,7 @@ def _dot_to_python(t: tuple[tuple[int, ...], ...]) -> Any:
 
 
 DOT_DIMS = StructC(DotDimsAttr, _dot_to_python, _dot_from_python)
-CONV_DIMS = StructC(
-    ConvDimsAttr, lambda t: lax.ConvDimensionNumbers(*t), lambda v: tuple(v)
-)
+CONV_DIMS = StructC(ConvDimsAttr, lambda t: lax.ConvDimensionNumbers(*t), lambda v: tuple(v))
 GATHER_DIMS = StructC(
     GatherDimsAttr,
     lambda t: lax.GatherDimensionNumbers(*t),

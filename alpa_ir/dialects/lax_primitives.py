@@ -137,13 +137,22 @@ def _specs() -> list[PrimitiveSpec]:
             "slice", lay, {"start_indices": INTS, "limit_indices": INTS, "strides": OPT_INTS}
         ),
         PrimitiveSpec(
-            "iota", OpKind.OTHER, {"dtype": DTYPE, "shape": INTS, "dimension": INT, "sharding": DROPPED}
+            "iota",
+            OpKind.OTHER,
+            {"dtype": DTYPE, "shape": INTS, "dimension": INT, "sharding": DROPPED},
         ),
         # Reductions.
         PrimitiveSpec("reduce_sum", red, {"axes": INTS, "out_sharding": DROPPED}),
         *(
             PrimitiveSpec(n, red, {"axes": INTS})
-            for n in ("reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or", "reduce_xor")
+            for n in (
+                "reduce_max",
+                "reduce_min",
+                "reduce_prod",
+                "reduce_and",
+                "reduce_or",
+                "reduce_xor",
+            )
         ),
         PrimitiveSpec("argmax", red, {"axes": INTS, "index_dtype": DTYPE}),
         PrimitiveSpec("argmin", red, {"axes": INTS, "index_dtype": DTYPE}),
@@ -221,8 +230,17 @@ def _specs() -> list[PrimitiveSpec]:
             },
         ),
         *(
-            PrimitiveSpec(n, OpKind.INDEXING, _SCATTER, rebuilt_params=("update_jaxpr", "update_consts"))
-            for n in ("scatter", "scatter-add", "scatter-mul", "scatter-min", "scatter-max", "scatter-sub")
+            PrimitiveSpec(
+                n, OpKind.INDEXING, _SCATTER, rebuilt_params=("update_jaxpr", "update_consts")
+            )
+            for n in (
+                "scatter",
+                "scatter-add",
+                "scatter-mul",
+                "scatter-min",
+                "scatter-max",
+                "scatter-sub",
+            )
         ),
         PrimitiveSpec("dynamic_slice", OpKind.INDEXING, {"slice_sizes": INTS}),
         PrimitiveSpec("dynamic_update_slice", OpKind.INDEXING),

@@ -23,9 +23,8 @@ A function runs on the mesh its ``mesh.mesh`` attribute names.
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 from collections.abc import Sequence
+from typing import ClassVar
 
 from xdsl.dialects.builtin import (
     ArrayAttr,
@@ -64,9 +63,14 @@ class LevelAttr(ParametrizedAttribute):
     shared: IntAttr
 
     @staticmethod
-    def make(name: str, size: int, bandwidth: float, latency: float, shared: bool = False) -> LevelAttr:
+    def make(
+        name: str, size: int, bandwidth: float, latency: float, shared: bool = False
+    ) -> LevelAttr:
         return LevelAttr(
-            StringAttr(name), IntAttr(size), FloatAttr(bandwidth, f64), FloatAttr(latency, f64),
+            StringAttr(name),
+            IntAttr(size),
+            FloatAttr(bandwidth, f64),
+            FloatAttr(latency, f64),
             IntAttr(int(shared)),
         )
 
@@ -96,7 +100,9 @@ class LevelAttr(ParametrizedAttribute):
     def print_parameters(self, printer: Printer) -> None:
         printer.print_string("<")
         printer.print_string_literal(self.level_name.data)
-        printer.print_string(f" x {self.size.data}, bandwidth = {format_float(self.bandwidth.value.data)}")
+        printer.print_string(
+            f" x {self.size.data}, bandwidth = {format_float(self.bandwidth.value.data)}"
+        )
         printer.print_string(f", latency = {format_float(self.latency.value.data)}")
         if self.shared.data:
             printer.print_string(", shared")
@@ -122,7 +128,12 @@ class ClusterOp(PropertiesSymbolOp):
     peak_flops = prop_def(FloatAttr)
     device_name = opt_prop_def(StringAttr)
     traits = traits_def(SymbolOpInterface())
-    PROPERTY_ORDER: ClassVar[tuple[str, ...]] = ("levels", "device_memory", "peak_flops", "device_name")
+    PROPERTY_ORDER: ClassVar[tuple[str, ...]] = (
+        "levels",
+        "device_memory",
+        "peak_flops",
+        "device_name",
+    )
 
     def num_devices(self) -> int:
         n = 1
@@ -146,7 +157,15 @@ class LogicalMeshOp(PropertiesSymbolOp):
     cluster = opt_prop_def(FlatSymbolRefAttr)
     placement = opt_prop_def(ArrayAttr[DenseArrayBase])
     traits = traits_def(SymbolOpInterface())
-    PROPERTY_ORDER: ClassVar[tuple[str, ...]] = ("shape", "devices", "alpha", "beta", "axis_names", "cluster", "placement")
+    PROPERTY_ORDER: ClassVar[tuple[str, ...]] = (
+        "shape",
+        "devices",
+        "alpha",
+        "beta",
+        "axis_names",
+        "cluster",
+        "placement",
+    )
 
     @property
     def mesh_shape(self) -> tuple[int, ...]:
@@ -159,7 +178,9 @@ class LogicalMeshOp(PropertiesSymbolOp):
     def verify_(self) -> None:
         shape = self.mesh_shape
         if any(s < 1 for s in shape):
-            raise VerifyException(f"mesh @{self.sym_name.data}: shape {list(shape)} must be positive")
+            raise VerifyException(
+                f"mesh @{self.sym_name.data}: shape {list(shape)} must be positive"
+            )
         size = 1
         for s in shape:
             size *= s

@@ -73,7 +73,13 @@ class StageOp(PropertiesSymbolOp):
     backward = opt_prop_def(FlatSymbolRefAttr)
     apply_grad = opt_prop_def(FlatSymbolRefAttr)
     traits = traits_def(SymbolOpInterface())
-    PROPERTY_ORDER: ClassVar[tuple[str, ...]] = ("layers", "mesh", "forward", "backward", "apply_grad")
+    PROPERTY_ORDER: ClassVar[tuple[str, ...]] = (
+        "layers",
+        "mesh",
+        "forward",
+        "backward",
+        "apply_grad",
+    )
 
     def verify_(self) -> None:
         layers = ints_of(self.layers)
@@ -96,7 +102,14 @@ class TransferOp(PropertiesSymbolOp):
     dst_spec = prop_def(ShardingSpecAttr)
     tiles = opt_prop_def(ArrayAttr[DictionaryAttr])
     traits = traits_def(SymbolOpInterface())
-    PROPERTY_ORDER: ClassVar[tuple[str, ...]] = ("value", "src_mesh", "dst_mesh", "src_spec", "dst_spec", "tiles")
+    PROPERTY_ORDER: ClassVar[tuple[str, ...]] = (
+        "value",
+        "src_mesh",
+        "dst_mesh",
+        "src_spec",
+        "dst_spec",
+        "tiles",
+    )
 
 
 @irdl_op_definition
@@ -172,8 +185,8 @@ __all__ = [
     "BroadcastOp",
     "FreeOp",
     "InstructionOp",
-    "PlanOp",
     "Pipeline",
+    "PlanOp",
     "ProgramOp",
     "RecvOp",
     "RunOp",

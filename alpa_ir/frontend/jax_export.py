@@ -38,9 +38,7 @@ def abstract_args(types: Sequence[Any]) -> list[jax.ShapeDtypeStruct]:
     return [jax.ShapeDtypeStruct(shape_of(t), dtype_of(t)) for t in types]
 
 
-def region_to_closed_jaxpr(
-    region: Region, handlers: Mapping[type, OpHandler] | None = None
-) -> Any:
+def region_to_closed_jaxpr(region: Region, handlers: Mapping[type, OpHandler] | None = None) -> Any:
     """Trace a region's block into the ClosedJaxpr a control-flow primitive binds."""
     block = region.block
     return jax.make_jaxpr(lambda *a: eval_block(block, list(a), handlers))(

@@ -9,6 +9,7 @@ come back as the user's pytrees. Each op carries the user's source location.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -54,16 +55,30 @@ def _aval_type(aval: Any, where: str) -> TensorType:
         raise UnsupportedPrimitiveError(f"{where}: {exc}") from None
 
 
+# Library code between the user's model and JAX: a location inside these is
+# not what a user wants to read ("flax/linen/linear.py:263" says nothing).
+_LIBRARY_PARTS = ("/flax/", "/optax/", "/alpa_ir/markers.py", "/alpa_ir/frontend/")
+
+
+@functools.cache
+def _is_user_file(filename: str) -> bool:
+    return source_info_util.is_user_filename(filename) and not any(
+        part in filename for part in _LIBRARY_PARTS
+    )
+
+
 def _user_location(eqn: Any) -> tuple[str, int, int] | None:
-    frame = source_info_util.user_frame(eqn.source_info.traceback)
-    if frame is None:
+    """The innermost frame of the user's own code that created ``eqn``."""
+    traceback = eqn.source_info.traceback
+    if traceback is None:
         return None
-    return frame.file_name, frame.start_line, frame.start_column
-
-
-def _where(eqn: Any) -> str:
-    loc = _user_location(eqn)
-    return f"{loc[0]}:{loc[1]}" if loc else "<unknown location>"
+    codes, lastis = traceback.raw_frames()
+    for code, lasti in zip(codes, lastis, strict=True):
+        if _is_user_file(code.co_filename):
+            frame = source_info_util.raw_frame_to_frame(code, lasti)
+            return frame.file_name, frame.start_line, frame.start_column
+    frame = source_info_util.user_frame(traceback)
+    return (frame.file_name, frame.start_line, frame.start_column) if frame else None
 
 
 @dataclass
@@ -74,6 +89,17 @@ class _BlockEmitter:
     block: Block
     env: dict[Var, SSAValue] = field(default_factory=dict)
     constants: dict[tuple[Any, ...], SSAValue] = field(default_factory=dict)
+    # Location of the call an inlined body came from: JAX cuts tracebacks at
+    # jit boundaries, so eqns inside a jitted helper (jnp.take, ...) have no
+    # user frame of their own.
+    fallback_location: tuple[str, int, int] | None = None
+
+    def location(self, eqn: Any) -> tuple[str, int, int] | None:
+        return _user_location(eqn) or self.fallback_location
+
+    def where(self, eqn: Any) -> str:
+        loc = self.location(eqn)
+        return f"{loc[0]}:{loc[1]}" if loc else "<unknown location>"
 
     def add(self, op: Operation) -> Operation:
         self.block.add_op(op)
@@ -92,7 +118,9 @@ class _BlockEmitter:
             return self.constant(atom.val, atom.aval)
         return self.env[atom]
 
-    def emit_jaxpr(self, jaxpr: Jaxpr, consts: Sequence[Any], inputs: Sequence[SSAValue]) -> list[SSAValue]:
+    def emit_jaxpr(
+        self, jaxpr: Jaxpr, consts: Sequence[Any], inputs: Sequence[SSAValue]
+    ) -> list[SSAValue]:
         for var, const in zip(jaxpr.constvars, consts, strict=True):
             self.env[var] = self.constant(const, var.aval)
         for var, value in zip(jaxpr.invars, inputs, strict=True):
@@ -116,13 +144,18 @@ class _BlockEmitter:
         sub = params.get("jaxpr", params.get("call_jaxpr", params.get("fun_jaxpr")))
         if sub is None:
             raise UnsupportedPrimitiveError(
-                f"{_where(eqn)}: cannot inline primitive '{eqn.primitive.name}' (no sub-jaxpr)"
+                f"{self.where(eqn)}: cannot inline primitive '{eqn.primitive.name}' (no sub-jaxpr)"
             )
         if isinstance(sub, ClosedJaxpr):
             jaxpr, consts = sub.jaxpr, sub.consts
         else:
             jaxpr, consts = sub, ()
-        nested = _BlockEmitter(self.importer, self.block, constants=self.constants)
+        nested = _BlockEmitter(
+            self.importer,
+            self.block,
+            constants=self.constants,
+            fallback_location=self.location(eqn),
+        )
         return nested.emit_jaxpr(jaxpr, consts, inputs)
 
 
@@ -132,41 +165,48 @@ class JaxprImporter:
     def __init__(self, *, locations: bool = True) -> None:
         self.locations = locations
 
-    def region_of(self, closed: Any, eqn: Any) -> Region:
+    def region_of(self, closed: Any, location: tuple[str, int, int] | None, where: str) -> Region:
         if isinstance(closed, ClosedJaxpr):
             jaxpr, consts = closed.jaxpr, closed.consts
         else:
             jaxpr, consts = closed, ()
-        block = Block(arg_types=[_aval_type(v.aval, _where(eqn)) for v in jaxpr.invars])
-        emitter = _BlockEmitter(self, block)
+        block = Block(arg_types=[_aval_type(v.aval, where) for v in jaxpr.invars])
+        emitter = _BlockEmitter(self, block, fallback_location=location)
         outs = emitter.emit_jaxpr(jaxpr, consts, list(block.args))
         block.add_op(ReturnOp.create(operands=outs))
         return Region(block)
 
     def make_op(self, emitter: _BlockEmitter, eqn: Any, inputs: list[SSAValue]) -> list[SSAValue]:
         name = eqn.primitive.name
-        result_types = [_aval_type(v.aval, f"{_where(eqn)}: primitive '{name}'") for v in eqn.outvars]
+        where = emitter.where(eqn)
+        result_types = [_aval_type(v.aval, f"{where}: primitive '{name}'") for v in eqn.outvars]
         spec = PRIMITIVES.get(name)
         if spec is not None:
-            op = self._table_op(spec, eqn, inputs, result_types)
+            op = self._table_op(spec, eqn, inputs, result_types, emitter)
         else:
-            op = self._generic_op(eqn, inputs, result_types)
-        if self.locations and (loc := _user_location(eqn)) is not None:
+            op = self._generic_op(eqn, inputs, result_types, where)
+        if self.locations and (loc := emitter.location(eqn)) is not None:
             op.location = FileLineColLoc(StringAttr(loc[0]), IntAttr(loc[1]), IntAttr(loc[2]))
         emitter.add(op)
         return list(op.results)
 
     def _table_op(
-        self, spec: PrimitiveSpec, eqn: Any, inputs: list[SSAValue], result_types: list[Attribute]
+        self,
+        spec: PrimitiveSpec,
+        eqn: Any,
+        inputs: list[SSAValue],
+        result_types: list[Attribute],
+        emitter: _BlockEmitter,
     ) -> Operation:
         params = eqn.params
+        where, location = emitter.where(eqn), emitter.location(eqn)
         known = set(spec.params) | set(spec.region_params) | set(spec.rebuilt_params)
         if spec.variadic_region_param:
             known.add(spec.variadic_region_param)
         unknown = set(params) - known
         if unknown:
             raise UnsupportedPrimitiveError(
-                f"{_where(eqn)}: primitive '{spec.name}' has parameters {sorted(unknown)} "
+                f"{where}: primitive '{spec.name}' has parameters {sorted(unknown)} "
                 "that the lax dialect does not know (JAX version mismatch?)"
             )
         properties: dict[str, Attribute] = {}
@@ -175,26 +215,28 @@ class JaxprImporter:
                 attr = codec.encode(params.get(pname))
             except AlpaError as exc:
                 raise UnsupportedPrimitiveError(
-                    f"{_where(eqn)}: primitive '{spec.name}' parameter '{pname}': {exc}"
+                    f"{where}: primitive '{spec.name}' parameter '{pname}': {exc}"
                 ) from None
             if attr is not None and not isinstance(codec, DroppedC | NoneOnlyC):
                 properties[pname] = attr
-        regions = [self.region_of(params[p], eqn) for p in spec.region_params]
+        regions = [self.region_of(params[p], location, where) for p in spec.region_params]
         if spec.variadic_region_param:
-            regions += [self.region_of(b, eqn) for b in params[spec.variadic_region_param]]
+            regions += [
+                self.region_of(b, location, where) for b in params[spec.variadic_region_param]
+            ]
         return PRIMITIVE_OPS[spec.name].create(
             operands=inputs, result_types=result_types, properties=properties, regions=regions
         )
 
     def _generic_op(
-        self, eqn: Any, inputs: list[SSAValue], result_types: list[Attribute]
+        self, eqn: Any, inputs: list[SSAValue], result_types: list[Attribute], where: str
     ) -> Operation:
         name = eqn.primitive.name
         try:
             params = {k: encode_generic(v, where=f"'{k}' ") for k, v in eqn.params.items()}
         except AlpaError as exc:
             raise UnsupportedPrimitiveError(
-                f"{_where(eqn)}: primitive '{name}' is not supported by the lax dialect ({exc})"
+                f"{where}: primitive '{name}' is not supported by the lax dialect ({exc})"
             ) from None
         return PrimitiveOp.create(
             operands=inputs,
@@ -245,9 +287,7 @@ def import_jax(
     main.attributes[OUT_TREE_ATTR] = StringAttr(encode_treedef(out_tree))
     donated = _donated_leaves(example_args, donate_argnums)
     if any(donated):
-        main.attributes[DONATED_ATTR] = ArrayAttr(
-            [IntAttr(k) for k, d in enumerate(donated) if d]
-        )
+        main.attributes[DONATED_ATTR] = ArrayAttr([IntAttr(k) for k, d in enumerate(donated) if d])
     del in_leaves
     return ModuleOp([main])
 
