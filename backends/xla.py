@@ -12,7 +12,7 @@ executor in :mod:`alpa_ir.backends.spmd`.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -122,7 +122,7 @@ class XlaExecutable:
     in_tree: Any
     out_tree: Any
     mesh: Mesh | None = None
-    _lowered_text: dict[str, str] = field(default_factory=dict)
+    in_shardings: tuple[Any, ...] | None = None
 
     def __call__(self, *args: Any) -> Any:
         flat, tree = jax.tree.flatten(args)
@@ -131,6 +131,10 @@ class XlaExecutable:
                 f"arguments have structure {tree}, the module was imported with {self.in_tree}"
             )
         check_arguments(self.function, flat)
+        if self.in_shardings is not None:
+            # Place inputs as the program expects, so that the first call (host
+            # arrays) and later calls (sharded results) hit the same executable.
+            flat = jax.device_put(flat, list(self.in_shardings))
         outs = self.jitted(*flat)
         if self.out_tree is None:
             return list(outs)
@@ -218,7 +222,7 @@ class XlaBackend:
             in_shardings=in_shardings,
             out_shardings=out_shardings,
         )
-        return XlaExecutable(module, function, jitted, in_tree, out_tree, mesh)
+        return XlaExecutable(module, function, jitted, in_tree, out_tree, mesh, in_shardings)
 
     def execute(self, module: ModuleOp, *args: Any) -> Any:
         return self.compile(module)(*args)
