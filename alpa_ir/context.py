@@ -1,6 +1,10 @@
-"""The xDSL context with every dialect the loaded plugins contribute."""
+"""The xDSL context with every dialect the loaded plugins contribute, and the
+plugin registry those dialects came from (passes look up solvers, cost
+models and rules in it)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import Builtin
@@ -9,14 +13,33 @@ from xdsl.dialects.func import Func
 from alpa_ir.plugins.registry import PluginRegistry, default_registry
 
 
-def make_context(registry: PluginRegistry | None = None) -> Context:
+@dataclass
+class AlpaContext(Context):
+    """An xDSL context that also carries the plugin registry."""
+
+    registry: PluginRegistry | None = field(default=None)
+
+    def clone(self) -> AlpaContext:
+        base = super().clone()
+        return AlpaContext(
+            base.allow_unregistered,
+            base._loaded_dialects,
+            base._loaded_ops,
+            base._loaded_attrs,
+            base._loaded_types,
+            base._registered_dialects,
+            registry=self.registry,
+        )
+
+
+def make_context(registry: PluginRegistry | None = None) -> AlpaContext:
     """A fresh context with builtin, func and all plugin dialects loaded.
 
     Unregistered ops and attributes are rejected, so a typo in IR text is an
     error that names the unknown op or dialect.
     """
     registry = registry or default_registry()
-    ctx = Context(allow_unregistered=False)
+    ctx = AlpaContext(allow_unregistered=False, registry=registry)
     ctx.load_dialect(Builtin)
     ctx.load_dialect(Func)
     for dialect in registry.dialects.values():

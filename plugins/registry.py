@@ -213,3 +213,10 @@ def load_registry(
 def default_registry() -> PluginRegistry:
     """The registry of the built-in plugin and the installed entry points (built once)."""
     return load_registry()
+
+
+def registry_of(ctx: object) -> PluginRegistry:
+    """The registry a pass should use: the one its context carries (see
+    ``alpa_ir.context.AlpaContext``), else the default one."""
+    registry = getattr(ctx, "registry", None)
+    return registry if isinstance(registry, PluginRegistry) else default_registry()

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
+from xdsl.dialects import func
 from xdsl.dialects.builtin import (
     ArrayAttr,
     DenseArrayBase,
@@ -28,7 +29,7 @@ from xdsl.dialects.builtin import (
     TensorType,
     i64,
 )
-from xdsl.ir import Attribute, Dialect, ParametrizedAttribute
+from xdsl.ir import Attribute, Block, Dialect, ParametrizedAttribute, SSAValue
 from xdsl.irdl import (
     IRDLOperation,
     irdl_attr_definition,
@@ -175,6 +176,24 @@ def set_result_specs(op: IRDLOperation, specs: Sequence[ShardingSpec]) -> None:
     op.attributes[SPECS_ATTR] = ArrayAttr([s.to_attr() for s in specs])
 
 
+def spec_of_value(value: SSAValue, function: func.FuncOp) -> ShardingSpec:
+    """The spec annotated on a block argument of ``function`` or on the op
+    defining ``value``; replicated when there is none."""
+    rank = len(value.type.get_shape())  # type: ignore[attr-defined]
+    owner = value.owner
+    if isinstance(owner, Block):
+        attrs = function.arg_attrs
+        if attrs is not None and owner is function.body.block:
+            entry = attrs.data[value.index].data.get(SPEC_ATTR)  # type: ignore[attr-defined]
+            if isinstance(entry, ShardingSpecAttr):
+                return entry.spec
+        return ShardingSpec.replicated(rank)
+    specs = result_specs(owner)
+    if specs is None:
+        return ShardingSpec.replicated(rank)
+    return specs[value.index]  # type: ignore[attr-defined]
+
+
 # --------------------------------------------------------------------------
 # Collectives: identity on global values; on the mesh, each is the collective
 # of its name over ``axes``. Operand and result share the global type.
@@ -236,9 +255,16 @@ class CollectiveOp(IRDLOperation):
 
 @irdl_op_definition
 class AllReduceOp(CollectiveOp):
-    """Sum a partial value over mesh ``axes`` (partial -> not partial)."""
+    """Complete a partial value over mesh ``axes`` (partial -> not partial);
+    ``reduce`` is ``sum`` (default), ``max`` or ``min``."""
 
     name = "sharding.all_reduce"
+    reduce = opt_prop_def(StringAttr)
+    PROPERTY_ORDER: ClassVar[tuple[str, ...]] = ("axes", "reduce")
+
+    @property
+    def reduction(self) -> str:
+        return self.reduce.data if self.reduce is not None else "sum"
 
 
 @irdl_op_definition

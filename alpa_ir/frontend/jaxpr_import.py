@@ -22,6 +22,7 @@ from jax.extend.core import ClosedJaxpr, Jaxpr, Literal, Var
 from xdsl.dialects import func
 from xdsl.dialects.builtin import (
     ArrayAttr,
+    DenseArrayBase,
     DictionaryAttr,
     FileLineColLoc,
     IntAttr,
@@ -33,7 +34,7 @@ from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 
 from alpa_ir.dialects.lax import PRIMITIVE_OPS, ConstantOp, PrimitiveOp, ReturnOp
 from alpa_ir.dialects.lax_generic_params import encode_generic
-from alpa_ir.dialects.lax_params import DroppedC, NoneOnlyC
+from alpa_ir.dialects.lax_params import DroppedC, NoneOnlyC, ints_attr
 from alpa_ir.dialects.lax_primitives import INLINED_PRIMITIVES, PRIMITIVES, PrimitiveSpec
 from alpa_ir.errors import AlpaError, UnsupportedPrimitiveError
 from alpa_ir.frontend.pytree_codec import encode_treedef, flat_names
@@ -42,6 +43,16 @@ from alpa_ir.ir_types import tensor_type
 IN_TREE_ATTR = "alpa.in_tree"
 OUT_TREE_ATTR = "alpa.out_tree"
 DONATED_ATTR = "alpa.donated"
+"""@main attribute: flat indices of the donated inputs."""
+BATCH_ATTR = "alpa.batch_args"
+"""@main attribute: flat indices of the inputs that are the batch (split into micro-batches)."""
+ALIASES_ATTR = "alpa.aliases"
+"""@main attribute: pairs [output, input]: the output is the new value of the donated input."""
+"""@main attribute: flat indices of the donated inputs."""
+BATCH_ATTR = "alpa.batch_args"
+"""@main attribute: flat indices of the inputs that are the batch (split into micro-batches)."""
+ALIASES_ATTR = "alpa.aliases"
+"""@main attribute: pairs [output, input]: the output is the new value of the donated input."""
 
 
 def _aval_type(aval: Any, where: str) -> TensorType:
@@ -264,10 +275,16 @@ def import_jax(
     fn: Callable[..., Any],
     *example_args: Any,
     donate_argnums: Sequence[int] = (),
+    batch_argnums: Sequence[int] = (),
     locations: bool = True,
 ) -> ModuleOp:
     """Trace ``fn`` on ``example_args`` (arrays or ``jax.ShapeDtypeStruct``) and
-    return the module. ``str(module)`` is its text."""
+    return the module. ``str(module)`` is its text.
+
+    ``donate_argnums`` name the arguments whose buffers the step replaces (the
+    training state): each of their leaves is paired with the output leaf at
+    the same path (``state.params.w`` in, ``new_state.params.w`` out).
+    ``batch_argnums`` name the batch arguments."""
     closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*example_args)
     in_leaves, in_tree = jax.tree.flatten(example_args)
     out_tree = jax.tree.structure(out_shape)
@@ -285,15 +302,53 @@ def import_jax(
     main = func.FuncOp("main", (arg_types, [o.type for o in outs]), Region(block))
     main.attributes[IN_TREE_ATTR] = StringAttr(encode_treedef(in_tree))
     main.attributes[OUT_TREE_ATTR] = StringAttr(encode_treedef(out_tree))
-    donated = _donated_leaves(example_args, donate_argnums)
-    if any(donated):
-        main.attributes[DONATED_ATTR] = ArrayAttr([IntAttr(k) for k, d in enumerate(donated) if d])
+    donated = _leaves_of(example_args, donate_argnums)
+    if donated:
+        main.attributes[DONATED_ATTR] = _int_array(donated)
+        aliases = _aliases(example_args, out_shape, donated)
+        if aliases:
+            main.attributes[ALIASES_ATTR] = ArrayAttr([_int_array(pair) for pair in aliases])
+    batch = _leaves_of(example_args, batch_argnums)
+    if batch:
+        main.attributes[BATCH_ATTR] = _int_array(batch)
     del in_leaves
     return ModuleOp([main])
 
 
-def _donated_leaves(example_args: tuple[Any, ...], donate_argnums: Sequence[int]) -> list[bool]:
-    flags: list[bool] = []
+def _int_array(values: Sequence[int]) -> DenseArrayBase:
+    return ints_attr(values)
+
+
+def _leaves_of(example_args: tuple[Any, ...], argnums: Sequence[int]) -> list[int]:
+    """Flat indices of the leaves of the arguments ``argnums``."""
+    out: list[int] = []
+    start = 0
     for k, arg in enumerate(example_args):
-        flags += [k in donate_argnums] * len(jax.tree.leaves(arg))
-    return flags
+        n = len(jax.tree.leaves(arg))
+        if k in argnums:
+            out += list(range(start, start + n))
+        start += n
+    return out
+
+
+def _aliases(
+    example_args: tuple[Any, ...], out_shape: Any, donated: Sequence[int]
+) -> list[list[int]]:
+    """[output, input] for each donated input leaf whose path (below its
+    argument) and type an output leaf (below its output element) repeats."""
+    ins = jax.tree_util.tree_flatten_with_path(example_args)[0]
+    outs = jax.tree_util.tree_flatten_with_path(out_shape)[0]
+    by_path: dict[tuple[Any, ...], list[int]] = {}
+    for j, (path, leaf) in enumerate(outs):
+        key = (tuple(path[1:]), tuple(leaf.shape), str(leaf.dtype))
+        by_path.setdefault(key, []).append(j)
+    pairs, taken = [], set()
+    for i in donated:
+        path, leaf = ins[i]
+        key = (tuple(path[1:]), tuple(np.shape(leaf)), str(np.result_type(leaf.dtype)))
+        for j in by_path.get(key, []):
+            if j not in taken:
+                taken.add(j)
+                pairs.append([j, i])
+                break
+    return pairs

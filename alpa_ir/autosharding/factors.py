@@ -1,0 +1,190 @@
+"""Factor-based sharding rules and the strategies generic code derives from them.
+
+A rule (Shardy's design) names the *factors* of an op — the loops of its
+computation — and maps every operand and result dimension to the factors it
+is made of (major to minor; usually one). Each factor has a kind:
+
+- pass-through: sharded alike in the operands and results that have it, no
+  communication (the batch and free dims of a matmul);
+- reduction: only in operands; sharding it leaves partial results that an
+  all-reduce (``reduce`` says with which op) completes (a matmul's contracting dim);
+- need-replication: must not be sharded (a sorted or cumulated axis).
+
+A strategy assigns mesh axes to factors. Everything else follows: the spec
+every operand must arrive in, the spec of every result (partial over the axes
+of sharded reduction factors), the all-reduce those partials need, and the
+per-device shapes. Adding a primitive means writing one rule.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+
+from alpa_ir.dialects.sharding import ShardingSpec
+
+
+class FactorKind(Enum):
+    PASS_THROUGH = "pass"
+    REDUCTION = "reduction"
+    NEED_REPLICATION = "replicate"
+
+
+Dims = tuple[tuple[int, ...], ...]
+"""Per dimension, the factors it is made of (major to minor); () = never sharded."""
+
+
+@dataclass(frozen=True)
+class FactorRule:
+    """The factors of one op and how its operands and results are made of them.
+
+    ``heavy`` ops (matmuls, convolutions) must divide their work over every
+    mesh axis: a strategy that leaves an axis unused would compute the same
+    thing twice (Alpa does not allow replicated computation for them).
+    ``partial_operands`` lists operands that may arrive as partial sums over
+    the axes of sharded reduction factors (a scatter-add's operand: adding it
+    on one device only and summing later is exact).
+    """
+
+    sizes: tuple[int, ...]
+    kinds: tuple[FactorKind, ...]
+    operands: tuple[Dims, ...]
+    results: tuple[Dims, ...]
+    reduce: str = "sum"
+    heavy: bool = False
+    partial_operands: tuple[int, ...] = ()
+    names: tuple[str, ...] = field(default=())
+
+    def factor_name(self, f: int) -> str:
+        return self.names[f] if f < len(self.names) else f"f{f}"
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """One parallel algorithm of an op on a mesh."""
+
+    name: str
+    operand_specs: tuple[ShardingSpec, ...]
+    result_specs: tuple[ShardingSpec, ...]
+    # Mesh axes over which results are partial (complete them with ``reduce``).
+    partial_axes: tuple[int, ...] = ()
+    reduce: str = "sum"
+
+    @property
+    def final_result_specs(self) -> tuple[ShardingSpec, ...]:
+        """Result specs after the all-reduce of partials."""
+        return tuple(ShardingSpec(s.dims) for s in self.result_specs)
+
+
+def replicated_strategy(operand_ranks: Sequence[int], result_ranks: Sequence[int]) -> Strategy:
+    return Strategy(
+        "replicated",
+        tuple(ShardingSpec.replicated(r) for r in operand_ranks),
+        tuple(ShardingSpec.replicated(r) for r in result_ranks),
+    )
+
+
+def _dims_spec(dims: Dims, factor_axes: Sequence[tuple[int, ...]]) -> ShardingSpec | None:
+    """The spec of a tensor whose dims are made of factors, or None when a
+    non-leading factor of a dim is sharded (that layout is not a block split)."""
+    spec: list[tuple[int, ...]] = []
+    for factors in dims:
+        axes: tuple[int, ...] = ()
+        for k, f in enumerate(factors):
+            if factor_axes[f]:
+                if k > 0:
+                    return None
+                axes = factor_axes[f]
+        spec.append(axes)
+    return ShardingSpec(tuple(spec))
+
+
+def _name(rule: FactorRule, factor_axes: Sequence[tuple[int, ...]]) -> str:
+    parts = [
+        f"{rule.factor_name(f)}->{''.join(map(str, axes))}"
+        for f, axes in enumerate(factor_axes)
+        if axes
+    ]
+    return ",".join(parts) or "replicated"
+
+
+def enumerate_strategies(rule: FactorRule, mesh_shape: Sequence[int]) -> list[Strategy]:
+    """Every valid assignment of mesh axes to factors, deduplicated.
+
+    An axis is unused or shards exactly one factor; a factor sharded over
+    several axes takes them in increasing order (``S01``); the product of a
+    factor's axes divides its size; need-replication factors stay unsharded;
+    heavy ops use every axis of size > 1. Axes of size 1 are never used.
+    """
+    axes = [a for a, n in enumerate(mesh_shape) if n > 1]
+    num_factors = len(rule.sizes)
+    shardable = [f for f in range(num_factors) if rule.kinds[f] is not FactorKind.NEED_REPLICATION]
+    options = [None, *shardable]
+    seen: set[tuple[tuple[ShardingSpec, ...], tuple[ShardingSpec, ...]]] = set()
+    out: list[Strategy] = []
+    for choice in itertools.product(options, repeat=len(axes)):
+        if rule.heavy and any(c is None for c in choice):
+            continue
+        factor_axes: list[tuple[int, ...]] = [() for _ in range(num_factors)]
+        for axis, f in zip(axes, choice, strict=True):
+            if f is not None:
+                factor_axes[f] = (*factor_axes[f], axis)
+        if any(
+            rule.sizes[f] % math.prod(mesh_shape[a] for a in fa) for f, fa in enumerate(factor_axes)
+        ):
+            continue
+        strategy = _strategy(rule, factor_axes)
+        if strategy is None:
+            continue
+        key = (strategy.operand_specs, strategy.result_specs)
+        if key not in seen:
+            seen.add(key)
+            out.append(strategy)
+    if not out and rule.heavy:
+        # No assignment divides the work over the whole mesh (shapes too
+        # small): allow replicated computation rather than fail.
+        return enumerate_strategies(
+            FactorRule(
+                rule.sizes,
+                rule.kinds,
+                rule.operands,
+                rule.results,
+                rule.reduce,
+                False,
+                rule.partial_operands,
+                rule.names,
+            ),
+            mesh_shape,
+        )
+    return out
+
+
+def _strategy(rule: FactorRule, factor_axes: Sequence[tuple[int, ...]]) -> Strategy | None:
+    partial = tuple(
+        sorted(
+            a
+            for f, fa in enumerate(factor_axes)
+            if rule.kinds[f] is FactorKind.REDUCTION
+            for a in fa
+        )
+    )
+    operand_specs = []
+    for k, dims in enumerate(rule.operands):
+        spec = _dims_spec(dims, factor_axes)
+        if spec is None:
+            return None
+        if k in rule.partial_operands and partial:
+            spec = ShardingSpec(spec.dims, partial)
+        operand_specs.append(spec)
+    result_specs = []
+    for dims in rule.results:
+        spec = _dims_spec(dims, factor_axes)
+        if spec is None:
+            return None
+        result_specs.append(ShardingSpec(spec.dims, partial))
+    return Strategy(
+        _name(rule, factor_axes), tuple(operand_specs), tuple(result_specs), partial, rule.reduce
+    )

@@ -1,0 +1,271 @@
+"""The strategy graph of a module on a mesh: the nodes the ILP chooses for.
+
+A node is a group formed by ``merge-trivial-ops`` (its leader op and the
+trivial ops merged into it) or a function argument. A node's strategies are
+its leader's strategies; each follower then takes, for every leader
+strategy, its own strategy that is cheapest given the specs its in-group
+operands arrive in (Alpa's "follow"). A strategy fixes the spec of every
+value the node defines, the spec every operand of its ops must arrive in,
+and the node's communication (all-reduces of partial results and in-group
+reshards). An edge between two nodes prices, for every pair of strategies,
+the reshards of the values flowing from one to the other.
+
+Pipeline markers and optimization barriers are transparent: their results
+are their operands. Constants are replicated and reshard for free.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from xdsl.dialects import func
+from xdsl.ir import Block, Operation, SSAValue
+
+from alpa_ir.autosharding.factors import Strategy, enumerate_strategies, replicated_strategy
+from alpa_ir.autosharding.resharding import INF, ReshardCoster, local_nbytes
+from alpa_ir.autosharding.rules import RULES, TRANSPARENT_PRIMITIVES
+from alpa_ir.dialects.lax import ConstantOp, LaxOp
+from alpa_ir.dialects.sharding import ShardingSpec
+from alpa_ir.ir_types import dtype_of, shape_of
+
+RuleLookup = Callable[[str], Callable[[LaxOp], object] | None]
+
+
+@dataclass
+class NodeStrategy:
+    """One choice for a node."""
+
+    name: str
+    cost: float
+    value_specs: dict[SSAValue, ShardingSpec]
+    op_strategies: dict[Operation, Strategy]
+    operand_specs: dict[tuple[Operation, int], ShardingSpec]
+
+
+@dataclass
+class Node:
+    index: int
+    name: str
+    ops: list[Operation]
+    arg: SSAValue | None = None
+    strategies: list[NodeStrategy] = field(default_factory=list)
+
+
+@dataclass
+class StrategyGraph:
+    nodes: list[Node]
+    # (u, v) -> cost matrix [S_u, S_v]
+    edges: dict[tuple[int, int], np.ndarray]
+    node_of_value: dict[SSAValue, int]
+    alias: dict[SSAValue, SSAValue]
+    # Values by which op they are consumed: (consumer op, operand index) -> resolved value.
+    uses: list[tuple[Operation, int, SSAValue]]
+
+
+def _itemsize(value: SSAValue) -> int:
+    return dtype_of(value.type).itemsize
+
+
+def _spec_options(shape: tuple[int, ...], mesh_shape: Sequence[int]) -> list[ShardingSpec]:
+    """Every spec a tensor of ``shape`` can take on the mesh."""
+    from alpa_ir.autosharding.factors import FactorKind, FactorRule
+
+    rule = FactorRule(
+        tuple(shape),
+        tuple(FactorKind.PASS_THROUGH for _ in shape),
+        ((),),
+        (tuple((d,) for d in range(len(shape))),),
+    )
+    return [s.result_specs[0] for s in enumerate_strategies(rule, mesh_shape)]
+
+
+class GraphBuilder:
+    """Builds the strategy graph of ``function`` given the groups of its ops."""
+
+    def __init__(
+        self,
+        function: func.FuncOp,
+        groups: dict[Operation, int],
+        mesh_shape: Sequence[int],
+        coster: ReshardCoster,
+        rule_lookup: RuleLookup | None = None,
+        arg_filter: Callable[[int, SSAValue, ShardingSpec], float] | None = None,
+    ) -> None:
+        self.function = function
+        self.groups = groups
+        self.mesh_shape = tuple(mesh_shape)
+        self.coster = coster
+        self.rule_lookup = rule_lookup or RULES.get
+        self.arg_filter = arg_filter
+        self.warned: set[str] = set()
+
+    # -- strategies of one op ------------------------------------------------
+
+    def op_strategies(self, op: Operation) -> list[Strategy]:
+        operand_ranks = [len(shape_of(t)) for t in op.operand_types]
+        result_ranks = [len(shape_of(t)) for t in op.result_types]
+        if isinstance(op, LaxOp):
+            rule_fn = self.rule_lookup(op.primitive_name)
+            if rule_fn is not None:
+                strategies = enumerate_strategies(rule_fn(op), self.mesh_shape)  # type: ignore[arg-type]
+                if strategies:
+                    return strategies
+        name = getattr(op, "primitive_name", op.name)
+        if name not in self.warned:
+            self.warned.add(name)
+            warnings.warn(
+                f"auto-sharding: no sharding rule for primitive '{name}'; it runs replicated",
+                stacklevel=3,
+            )
+        return [replicated_strategy(operand_ranks, result_ranks)]
+
+    def comm_cost(self, op: Operation, strategy: Strategy) -> float:
+        total = 0.0
+        for value, spec, final in zip(
+            op.results, strategy.result_specs, strategy.final_result_specs, strict=True
+        ):
+            if spec.partial:
+                total += self.coster.cost(
+                    spec, final, shape_of(value.type), _itemsize(value), strategy.reduce
+                )
+        return total
+
+    # -- the graph --------------------------------------------------------------
+
+    def build(self) -> StrategyGraph:
+        block: Block = self.function.body.block
+        alias: dict[SSAValue, SSAValue] = {}
+        nodes: list[Node] = []
+        node_of_value: dict[SSAValue, int] = {}
+        for k, arg in enumerate(block.args):
+            node = Node(len(nodes), arg.name_hint or f"arg{k}", [], arg=arg)
+            node.strategies = self._arg_strategies(k, arg)
+            node_of_value[arg] = node.index
+            nodes.append(node)
+        members: dict[int, list[Operation]] = {}
+        order: list[int] = []
+        for op in block.ops:
+            if isinstance(op, ConstantOp | func.ReturnOp):
+                continue
+            if isinstance(op, LaxOp) and op.primitive_name in TRANSPARENT_PRIMITIVES:
+                for res, opd in zip(op.results, op.operands, strict=True):
+                    alias[res] = alias.get(opd, opd)
+                continue
+            group = self.groups.get(op)
+            key = group if group is not None else -1 - len(order)
+            if key not in members:
+                members[key] = []
+                order.append(key)
+            members[key].append(op)
+        uses: list[tuple[Operation, int, SSAValue]] = []
+        for key in order:
+            ops = members[key]
+            node = Node(len(nodes), f"{ops[0].name}#{key}", ops)
+            for op in ops:
+                for res in op.results:
+                    node_of_value[res] = node.index
+                for k, opd in enumerate(op.operands):
+                    uses.append((op, k, alias.get(opd, opd)))
+            nodes.append(node)
+        for node in nodes:
+            if node.arg is None:
+                node.strategies = self._group_strategies(node.ops, alias)
+        edges = self._edges(nodes, node_of_value, uses)
+        return StrategyGraph(nodes, edges, node_of_value, alias, uses)
+
+    def _arg_strategies(self, index: int, arg: SSAValue) -> list[NodeStrategy]:
+        shape = shape_of(arg.type)
+        out = []
+        for spec in _spec_options(shape, self.mesh_shape):
+            cost = self.arg_filter(index, arg, spec) if self.arg_filter else 0.0
+            out.append(NodeStrategy(str(spec), cost, {arg: spec}, {}, {}))
+        return out
+
+    def _group_strategies(
+        self, ops: list[Operation], alias: dict[SSAValue, SSAValue]
+    ) -> list[NodeStrategy]:
+        leader, followers = ops[0], ops[1:]
+        out: list[NodeStrategy] = []
+        seen: set[tuple[object, ...]] = set()
+        follower_options = {f: self.op_strategies(f) for f in followers}
+        for lead in self.op_strategies(leader):
+            specs: dict[SSAValue, ShardingSpec] = dict(
+                zip(leader.results, lead.final_result_specs, strict=True)
+            )
+            chosen = {leader: lead}
+            operand_specs = {(leader, k): s for k, s in enumerate(lead.operand_specs)}
+            cost = self.comm_cost(leader, lead)
+            for f in followers:
+                best, best_cost = None, INF
+                for cand in follower_options[f]:
+                    c = self.comm_cost(f, cand)
+                    for k, opd in enumerate(f.operands):
+                        src = specs.get(alias.get(opd, opd))
+                        if src is not None:
+                            c += self.coster.cost(
+                                src, cand.operand_specs[k], shape_of(opd.type), _itemsize(opd)
+                            )
+                        if c >= best_cost:
+                            break
+                    if c < best_cost:
+                        best, best_cost = cand, c
+                if best is None:  # every follower strategy forbidden: take the first
+                    best, best_cost = follower_options[f][0], INF
+                chosen[f] = best
+                cost += best_cost
+                specs.update(zip(f.results, best.final_result_specs, strict=True))
+                operand_specs.update({(f, k): s for k, s in enumerate(best.operand_specs)})
+            key = (
+                tuple(sorted((id(v), s) for v, s in specs.items())),
+                tuple(sorted((id(o), k, s) for (o, k), s in operand_specs.items())),
+            )
+            if key in seen:
+                continue
+            seen.add(key)
+            out.append(NodeStrategy(lead.name, cost, specs, chosen, operand_specs))
+        return out
+
+    def _edges(
+        self,
+        nodes: list[Node],
+        node_of_value: dict[SSAValue, int],
+        uses: list[tuple[Operation, int, SSAValue]],
+    ) -> dict[tuple[int, int], np.ndarray]:
+        edges: dict[tuple[int, int], np.ndarray] = {}
+        for op, k, value in uses:
+            src_node = node_of_value.get(value)
+            if src_node is None:  # a constant: replicated, reshards locally
+                continue
+            dst_node = node_of_value[op.results[0]] if op.results else None
+            if dst_node is None or src_node == dst_node:
+                continue
+            src_specs = [s.value_specs[value] for s in nodes[src_node].strategies]
+            dst_specs = [s.operand_specs[(op, k)] for s in nodes[dst_node].strategies]
+            matrix = self._cost_matrix(src_specs, dst_specs, shape_of(value.type), _itemsize(value))
+            key = (src_node, dst_node)
+            edges[key] = edges[key] + matrix if key in edges else matrix
+        return edges
+
+    def _cost_matrix(
+        self,
+        src: list[ShardingSpec],
+        dst: list[ShardingSpec],
+        shape: tuple[int, ...],
+        itemsize: int,
+    ) -> np.ndarray:
+        src_unique = list(dict.fromkeys(src))
+        dst_unique = list(dict.fromkeys(dst))
+        table = np.array(
+            [[self.coster.cost(a, b, shape, itemsize) for b in dst_unique] for a in src_unique],
+            dtype=np.float64,
+        )
+        rows = np.array([src_unique.index(s) for s in src])
+        cols = np.array([dst_unique.index(s) for s in dst])
+        return table[np.ix_(rows, cols)]
+
+
+def value_local_bytes(value: SSAValue, spec: ShardingSpec, mesh_shape: Sequence[int]) -> int:
+    return local_nbytes(shape_of(value.type), _itemsize(value), spec, mesh_shape)

@@ -1,0 +1,97 @@
+"""The computation each device runs for an op of a sharded plan.
+
+Most primitives run unchanged on their local blocks: their parameters do not
+mention shapes (element-wise ops, dot_general, reductions, transposes, ...).
+The few whose parameters carry sizes get them replaced by the local sizes;
+``iota`` along a split dimension adds the block's offset. The rules only let
+a dimension be split where this is exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
+from typing import Any
+
+import jax.numpy as jnp
+from jax import lax
+
+from alpa_ir.dialects.sharding import ShardingSpec
+
+Localizer = Callable[[dict[str, Any], "LocalContext"], dict[str, Any]]
+
+
+class LocalContext:
+    """Global and local shapes of an op's operands and results, and the specs."""
+
+    def __init__(
+        self,
+        operand_shapes: Sequence[tuple[int, ...]],
+        result_shapes: Sequence[tuple[int, ...]],
+        operand_specs: Sequence[ShardingSpec],
+        result_specs: Sequence[ShardingSpec],
+        mesh_shape: Sequence[int],
+    ) -> None:
+        self.operand_shapes = list(operand_shapes)
+        self.result_shapes = list(result_shapes)
+        self.operand_specs = list(operand_specs)
+        self.result_specs = list(result_specs)
+        self.mesh_shape = tuple(mesh_shape)
+
+    def local_operand(self, k: int) -> tuple[int, ...]:
+        return self.operand_specs[k].local_shape(self.operand_shapes[k], self.mesh_shape)
+
+    def local_result(self, k: int) -> tuple[int, ...]:
+        return self.result_specs[k].local_shape(self.result_shapes[k], self.mesh_shape)
+
+
+def _result_shape_param(name: str) -> Localizer:
+    def localize(params: dict[str, Any], ctx: LocalContext) -> dict[str, Any]:
+        return {**params, name: ctx.local_result(0)}
+
+    return localize
+
+
+def _slice(params: dict[str, Any], ctx: LocalContext) -> dict[str, Any]:
+    local = ctx.local_operand(0)
+    spec = ctx.operand_specs[0]
+    limits = tuple(
+        local[d] if spec.dims[d] else lim for d, lim in enumerate(params["limit_indices"])
+    )
+    return {**params, "limit_indices": limits}
+
+
+def _slice_sizes(params: dict[str, Any], ctx: LocalContext) -> dict[str, Any]:
+    local, full = ctx.local_operand(0), ctx.operand_shapes[0]
+    sizes = tuple(local[d] if s == full[d] else s for d, s in enumerate(params["slice_sizes"]))
+    return {**params, "slice_sizes": sizes}
+
+
+LOCALIZERS: Mapping[str, Localizer] = MappingProxyType(
+    {
+        "broadcast_in_dim": _result_shape_param("shape"),
+        "reshape": _result_shape_param("new_sizes"),
+        "iota": _result_shape_param("shape"),
+        "slice": _slice,
+        "gather": _slice_sizes,
+        "dynamic_slice": _slice_sizes,
+    }
+)
+
+
+def linear_axis_index(axes: Sequence[int], mesh_shape: Sequence[int], names: Sequence[str]) -> Any:
+    """This device's block index along a dimension split over ``axes`` (major first)."""
+    index = jnp.int32(0)
+    for a in axes:
+        index = index * mesh_shape[a] + lax.axis_index(names[a])
+    return index
+
+
+def iota_offset(value: Any, params: dict[str, Any], ctx: LocalContext, names: Sequence[str]) -> Any:
+    """Shift a local iota by its block's start along the split dimension."""
+    dim = params["dimension"]
+    axes = ctx.result_specs[0].dims[dim]
+    if not axes:
+        return value
+    start = linear_axis_index(axes, ctx.mesh_shape, names) * ctx.local_result(0)[dim]
+    return value + start.astype(value.dtype)

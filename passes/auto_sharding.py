@@ -1,0 +1,180 @@
+"""``auto-sharding`` (Alpa §4): choose the communication-minimal intra-operator
+plan of ``@main`` on its logical mesh with an ILP, and write it into the IR.
+
+Strategies come from the sharding rules (one per primitive), nodes from the
+groups of ``merge-trivial-ops`` (every op is its own group if that pass did not
+run), costs from the communication cost model, and the ILP is solved by the
+solver plugin. The result: a spec on every value (``sharding.specs`` and the
+argument/result attributes), the strategy of every op (``sharding.strategy``),
+explicit collectives, and the objective on ``@main`` (``sharding.objective``).
+
+Donated inputs and the outputs that replace them (parameters in, parameters
+out) are given the same spec. The batch arguments (``alpa.batch_args``) are
+what the ``force-*`` options refer to.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from xdsl.context import Context
+from xdsl.dialects import func
+from xdsl.dialects.builtin import (
+    ArrayAttr,
+    DenseArrayBase,
+    FlatSymbolRefAttr,
+    FloatAttr,
+    IntAttr,
+    ModuleOp,
+    f64,
+)
+from xdsl.ir import SSAValue
+from xdsl.passes import ModulePass
+
+from alpa_ir.autosharding.apply_plan import apply_plan
+from alpa_ir.autosharding.graph import GraphBuilder
+from alpa_ir.autosharding.problem import Aliasing, build_problem
+from alpa_ir.autosharding.resharding import INF, ReshardCoster, ReshardOptions
+from alpa_ir.device_mesh import LogicalDeviceMesh
+from alpa_ir.dialects.lax_params import ints_of
+from alpa_ir.dialects.mesh import MESH_ATTR, LogicalMeshOp
+from alpa_ir.dialects.sharding import ShardingSpec
+from alpa_ir.errors import AlpaError
+from alpa_ir.frontend.jaxpr_import import ALIASES_ATTR, BATCH_ATTR, DONATED_ATTR
+from alpa_ir.module_utils import main_function, symbol_op
+from alpa_ir.plugins.registry import registry_of
+
+OBJECTIVE_ATTR = "sharding.objective"
+GROUP_ATTR = "sharding.group"
+REPLICATED_PARAMETER_PENALTY = 1e-6
+
+
+def int_list(function: func.FuncOp, name: str) -> list[int]:
+    attr = function.attributes.get(name)
+    if attr is None:
+        return []
+    assert isinstance(attr, DenseArrayBase)
+    return list(ints_of(attr))
+
+
+def aliases_of(function: func.FuncOp) -> list[Aliasing]:
+    attr = function.attributes.get(ALIASES_ATTR)
+    if attr is None:
+        return []
+    assert isinstance(attr, ArrayAttr)
+    return [Aliasing(*ints_of(pair)) for pair in attr.data]  # type: ignore[arg-type]
+
+
+def module_mesh(module: ModuleOp, function: func.FuncOp) -> LogicalDeviceMesh | None:
+    ref = function.attributes.get(MESH_ATTR)
+    if ref is None:
+        return None
+    name = ref.root_reference.data  # type: ignore[attr-defined]
+    op = symbol_op(module, name, LogicalMeshOp)
+    assert isinstance(op, LogicalMeshOp)
+    return LogicalDeviceMesh.from_op(op)
+
+
+@dataclass(frozen=True)
+class AutoSharding(ModulePass):
+    """Choose the intra-operator plan of @main with Alpa's ILP."""
+
+    name = "auto-sharding"
+
+    solver: str = "cbc"
+    time_limit: float = 600.0
+    memory_budget: float = 0.0
+    """Bytes per device; 0 means no limit."""
+    allow_all_gather: bool = True
+    allow_all_to_all: bool = True
+    allow_replicated_parameters: bool = True
+    force_batch_dim_to_mesh_dim: int = -1
+    prefer_reduce_scatter: bool = False
+    force_data_parallel: bool = False
+    cost_model: str = "alpha-beta"
+    mesh_shape: tuple[int, ...] = ()
+    """Used when @main names no mesh: the logical mesh to plan for (α = 1, β = 1, 0.1, ...)."""
+    compute_grad_scale: float = 1.0
+    """Weight of the ops before the gradient marker (the number of micro-batches)."""
+    strategy_space: Literal["ilp", "data-parallel", "heuristic"] = "ilp"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        registry = registry_of(ctx)
+        function = main_function(op)
+        mesh = module_mesh(op, function)
+        if mesh is None:
+            if not self.mesh_shape:
+                raise AlpaError(
+                    "auto-sharding: @main names no logical mesh (mesh.mesh); give the option "
+                    "mesh-shape, e.g. auto-sharding{mesh-shape=2,4}"
+                )
+            mesh = LogicalDeviceMesh(self.mesh_shape)
+            mesh_op = mesh.to_op("mesh")
+            op.body.block.insert_op_before(mesh_op, function)
+            function.attributes[MESH_ATTR] = FlatSymbolRefAttr("mesh")
+        cost_model = registry.get("cost_models", self.cost_model)()
+        coster = ReshardCoster(
+            mesh, cost_model, ReshardOptions(self.allow_all_gather, self.allow_all_to_all)
+        )
+        groups = {
+            o: o.attributes[GROUP_ATTR].value.data  # type: ignore[attr-defined]
+            for o in function.body.block.ops
+            if GROUP_ATTR in o.attributes
+        }
+        batch = set(int_list(function, BATCH_ATTR))
+        if (self.force_data_parallel or self.force_batch_dim_to_mesh_dim >= 0) and not batch:
+            raise AlpaError(
+                "auto-sharding: force-data-parallel / force-batch-dim-to-mesh-dim need the batch "
+                "arguments (import with batch_argnums)"
+            )
+        graph = GraphBuilder(
+            function, groups, mesh.shape, coster, arg_filter=self._arg_cost(mesh, batch)
+        ).build()
+        donated = set(int_list(function, DONATED_ATTR))
+        problem = build_problem(
+            graph,
+            function,
+            mesh.shape,
+            memory_budget=self.memory_budget or None,
+            aliases=aliases_of(function),
+            donated=donated,
+        )
+        solver = registry.get("solvers", self.solver)()
+        solution = solver.solve(problem, time_limit=self.time_limit)
+        apply_plan(function, graph, solution.choice)
+        function.attributes[OBJECTIVE_ATTR] = FloatAttr(solution.objective, f64)
+        function.attributes["sharding.solve_time"] = FloatAttr(solution.solve_time, f64)
+        function.attributes["sharding.num_nodes"] = IntAttr(len(graph.nodes))
+
+    def _arg_cost(self, mesh: LogicalDeviceMesh, batch: set[int]):
+        axes = tuple(a for a, n in enumerate(mesh.shape) if n > 1)
+
+        def cost(index: int, arg: SSAValue, spec: ShardingSpec) -> float:
+            is_batch = index in batch
+            if self.force_data_parallel:
+                if is_batch:
+                    want = ShardingSpec((axes,) + ((),) * (spec.rank - 1)) if spec.rank else spec
+                    return (
+                        0.0
+                        if spec == want
+                        or (not _divisible(arg, axes, mesh) and spec.is_replicated())
+                        else INF
+                    )
+                return 0.0 if spec.is_replicated() else INF
+            if is_batch and self.force_batch_dim_to_mesh_dim >= 0 and spec.rank:
+                return 0.0 if self.force_batch_dim_to_mesh_dim in spec.dims[0] else INF
+            if not is_batch and spec.is_replicated():
+                return (
+                    INF
+                    if not self.allow_replicated_parameters and spec.rank
+                    else REPLICATED_PARAMETER_PENALTY
+                )
+            return 0.0
+
+        return cost
+
+
+def _divisible(arg: SSAValue, axes: tuple[int, ...], mesh: LogicalDeviceMesh) -> bool:
+    shape = arg.type.get_shape()  # type: ignore[attr-defined]
+    return bool(shape) and shape[0] % mesh.axes_size(axes) == 0
