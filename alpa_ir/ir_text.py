@@ -73,9 +73,7 @@ class _LocatingParser(Parser):
         explicit = self._after_location == self._current_token.span.start
         if isinstance(op.location, UnknownLoc) and not explicit:
             line, col = self._line_and_column(start)
-            op.location = FileLineColLoc(
-                StringAttr(start.input.name), IntAttr(line), IntAttr(col)
-            )
+            op.location = FileLineColLoc(StringAttr(start.input.name), IntAttr(line), IntAttr(col))
         return op
 
     _line_cursor: tuple[int, int] = (0, 1)

@@ -72,11 +72,15 @@ class Strategy:
     # Mesh axes over which results are partial (complete them with ``reduce``).
     partial_axes: tuple[int, ...] = ()
     reduce: str = "sum"
+    # Result specs after the all-reduce of partials (derived).
+    final_result_specs: tuple[ShardingSpec, ...] = field(default=(), compare=False)
 
-    @property
-    def final_result_specs(self) -> tuple[ShardingSpec, ...]:
-        """Result specs after the all-reduce of partials."""
-        return tuple(ShardingSpec(s.dims) for s in self.result_specs)
+    def __post_init__(self) -> None:
+        if not self.final_result_specs:
+            final = tuple(
+                ShardingSpec(s.dims) if s.partial else s for s in self.result_specs
+            )
+            object.__setattr__(self, "final_result_specs", final)
 
 
 def replicated_strategy(operand_ranks: Sequence[int], result_ranks: Sequence[int]) -> Strategy:

@@ -101,10 +101,21 @@ class GraphBuilder:
         self.rule_lookup = rule_lookup or RULES.get
         self.arg_filter = arg_filter
         self.warned: set[str] = set()
+        self._strategy_cache: dict[tuple[object, ...], list[Strategy]] = {}
 
     # -- strategies of one op ------------------------------------------------
 
     def op_strategies(self, op: Operation) -> list[Strategy]:
+        """The op's strategies; identical ops (same primitive, parameters and
+        types, e.g. the same matmul in every transformer layer) share them."""
+        key = (op.name, tuple(op.properties.items()), tuple(op.operand_types), tuple(op.result_types))
+        cached = self._strategy_cache.get(key)
+        if cached is None:
+            cached = self._op_strategies(op)
+            self._strategy_cache[key] = cached
+        return cached
+
+    def _op_strategies(self, op: Operation) -> list[Strategy]:
         operand_ranks = [len(shape_of(t)) for t in op.operand_types]
         result_ranks = [len(shape_of(t)) for t in op.result_types]
         if isinstance(op, LaxOp):
@@ -190,7 +201,16 @@ class GraphBuilder:
         leader, followers = ops[0], ops[1:]
         out: list[NodeStrategy] = []
         seen: set[tuple[object, ...]] = set()
-        follower_options = {f: self.op_strategies(f) for f in followers}
+        # Per follower: its strategies, their own communication, and the
+        # (shape, itemsize) of each operand. A follower's best strategy only
+        # depends on the specs its in-group operands arrive in: memoized.
+        options = {f: self.op_strategies(f) for f in followers}
+        own_cost = {f: [self.comm_cost(f, s) for s in options[f]] for f in followers}
+        operand_info = {
+            f: [(alias.get(v, v), shape_of(v.type), _itemsize(v)) for v in f.operands]
+            for f in followers
+        }
+        best_for: dict[tuple[object, ...], tuple[int, float]] = {}
         for lead in self.op_strategies(leader):
             specs: dict[SSAValue, ShardingSpec] = dict(
                 zip(leader.results, lead.final_result_specs, strict=True)
@@ -199,34 +219,58 @@ class GraphBuilder:
             operand_specs = {(leader, k): s for k, s in enumerate(lead.operand_specs)}
             cost = self.comm_cost(leader, lead)
             for f in followers:
-                best, best_cost = None, INF
-                for cand in follower_options[f]:
-                    c = self.comm_cost(f, cand)
-                    for k, opd in enumerate(f.operands):
-                        src = specs.get(alias.get(opd, opd))
-                        if src is not None:
-                            c += self.coster.cost(
-                                src, cand.operand_specs[k], shape_of(opd.type), _itemsize(opd)
-                            )
-                        if c >= best_cost:
-                            break
-                    if c < best_cost:
-                        best, best_cost = cand, c
-                if best is None:  # every follower strategy forbidden: take the first
-                    best, best_cost = follower_options[f][0], INF
+                arriving = tuple(specs.get(v) for v, _, _ in operand_info[f])
+                key = (f, arriving)
+                if key not in best_for:
+                    best_for[key] = self._best_follower(
+                        options[f], own_cost[f], operand_info[f], arriving
+                    )
+                index, best_cost = best_for[key]
+                best = options[f][index]
                 chosen[f] = best
                 cost += best_cost
                 specs.update(zip(f.results, best.final_result_specs, strict=True))
                 operand_specs.update({(f, k): s for k, s in enumerate(best.operand_specs)})
-            key = (
-                tuple(sorted((id(v), s) for v, s in specs.items())),
-                tuple(sorted((id(o), k, s) for (o, k), s in operand_specs.items())),
+            signature = (
+                tuple(specs.values()),
+                tuple(operand_specs.values()),
             )
-            if key in seen:
+            if signature in seen:
                 continue
-            seen.add(key)
+            seen.add(signature)
             out.append(NodeStrategy(lead.name, cost, specs, chosen, operand_specs))
         return out
+
+    def _best_follower(
+        self,
+        options: list[Strategy],
+        own_cost: list[float],
+        operand_info: list[tuple[SSAValue, tuple[int, ...], int]],
+        arriving: tuple[ShardingSpec | None, ...],
+    ) -> tuple[int, float]:
+        # Usually a strategy takes the operands exactly as they arrive (an
+        # element-wise op follows its input): try those first.
+        positions = [k for k, src in enumerate(arriving) if src is not None]
+        exact = [
+            i
+            for i, cand in enumerate(options)
+            if all(cand.operand_specs[k] == arriving[k] for k in positions)
+        ]
+        if exact:
+            i = min(exact, key=lambda i: own_cost[i])
+            if own_cost[i] == 0.0:
+                return i, 0.0
+        best, best_cost = 0, INF
+        for index, cand in enumerate(options):
+            c = own_cost[index]
+            for k in positions:
+                if c >= best_cost:
+                    break
+                _, shape, itemsize = operand_info[k]
+                c += self.coster.cost(arriving[k], cand.operand_specs[k], shape, itemsize)  # type: ignore[arg-type]
+            if c < best_cost:
+                best, best_cost = index, c
+        return best, best_cost
 
     def _edges(
         self,

@@ -68,6 +68,20 @@ class ShardingSpec:
     dims: tuple[tuple[int, ...], ...]
     partial: tuple[int, ...] = ()
 
+    def __post_init__(self) -> None:
+        # Specs are dictionary keys in hot loops of the planner: hash once.
+        object.__setattr__(self, "_hash", hash((self.dims, self.partial)))
+
+    def __hash__(self) -> int:
+        return self._hash  # type: ignore[attr-defined, no-any-return]
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if not isinstance(other, ShardingSpec):
+            return NotImplemented
+        return self._hash == other._hash and self.dims == other.dims and self.partial == other.partial  # type: ignore[attr-defined]
+
     @staticmethod
     def replicated(rank: int) -> ShardingSpec:
         return ShardingSpec(((),) * rank)
