@@ -85,3 +85,16 @@ class LogicalDeviceMesh:
             ints_of(op.devices),
             names,
         )
+
+
+def function_mesh(module: object, function: object) -> LogicalDeviceMesh | None:
+    """The logical mesh ``function`` runs on (its ``mesh.mesh`` attribute), or None."""
+    from alpa_ir.dialects.mesh import MESH_ATTR
+    from alpa_ir.module_utils import symbol_op
+
+    ref = function.attributes.get(MESH_ATTR)  # type: ignore[attr-defined]
+    if ref is None:
+        return None
+    op = symbol_op(module, ref.root_reference.data, LogicalMeshOp)  # type: ignore[arg-type]
+    assert isinstance(op, LogicalMeshOp)
+    return LogicalDeviceMesh.from_op(op)

@@ -36,13 +36,13 @@ from alpa_ir.autosharding.apply_plan import apply_plan
 from alpa_ir.autosharding.graph import GraphBuilder
 from alpa_ir.autosharding.problem import Aliasing, build_problem
 from alpa_ir.autosharding.resharding import INF, ReshardCoster, ReshardOptions
-from alpa_ir.device_mesh import LogicalDeviceMesh
+from alpa_ir.device_mesh import LogicalDeviceMesh, function_mesh
 from alpa_ir.dialects.lax_params import ints_of
-from alpa_ir.dialects.mesh import MESH_ATTR, LogicalMeshOp
+from alpa_ir.dialects.mesh import MESH_ATTR
 from alpa_ir.dialects.sharding import ShardingSpec
 from alpa_ir.errors import AlpaError
 from alpa_ir.frontend.jaxpr_import import ALIASES_ATTR, BATCH_ATTR, DONATED_ATTR
-from alpa_ir.module_utils import main_function, symbol_op
+from alpa_ir.module_utils import main_function
 from alpa_ir.plugins.registry import registry_of
 
 OBJECTIVE_ATTR = "sharding.objective"
@@ -64,16 +64,6 @@ def aliases_of(function: func.FuncOp) -> list[Aliasing]:
         return []
     assert isinstance(attr, ArrayAttr)
     return [Aliasing(*ints_of(pair)) for pair in attr.data]  # type: ignore[arg-type]
-
-
-def module_mesh(module: ModuleOp, function: func.FuncOp) -> LogicalDeviceMesh | None:
-    ref = function.attributes.get(MESH_ATTR)
-    if ref is None:
-        return None
-    name = ref.root_reference.data  # type: ignore[attr-defined]
-    op = symbol_op(module, name, LogicalMeshOp)
-    assert isinstance(op, LogicalMeshOp)
-    return LogicalDeviceMesh.from_op(op)
 
 
 @dataclass(frozen=True)
@@ -102,7 +92,7 @@ class AutoSharding(ModulePass):
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         registry = registry_of(ctx)
         function = main_function(op)
-        mesh = module_mesh(op, function)
+        mesh = function_mesh(op, function)
         if mesh is None:
             if not self.mesh_shape:
                 raise AlpaError(

@@ -9,9 +9,13 @@ the group of their deepest operand's producer (the first such operand on a
 tie); every other op starts a group of its own. A trivial op whose operands
 are all inputs also starts its own group.
 
+Pipeline markers and optimization barriers are the identity: their results
+count as their operands (an optimizer's update joins its gradient's group,
+not one group of all gradients), and they belong to no group.
+
 The grouping is recorded as the attribute ``sharding.group = N`` on every op of
-``@main`` (constants excepted; they follow their users), and
-``sharding.num_groups`` on ``@main``. Semantics do not change.
+``@main`` (constants and markers excepted), and ``sharding.num_groups`` on
+``@main``. Semantics do not change.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from xdsl.dialects.builtin import IntegerAttr, ModuleOp, i64
 from xdsl.ir import Operation, SSAValue
 from xdsl.passes import ModulePass
 
+from alpa_ir.autosharding.rules import TRANSPARENT_PRIMITIVES
 from alpa_ir.dialects.lax import ConstantOp, LaxOp
 from alpa_ir.dialects.lax_primitives import OpKind
 from alpa_ir.module_utils import main_function
@@ -55,6 +60,13 @@ def compute_groups(function: func.FuncOp) -> dict[Operation, int]:
             depth[op.results[0]] = 0
             continue
         if isinstance(op, func.ReturnOp):
+            continue
+        if isinstance(op, LaxOp) and op.primitive_name in TRANSPARENT_PRIMITIVES:
+            # Markers are the identity: their results are their operands.
+            for result, operand in zip(op.results, op.operands, strict=True):
+                depth[result] = depth.get(operand, 0)
+                if operand in value_group:
+                    value_group[result] = value_group[operand]
             continue
         produced = [v for v in op.operands if v in value_group]
         op_depth = 1 + max((depth.get(v, 0) for v in op.operands), default=0)

@@ -24,9 +24,18 @@ def alpa_ir_dialects() -> Sequence[Any]:
 
 @hookimpl
 def alpa_ir_passes() -> Sequence[type]:
+    from alpa_ir.passes.auto_sharding import AutoSharding
     from alpa_ir.passes.merge_trivial_ops import MergeTrivialOps
+    from alpa_ir.passes.reduce_scatter_rewrite import ReduceScatterRewrite
 
-    return [MergeTrivialOps]
+    return [MergeTrivialOps, AutoSharding, ReduceScatterRewrite]
+
+
+@hookimpl
+def alpa_ir_cost_models() -> Mapping[str, Callable[[], Any]]:
+    from alpa_ir.autosharding.cost_model import AlphaBetaCostModel
+
+    return {"alpha-beta": AlphaBetaCostModel}
 
 
 @hookimpl
@@ -34,3 +43,10 @@ def alpa_ir_backends() -> Mapping[str, Callable[[], Any]]:
     from alpa_ir.backends.xla import XlaBackend
 
     return {"xla": XlaBackend}
+
+
+@hookimpl
+def alpa_ir_solvers() -> Mapping[str, Callable[[], Any]]:
+    from alpa_ir.solvers import cbc_solver, highs_solver
+
+    return {"cbc": cbc_solver, "highs": highs_solver}

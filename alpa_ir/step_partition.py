@@ -1,0 +1,82 @@
+"""Split a training step at its gradient marker.
+
+The ``grad`` marker (``alpa_ir.grad`` / ``value_and_grad``) separates the
+computation of the gradients from their application. Ops of ``@main`` fall in
+three parts:
+
+- ``setup``: depends neither on the batch nor on the marked gradients (e.g.
+  casting parameters); runs once;
+- ``compute``: depends on the batch and not on the marked gradients (forward,
+  backward, and the marker itself); runs once per micro-batch;
+- ``apply``: depends on the marked gradients (the optimizer); runs once.
+
+Values that ``compute`` defines and ``apply`` or the results use are
+accumulated over micro-batches (their mean: exact for the usual mean losses).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from xdsl.dialects import func
+from xdsl.ir import Operation, SSAValue
+
+from alpa_ir.dialects.lax import LaxOp
+from alpa_ir.errors import AlpaError
+
+
+def is_grad_marker(op: Operation) -> bool:
+    return (
+        isinstance(op, LaxOp)
+        and op.primitive_name == "pipeline_marker"
+        and op.param("kind") == "grad"
+    )
+
+
+@dataclass(frozen=True)
+class StepPartition:
+    setup: tuple[Operation, ...]
+    compute: tuple[Operation, ...]
+    apply: tuple[Operation, ...]
+    accumulated: tuple[SSAValue, ...]
+    """Values of ``compute`` used by ``apply`` or returned."""
+
+
+def partition_step(function: func.FuncOp, batch_args: Sequence[int]) -> StepPartition:
+    block = function.body.block
+    ops = [op for op in block.ops if op is not block.last_op]
+    markers = [op for op in ops if is_grad_marker(op)]
+    if not markers:
+        raise AlpaError(
+            "gradient accumulation needs the gradients marked: compute them with "
+            "alpa_ir.grad or alpa_ir.value_and_grad"
+        )
+    batch_dep: set[SSAValue] = {block.args[i] for i in batch_args}
+    grad_dep: set[SSAValue] = set()
+    setup, compute, apply = [], [], []
+    for op in ops:
+        uses_grad = any(v in grad_dep for v in op.operands)
+        uses_batch = any(v in batch_dep for v in op.operands)
+        if is_grad_marker(op) or (uses_batch and not uses_grad):
+            compute.append(op)
+            target = grad_dep if is_grad_marker(op) else batch_dep
+            target.update(op.results)
+        elif uses_grad:
+            if any(v in batch_dep for v in op.operands):
+                raise AlpaError(
+                    f"op {op.name} after the gradient marker uses the batch; gradient "
+                    "accumulation needs the optimizer step to be independent of the batch"
+                )
+            apply.append(op)
+            grad_dep.update(op.results)
+        else:
+            setup.append(op)
+    compute_set = set(compute)
+    later = set(apply) | {block.last_op}
+    accumulated: list[SSAValue] = []
+    for op in compute:
+        for value in op.results:
+            if any(use.operation in later for use in value.uses):
+                accumulated.append(value)
+    return StepPartition(tuple(setup), tuple(compute), tuple(apply), tuple(accumulated))

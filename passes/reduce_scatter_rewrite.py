@@ -1,0 +1,234 @@
+"""``reduce-scatter-rewrite`` (Alpa §4.2, ZeRO): after ``auto-sharding``, turn
+the all-reduce of a gradient into a reduce-scatter wherever that shards the
+weight update.
+
+For each ``sharding.all_reduce`` (a sum over mesh axes A) the pass follows its
+result through the ops that keep the layout (element-wise ops of the same
+shape, transposes, pipeline markers): the optimizer's update of one
+parameter. If that update reads optimizer state (a donated argument) and
+some dimension d of the gradient is unsplit and divisible by |A|, it rewrites:
+
+- the all-reduce becomes a reduce-scatter over A along d;
+- every op of the update runs on its 1/|A| slice; operands from outside the
+  update (the parameter, scalars) are sliced locally, which costs nothing;
+- optimizer state read only by the update (donated, returned as its new
+  value) is kept sharded: an argument and a result of 1/|A| the size;
+- values leaving the update elsewhere (the new parameter) are all-gathered
+  back to their layout.
+
+Communication volume does not change (all-reduce = reduce-scatter +
+all-gather); optimizer memory drops by |A| (ZeRO-2). ``mode=zero3`` also keeps
+the parameters sharded: they are returned sharded and all-gathered where the
+forward pass reads them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from xdsl.context import Context
+from xdsl.dialects import func
+from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, IntegerAttr, ModuleOp, StringAttr, i64
+from xdsl.ir import Block, Operation, SSAValue
+from xdsl.passes import ModulePass
+from xdsl.rewriter import InsertPoint, Rewriter
+
+from alpa_ir.autosharding.apply_plan import insert_reshard
+from alpa_ir.device_mesh import function_mesh
+from alpa_ir.dialects.lax import LaxOp
+from alpa_ir.dialects.lax_params import ints_of
+from alpa_ir.dialects.lax_primitives import OpKind
+from alpa_ir.dialects.sharding import (
+    SPEC_ATTR,
+    STRATEGY_ATTR,
+    AllReduceOp,
+    ReduceScatterOp,
+    ShardingSpec,
+    set_result_specs,
+    spec_of_value,
+)
+from alpa_ir.errors import AlpaError
+from alpa_ir.frontend.jaxpr_import import ALIASES_ATTR
+from alpa_ir.ir_types import shape_of
+from alpa_ir.module_utils import main_function
+
+_IDENTITY = ("pipeline_marker", "optimization_barrier")
+
+
+def _follow(op: Operation, k: int, spec: ShardingSpec) -> dict[int, ShardingSpec] | None:
+    """The specs of ``op``'s results when its operand ``k`` has ``spec``, for
+    layout-preserving ops; None for any other op."""
+    if not isinstance(op, LaxOp):
+        return None
+    name = op.primitive_name
+    if name in _IDENTITY:
+        return {k: spec}
+    if name == "transpose":
+        return {0: ShardingSpec(tuple(spec.dims[p] for p in op.param("permutation")))}
+    if op.SPEC.kind is OpKind.ELEMENTWISE and all(
+        shape_of(r.type) == shape_of(op.operands[k].type) for r in op.results
+    ):
+        return {r: spec for r in range(len(op.results))}
+    return None
+
+
+def _required(op: Operation, k: int, result_specs: list[ShardingSpec]) -> ShardingSpec:
+    """The spec operand ``k`` of a layout-preserving op needs for these results."""
+    operand = op.operands[k]
+    rank = len(shape_of(operand.type))
+    assert isinstance(op, LaxOp)
+    if op.primitive_name in _IDENTITY:
+        return result_specs[k]
+    if op.primitive_name == "transpose":
+        dims: list[tuple[int, ...]] = [()] * rank
+        for out_d, in_d in enumerate(op.param("permutation")):
+            dims[in_d] = result_specs[0].dims[out_d]
+        return ShardingSpec(tuple(dims))
+    if shape_of(operand.type) == shape_of(op.results[0].type):
+        return result_specs[0]
+    return ShardingSpec.replicated(rank)
+
+
+@dataclass(frozen=True)
+class ReduceScatterRewrite(ModulePass):
+    """All-reduce of gradients -> reduce-scatter, sharded update, all-gather (ZeRO)."""
+
+    name = "reduce-scatter-rewrite"
+
+    mode: Literal["zero2", "zero3"] = "zero2"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        function = main_function(op)
+        mesh = function_mesh(op, function)
+        if mesh is None:
+            raise AlpaError("reduce-scatter-rewrite: @main has no mesh; run auto-sharding first")
+        aliases = _aliases(function)
+        for ar in [o for o in function.body.block.ops if isinstance(o, AllReduceOp)]:
+            if ar.reduction == "sum":
+                _rewrite_one(function, ar, mesh.shape, aliases, self.mode)
+
+
+def _aliases(function: func.FuncOp) -> dict[int, int]:
+    """Output index -> donated input index."""
+    attr = function.attributes.get(ALIASES_ATTR)
+    if not isinstance(attr, ArrayAttr):
+        return {}
+    return {ints_of(p)[0]: ints_of(p)[1] for p in attr.data}  # type: ignore[arg-type]
+
+
+def _set_arg_spec(function: func.FuncOp, index: int, spec: ShardingSpec) -> None:
+    attrs = list(function.arg_attrs.data)  # type: ignore[union-attr]
+    attrs[index] = DictionaryAttr({SPEC_ATTR: spec.to_attr()})
+    function.arg_attrs = ArrayAttr(attrs)
+
+
+def _set_res_spec(function: func.FuncOp, index: int, spec: ShardingSpec) -> None:
+    attrs = list(function.res_attrs.data)  # type: ignore[union-attr]
+    attrs[index] = DictionaryAttr({SPEC_ATTR: spec.to_attr()})
+    function.res_attrs = ArrayAttr(attrs)
+
+
+def _rewrite_one(
+    function: func.FuncOp,
+    ar: AllReduceOp,
+    mesh_shape: tuple[int, ...],
+    aliases: dict[int, int],
+    mode: str,
+) -> None:
+    block: Block = function.body.block
+    ret = block.last_op
+    assert ret is not None
+    axes = ar.mesh_axes
+    n = 1
+    for a in axes:
+        n *= mesh_shape[a]
+    old_spec = spec_of_value(ar.output, function)
+    shape = shape_of(ar.output.type)
+    dim = next((d for d, s in enumerate(shape) if not old_spec.dims[d] and s % n == 0), None)
+    if dim is None:
+        return
+    dims = list(old_spec.dims)
+    dims[dim] = tuple(axes)
+    new_spec: dict[SSAValue, ShardingSpec] = {ar.output: ShardingSpec(tuple(dims))}
+
+    # The update: ops reachable through layout-preserving ops.
+    region: list[Operation] = []
+    frontier = [ar.output]
+    while frontier:
+        value = frontier.pop()
+        for use in list(value.uses):
+            user = use.operation
+            if user in region:
+                continue
+            follows = _follow(user, use.index, new_spec[value])
+            if follows is None:
+                continue
+            region.append(user)
+            for r, spec in follows.items():
+                new_spec[user.results[r]] = spec
+                frontier.append(user.results[r])
+
+    # Optimizer state: a donated argument read only by the update, whose new
+    # value the update returns. (zero3: any donated argument the update returns.)
+    region_set = set(region)
+    sharded_args: dict[int, ShardingSpec] = {}
+    returned = [(u.index, v) for v in new_spec for u in v.uses if u.operation is ret]
+    for output, value in returned:
+        arg_index = aliases.get(output)
+        if arg_index is None:
+            continue
+        arg = block.args[arg_index]
+        only_update = all(u.operation in region_set for u in arg.uses)
+        if (only_update or mode == "zero3") and arg.type == value.type:
+            sharded_args[arg_index] = new_spec[value]
+    if not any(  # worth it only if it shards some optimizer state
+        all(u.operation in region_set for u in block.args[i].uses) for i in sharded_args
+    ):
+        return
+
+    # Rewrite the all-reduce.
+    rs = ReduceScatterOp.create(
+        operands=[ar.input],
+        result_types=[ar.output.type],
+        properties={"axes": ar.axes, "dim": IntegerAttr(dim, i64)},
+    )
+    set_result_specs(rs, [new_spec[ar.output]])
+    Rewriter.insert_op(rs, InsertPoint.before(ar))
+    new_spec[rs.results[0]] = new_spec.pop(ar.output)
+    ar.output.replace_by(rs.results[0])
+    Rewriter.erase_op(ar)
+
+    # Sharded arguments: their other readers (zero3: the forward pass) gather.
+    for index, spec in sharded_args.items():
+        arg = block.args[index]
+        before = spec_of_value(arg, function)
+        _set_arg_spec(function, index, spec)
+        for use in list(arg.uses):
+            if use.operation not in region_set and use.operation is not ret:
+                use.operation.operands[use.index] = insert_reshard(arg, spec, before, use.operation)
+
+    # The update runs on slices.
+    order = {op: k for k, op in enumerate(block.ops)}
+    for op in sorted(region, key=order.__getitem__):
+        old = [spec_of_value(r, function) for r in op.results]
+        results = [new_spec.get(r, o) for r, o in zip(op.results, old, strict=True)]
+        for k, v in enumerate(op.operands):
+            want = _required(op, k, results)
+            have = new_spec.get(v) or spec_of_value(v, function)
+            if have != want:
+                op.operands[k] = insert_reshard(v, have, want, op)
+        set_result_specs(op, results)
+        op.attributes[STRATEGY_ATTR] = StringAttr(f"{mode}-update")
+        # Values leaving the update get their old layout back.
+        for r, before, after in zip(op.results, old, results, strict=True):
+            if before == after:
+                continue
+            for use in list(r.uses):
+                user = use.operation
+                if user in region_set:
+                    continue
+                if user is ret and aliases.get(use.index) in sharded_args:
+                    _set_res_spec(function, use.index, after)
+                    continue
+                user.operands[use.index] = insert_reshard(r, after, before, user)
