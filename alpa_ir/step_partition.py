@@ -72,7 +72,6 @@ def partition_step(function: func.FuncOp, batch_args: Sequence[int]) -> StepPart
             grad_dep.update(op.results)
         else:
             setup.append(op)
-    compute_set = set(compute)
     later = set(apply) | {block.last_op}
     accumulated: list[SSAValue] = []
     for op in compute:

@@ -24,7 +24,7 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Block, Operation, SSAValue
 
 from alpa_ir.autosharding.local_ops import LOCALIZERS, LocalContext, iota_offset, linear_axis_index
-from alpa_ir.dialects.lax import ConstantOp, LaxOp, PrimitiveOp, ReturnOp
+from alpa_ir.dialects.lax import ConstantOp, LaxOp, PrimitiveOp
 from alpa_ir.dialects.sharding import (
     AllGatherOp,
     AllReduceOp,
@@ -37,6 +37,7 @@ from alpa_ir.dialects.sharding import (
 from alpa_ir.errors import AlpaError
 from alpa_ir.frontend.jax_export import bind_lax_op
 from alpa_ir.ir_types import shape_of
+from alpa_ir.step_partition import StepPartition, partition_step
 
 
 def value_spec(value: SSAValue, function: func.FuncOp) -> ShardingSpec:
@@ -95,13 +96,42 @@ class _LocalEvaluator:
 
     def run(self, block: Block, args: Sequence[Any]) -> list[Any]:
         env: dict[SSAValue, Any] = dict(zip(block.args, args, strict=True))
-        for op in block.ops:
-            if isinstance(op, func.ReturnOp | ReturnOp):
-                return [env[v] for v in op.operands]
+        self.run_ops([op for op in block.ops if op is not block.last_op], env)
+        return [env[v] for v in block.last_op.operands]  # type: ignore[union-attr]
+
+    def run_ops(self, ops: Sequence[Operation], env: dict[SSAValue, Any]) -> None:
+        for op in ops:
             results = self.eval_op(op, [env[v] for v in op.operands])
             for value, result in zip(op.results, results, strict=True):
                 env[value] = result
-        raise AlpaError("block has no terminator")
+
+    def run_accumulating(
+        self,
+        block: Block,
+        args: Sequence[Any],
+        part: StepPartition,
+        batch: Sequence[int],
+        steps: int,
+    ) -> list[Any]:
+        """Gradient accumulation: the batch arguments carry a leading
+        micro-batch dimension; ``compute`` runs once per micro-batch and the
+        values it hands on are averaged."""
+        env: dict[SSAValue, Any] = dict(zip(block.args, args, strict=True))
+        self.run_ops(part.setup, env)
+        totals: list[Any] = []
+        for i in range(steps):
+            micro = dict(env)
+            for k in batch:
+                micro[block.args[k]] = env[block.args[k]][i]
+            self.run_ops(part.compute, micro)
+            values = [micro[v] for v in part.accumulated]
+            totals = values if i == 0 else [a + b for a, b in zip(totals, values, strict=True)]
+        for value, total in zip(part.accumulated, totals, strict=True):
+            env[value] = (
+                total / steps if jnp.issubdtype(total.dtype, jnp.inexact) else total // steps
+            )
+        self.run_ops(part.apply, env)
+        return [env[v] for v in block.last_op.operands]  # type: ignore[union-attr]
 
     def eval_op(self, op: Operation, xs: list[Any]) -> list[Any]:
         if isinstance(op, ConstantOp):
@@ -171,26 +201,48 @@ class _LocalEvaluator:
         return [out]
 
 
+def _with_micro_batch_dim(spec: PartitionSpec, add: bool) -> PartitionSpec:
+    return PartitionSpec(None, *spec) if add else spec
+
+
 def compile_spmd(
     module: ModuleOp,
     function: func.FuncOp,
     mesh: Mesh,
     names: Sequence[str],
     donate: Sequence[int] = (),
+    num_micro_batches: int = 1,
+    batch_args: Sequence[int] = (),
 ) -> tuple[Callable[..., Any], tuple[Any, ...]]:
     """A jitted function of the flat arguments running ``function``'s plan, and
-    the input shardings it expects."""
+    the input shardings it expects. With ``num_micro_batches`` B > 1 the batch
+    arguments are passed as ``[B, micro-batch...]`` and the gradients are
+    accumulated over the B micro-batches (see :mod:`alpa_ir.step_partition`)."""
     from jax.sharding import NamedSharding
 
     mesh_shape = tuple(mesh.devices.shape)
     evaluator = _LocalEvaluator(function, mesh_shape, names)
     block = function.body.block
-    in_specs = tuple(partition_spec(value_spec(a, function), names) for a in block.args)
+    in_specs = tuple(
+        _with_micro_batch_dim(
+            partition_spec(value_spec(a, function), names),
+            k in batch_args and num_micro_batches > 1,
+        )
+        for k, a in enumerate(block.args)
+    )
     returned = list(block.last_op.operands)  # type: ignore[union-attr]
     out_specs = tuple(partition_spec(value_spec(v, function), names) for v in returned)
+    if num_micro_batches > 1:
+        part = partition_step(function, batch_args)
 
-    def local(*flat: Any) -> tuple[Any, ...]:
-        return tuple(evaluator.run(block, flat))
+        def local(*flat: Any) -> tuple[Any, ...]:
+            return tuple(
+                evaluator.run_accumulating(block, flat, part, batch_args, num_micro_batches)
+            )
+    else:
+
+        def local(*flat: Any) -> tuple[Any, ...]:
+            return tuple(evaluator.run(block, flat))
 
     mapped = jax.shard_map(
         local, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False

@@ -15,9 +15,11 @@ what the ``force-*`` options refer to.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
 from xdsl.context import Context
 from xdsl.dialects import func
 from xdsl.dialects.builtin import (
@@ -39,11 +41,12 @@ from alpa_ir.autosharding.resharding import INF, ReshardCoster, ReshardOptions
 from alpa_ir.device_mesh import LogicalDeviceMesh, function_mesh
 from alpa_ir.dialects.lax_params import ints_of
 from alpa_ir.dialects.mesh import MESH_ATTR
-from alpa_ir.dialects.sharding import ShardingSpec
+from alpa_ir.dialects.sharding import SPEC_ATTR, ShardingSpec, spec_of_value
 from alpa_ir.errors import AlpaError
 from alpa_ir.frontend.jaxpr_import import ALIASES_ATTR, BATCH_ATTR, DONATED_ATTR
 from alpa_ir.module_utils import main_function
 from alpa_ir.plugins.registry import registry_of
+from alpa_ir.step_partition import partition_step
 
 OBJECTIVE_ATTR = "sharding.objective"
 GROUP_ATTR = "sharding.group"
@@ -118,10 +121,24 @@ class AutoSharding(ModulePass):
                 "auto-sharding: force-data-parallel / force-batch-dim-to-mesh-dim need the batch "
                 "arguments (import with batch_argnums)"
             )
+        given = {
+            k: spec_of_value(a, function)
+            for k, a in enumerate(function.args)
+            if _has_spec(function, k)
+        }
         graph = GraphBuilder(
-            function, groups, mesh.shape, coster, arg_filter=self._arg_cost(mesh, batch)
+            function, groups, mesh.shape, coster, arg_filter=self._arg_cost(mesh, batch, given)
         ).build()
         donated = set(int_list(function, DONATED_ATTR))
+        node_scale = None
+        if self.compute_grad_scale != 1.0:
+            compute = set(partition_step(function, sorted(batch)).compute)
+            node_scale = np.array(
+                [
+                    self.compute_grad_scale if any(o in compute for o in n.ops) else 1.0
+                    for n in graph.nodes
+                ]
+            )
         problem = build_problem(
             graph,
             function,
@@ -129,18 +146,26 @@ class AutoSharding(ModulePass):
             memory_budget=self.memory_budget or None,
             aliases=aliases_of(function),
             donated=donated,
+            node_scale=node_scale,
+            coster=coster,
         )
         solver = registry.get("solvers", self.solver)()
         solution = solver.solve(problem, time_limit=self.time_limit)
-        apply_plan(function, graph, solution.choice)
+        apply_plan(function, graph, solution.choice, aliases_of(function))
         function.attributes[OBJECTIVE_ATTR] = FloatAttr(solution.objective, f64)
         function.attributes["sharding.solve_time"] = FloatAttr(solution.solve_time, f64)
         function.attributes["sharding.num_nodes"] = IntAttr(len(graph.nodes))
 
-    def _arg_cost(self, mesh: LogicalDeviceMesh, batch: set[int]):
+    def _arg_cost(
+        self, mesh: LogicalDeviceMesh, batch: set[int], given: dict[int, ShardingSpec]
+    ) -> Callable[[int, SSAValue, ShardingSpec], float]:
         axes = tuple(a for a, n in enumerate(mesh.shape) if n > 1)
 
         def cost(index: int, arg: SSAValue, spec: ShardingSpec) -> float:
+            if index in given:  # a user's annotation (manual sharding) is kept
+                return 0.0 if spec == given[index] else INF
+            if self.strategy_space == "heuristic":
+                return 0.0 if spec == heuristic_spec(arg, mesh) else INF
             is_batch = index in batch
             if self.force_data_parallel:
                 if is_batch:
@@ -163,6 +188,28 @@ class AutoSharding(ModulePass):
             return 0.0
 
         return cost
+
+
+def _has_spec(function: func.FuncOp, index: int) -> bool:
+    attrs = function.arg_attrs
+    return attrs is not None and SPEC_ATTR in attrs.data[index].data  # type: ignore[attr-defined]
+
+
+def heuristic_spec(arg: SSAValue, mesh: LogicalDeviceMesh) -> ShardingSpec:
+    """Alpa's "Heuristic" baseline: split the largest dimension over every mesh
+    axis it divides evenly (all of them if it can, else the largest one)."""
+    shape = tuple(arg.type.get_shape())  # type: ignore[attr-defined]
+    if not shape:
+        return ShardingSpec(())
+    dim = max(range(len(shape)), key=lambda d: shape[d])
+    axes = tuple(a for a, n in enumerate(mesh.shape) if n > 1)
+    candidates = [axes] + [(a,) for a in sorted(axes, key=lambda a: -mesh.shape[a])]
+    for chosen in candidates:
+        if chosen and shape[dim] % mesh.axes_size(chosen) == 0:
+            dims = [()] * len(shape)
+            dims[dim] = chosen
+            return ShardingSpec(tuple(dims))
+    return ShardingSpec.replicated(len(shape))
 
 
 def _divisible(arg: SSAValue, axes: tuple[int, ...], mesh: LogicalDeviceMesh) -> bool:

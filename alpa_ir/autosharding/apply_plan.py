@@ -91,8 +91,15 @@ def _after(op: Operation):
     return InsertPoint.after(op)
 
 
-def apply_plan(function: func.FuncOp, graph: StrategyGraph, choice: Sequence[int]) -> None:
-    """Annotate ``function`` with the strategies ``choice`` picks for ``graph``'s nodes."""
+def apply_plan(
+    function: func.FuncOp,
+    graph: StrategyGraph,
+    choice: Sequence[int],
+    aliases: Sequence[object] = (),
+) -> None:
+    """Annotate ``function`` with the strategies ``choice`` picks for ``graph``'s
+    nodes. ``aliases`` (output, input) pairs: the output is returned in the
+    input's spec."""
     block: Block = function.body.block
     spec_of: dict[SSAValue, ShardingSpec] = {}
     chosen = [node.strategies[c] for node, c in zip(graph.nodes, choice, strict=True)]
@@ -125,9 +132,11 @@ def apply_plan(function: func.FuncOp, graph: StrategyGraph, choice: Sequence[int
             set_result_specs(op, [ShardingSpec.replicated(len(shape_of(op.result.type)))])
         elif isinstance(op, LaxOp) and op.results and op.results[0] in graph.alias:
             set_result_specs(op, [final_spec(r) for r in op.results])
-    # Reshards in front of every operand that arrives in the wrong spec.
+    # Reshards in front of every operand that arrives in the wrong spec; uses in
+    # block order, so that a reshard shared by several uses precedes all of them.
+    position = {op: i for i, op in enumerate(block.ops)}
     cache: dict[tuple[SSAValue, ShardingSpec], SSAValue] = {}
-    for op, k, _value in graph.uses:
+    for op, k, _value in sorted(graph.uses, key=lambda use: (position[use[0]], use[1])):
         want = required.get((op, k))
         operand = op.operands[k]
         have = spec_of_value(operand, function)
@@ -137,9 +146,16 @@ def apply_plan(function: func.FuncOp, graph: StrategyGraph, choice: Sequence[int
         if key not in cache:
             cache[key] = insert_reshard(operand, have, want, op)
         op.operands[k] = cache[key]
-    # Results of the function.
+    # Results of the function: the new value of a donated input in its spec.
     ret = block.last_op
     assert isinstance(ret, func.ReturnOp)
+    for alias in aliases:
+        out, inp = alias.output, alias.input  # type: ignore[attr-defined]
+        want = spec_of_value(block.args[inp], function)
+        value = ret.operands[out]
+        have = spec_of_value(value, function)
+        if have != want:
+            ret.operands[out] = insert_reshard(value, have, want, ret)
     function.res_attrs = ArrayAttr(
         [DictionaryAttr({SPEC_ATTR: spec_of_value(v, function).to_attr()}) for v in ret.operands]
     )

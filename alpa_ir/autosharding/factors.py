@@ -77,9 +77,7 @@ class Strategy:
 
     def __post_init__(self) -> None:
         if not self.final_result_specs:
-            final = tuple(
-                ShardingSpec(s.dims) if s.partial else s for s in self.result_specs
-            )
+            final = tuple(ShardingSpec(s.dims) if s.partial else s for s in self.result_specs)
             object.__setattr__(self, "final_result_specs", final)
 
 

@@ -108,7 +108,12 @@ class GraphBuilder:
     def op_strategies(self, op: Operation) -> list[Strategy]:
         """The op's strategies; identical ops (same primitive, parameters and
         types, e.g. the same matmul in every transformer layer) share them."""
-        key = (op.name, tuple(op.properties.items()), tuple(op.operand_types), tuple(op.result_types))
+        key = (
+            op.name,
+            tuple(op.properties.items()),
+            tuple(op.operand_types),
+            tuple(op.result_types),
+        )
         cached = self._strategy_cache.get(key)
         if cached is None:
             cached = self._op_strategies(op)

@@ -11,9 +11,10 @@ from xdsl.dialects import func
 from xdsl.ir import SSAValue
 
 from alpa_ir.autosharding.graph import StrategyGraph, value_local_bytes
-from alpa_ir.autosharding.resharding import INF
+from alpa_ir.autosharding.resharding import ReshardCoster
 from alpa_ir.dialects.lax import ConstantOp
 from alpa_ir.ilp import Edge, ILPProblem
+from alpa_ir.ir_types import dtype_of, shape_of
 
 
 @dataclass(frozen=True)
@@ -101,9 +102,13 @@ def node_memory(
 
 
 def alias_edges(
-    graph: StrategyGraph, function: func.FuncOp, aliases: Sequence[Aliasing]
+    graph: StrategyGraph, function: func.FuncOp, aliases: Sequence[Aliasing], coster: ReshardCoster
 ) -> list[Edge]:
-    """Edges forbidding a donated input and its output to differ in spec."""
+    """Edges pricing a donated input and its new value returned in different
+    specs: the output is resharded to the input's spec before it is returned
+    (so that the next step gets what this one took). Alpa forbids the
+    mismatch outright; pricing it keeps every choice feasible and lets the
+    ILP weigh it like any other reshard."""
     ret = function.body.block.last_op
     assert ret is not None
     edges = []
@@ -118,7 +123,8 @@ def alias_edges(
             continue
         src = [s.value_specs[arg] for s in graph.nodes[u].strategies]
         dst = [s.value_specs[out_value] for s in graph.nodes[v].strategies]
-        matrix = np.array([[0.0 if a == b else INF for b in dst] for a in src])
+        shape, itemsize = shape_of(arg.type), dtype_of(arg.type).itemsize
+        matrix = np.array([[coster.cost(b, a, shape, itemsize) for b in dst] for a in src])
         edges.append(Edge(u, v, matrix))
     return edges
 
@@ -132,6 +138,7 @@ def build_problem(
     aliases: Sequence[Aliasing] = (),
     donated: set[int] | None = None,
     node_scale: np.ndarray | None = None,
+    coster: ReshardCoster | None = None,
 ) -> ILPProblem:
     """The ILP: node costs, edge costs, alias edges, and (with a budget) memory."""
     costs = []
@@ -143,7 +150,9 @@ def build_problem(
     edges = [Edge(u, v, m) for (u, v), m in graph.edges.items()]
     if node_scale is not None:
         edges = [Edge(e.u, e.v, e.cost * max(node_scale[e.u], node_scale[e.v])) for e in edges]
-    edges += alias_edges(graph, function, aliases)
+    if aliases:
+        assert coster is not None, "pricing aliases needs the reshard coster"
+        edges += alias_edges(graph, function, aliases, coster)
     memory = liveness = None
     if memory_budget:
         memory = node_memory(graph, function, mesh_shape)

@@ -80,7 +80,9 @@ class ShardingSpec:
             return True
         if not isinstance(other, ShardingSpec):
             return NotImplemented
-        return self._hash == other._hash and self.dims == other.dims and self.partial == other.partial  # type: ignore[attr-defined]
+        return (
+            self._hash == other._hash and self.dims == other.dims and self.partial == other.partial
+        )  # type: ignore[attr-defined]
 
     @staticmethod
     def replicated(rank: int) -> ShardingSpec:

@@ -1,0 +1,212 @@
+"""The auto-sharding ILP solvers against the exhaustive reference.
+
+Random problems (strategy graphs with forbidden strategies and pairs, parallel
+edges, memory live sets and budgets) are solved by the ``cbc`` and ``highs``
+plugins, with and without the exact presolve; every answer must reach the
+brute-force optimum and respect the budget, and infeasible problems must fail
+with the one-line errors the pass reports.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from alpa_ir.errors import AlpaError, PlanError
+from alpa_ir.ilp import (
+    Edge,
+    ILPProblem,
+    MemoryBudgetError,
+    brute_force,
+    evaluate,
+    peak_memory,
+    validate_problem,
+)
+from alpa_ir.plugins.registry import default_registry
+from alpa_ir.solvers import MipSolver, presolve
+
+
+@st.composite
+def problems(draw: st.DrawFn, with_memory: bool = False) -> ILPProblem:
+    n = draw(st.integers(1, 6))
+    sizes = [draw(st.integers(1, 4)) for _ in range(n)]
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    node_costs = []
+    for s in sizes:
+        c = rng.integers(0, 10, s).astype(float)
+        c[rng.random(s) < 0.15] = np.inf
+        node_costs.append(c)
+    edges = []
+    for _ in range(draw(st.integers(0, 2 * n))):
+        u, v = (int(x) for x in rng.integers(0, n, 2))
+        kind = draw(st.sampled_from(["random", "additive", "diagonal"]))
+        if kind == "random":
+            m = rng.integers(0, 10, (sizes[u], sizes[v])).astype(float)
+        elif kind == "additive":
+            m = rng.integers(0, 5, sizes[u])[:, None] + rng.integers(0, 5, sizes[v])[None, :]
+            m = m.astype(float)
+        else:  # resharding-like: free when the strategies agree
+            m = np.full((sizes[u], sizes[v]), 5.0)
+            k = min(sizes[u], sizes[v])
+            m[range(k), range(k)] = 0.0
+        m[rng.random(m.shape) < 0.1] = np.inf
+        edges.append(Edge(u, v, m))
+    memory, liveness, budget = None, (), None
+    if with_memory:
+        memory = tuple(rng.integers(1, 20, s).astype(float) for s in sizes)
+        liveness = tuple(
+            tuple(sorted({int(x) for x in rng.integers(0, n, draw(st.integers(1, n)))}))
+            for _ in range(draw(st.integers(1, 3)))
+        )
+        budget = float(draw(st.integers(1, 60)))
+    return ILPProblem(tuple(node_costs), tuple(edges), memory, liveness, budget)
+
+
+SOLVERS = [MipSolver("cbc"), MipSolver("highs"), MipSolver("cbc", presolve=False)]
+
+
+def _check_against_reference(problem: ILPProblem, solver: MipSolver) -> None:
+    try:
+        reference = brute_force(problem)
+    except MemoryBudgetError as exc:
+        with pytest.raises(MemoryBudgetError) as info:
+            solver.solve(problem, time_limit=30)
+        assert info.value.min_budget == pytest.approx(exc.min_budget)
+        return
+    except PlanError:
+        with pytest.raises(PlanError):
+            solver.solve(problem, time_limit=30)
+        return
+    solution = solver.solve(problem, time_limit=30)
+    assert solution.optimal
+    assert solution.objective == pytest.approx(reference.objective, abs=1e-6)
+    assert evaluate(problem, solution.choice) == pytest.approx(solution.objective)
+    if problem.memory_budget is not None:
+        assert peak_memory(problem, solution.choice) <= problem.memory_budget + 1e-6
+
+
+@pytest.mark.parametrize("solver", SOLVERS, ids=["cbc", "highs", "cbc-no-presolve"])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problem=problems())
+def test_solver_reaches_brute_force_optimum(solver: MipSolver, problem: ILPProblem) -> None:
+    _check_against_reference(problem, solver)
+
+
+@pytest.mark.parametrize("solver", SOLVERS[:2], ids=["cbc", "highs"])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problem=problems(with_memory=True))
+def test_solver_with_memory_budget(solver: MipSolver, problem: ILPProblem) -> None:
+    _check_against_reference(problem, solver)
+
+
+@settings(max_examples=60, deadline=None)
+@given(problem=problems())
+def test_presolve_keeps_the_optimum(problem: ILPProblem) -> None:
+    """Solving the presolved core by enumeration and expanding gives the optimum."""
+    try:
+        reference = brute_force(problem)
+    except PlanError:
+        return
+    reduced = presolve(problem)
+    core = reduced.core
+    sizes = [len(c) for c in core.node_costs]
+    best = math.inf
+    best_choice: tuple[int, ...] = ()
+    for flat in range(math.prod(sizes)):
+        choice = tuple(int(x) for x in np.unravel_index(flat, sizes)) if sizes else ()
+        value = core.constant + sum(
+            float(c[s]) for c, s in zip(core.node_costs, choice, strict=True)
+        )
+        value += sum(float(e.cost[choice[e.u], choice[e.v]]) for e in core.edges)
+        if value < best:
+            best, best_choice = value, choice
+    assert best == pytest.approx(reference.objective, abs=1e-6)
+    assert evaluate(problem, reduced.expand(best_choice)) == pytest.approx(reference.objective)
+
+
+def test_chain_vanishes_in_presolve() -> None:
+    """A chain of resharding edges is eliminated entirely (tree width <= 2)."""
+    rng = np.random.default_rng(0)
+    costs = tuple(rng.random(4) for _ in range(30))
+    edges = tuple(Edge(k, k + 1, rng.random((4, 4))) for k in range(29))
+    problem = ILPProblem(costs, edges)
+    assert not presolve(problem).core.nodes
+    solution = MipSolver("cbc").solve(problem)
+    assert solution.num_variables == 0
+    # The chain's optimum by dynamic programming.
+    best = costs[0].copy()
+    for k, e in enumerate(edges):
+        best = (best[:, None] + e.cost).min(axis=0) + costs[k + 1]
+    assert solution.objective == pytest.approx(best.min())
+
+
+def test_budget_error_names_the_smallest_budget() -> None:
+    problem = ILPProblem(
+        (np.array([0.0, 1.0]), np.array([0.0, 1.0])),
+        (),
+        (np.array([10.0, 4.0]), np.array([10.0, 6.0])),
+        ((0, 1),),
+        5.0,
+    )
+    with pytest.raises(
+        MemoryBudgetError, match=r"smallest budget any plan meets is 10 bytes"
+    ) as info:
+        MipSolver("cbc").solve(problem)
+    assert info.value.min_budget == 10.0
+    assert "\n" not in str(info.value)
+    fits = dataclasses.replace(problem, memory_budget=10.0)
+    assert peak_memory(fits, MipSolver("cbc").solve(fits).choice) <= 10.0
+
+
+def test_budget_selects_a_more_expensive_plan() -> None:
+    costs = (np.array([0.0, 3.0]), np.array([0.0, 5.0]))
+    memory = (np.array([10.0, 4.0]), np.array([10.0, 6.0]))
+    free = MipSolver("cbc").solve(ILPProblem(costs, (), memory, ((0, 1),), 100.0))
+    assert free.choice == (0, 0)
+    tight = MipSolver("cbc").solve(ILPProblem(costs, (), memory, ((0, 1),), 14.0))
+    assert tight.choice == (1, 0) and tight.objective == 3.0
+
+
+def test_forbidden_everywhere_is_a_plan_error() -> None:
+    problem = ILPProblem(
+        (np.array([0.0, 0.0]), np.array([0.0, 0.0])),
+        (Edge(0, 1, np.full((2, 2), np.inf)),),
+        node_names=("dot.1", "add.2"),
+    )
+    with pytest.raises(PlanError, match="no plan") as info:
+        MipSolver("cbc").solve(problem)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("problem", "message"),
+    [
+        (ILPProblem((np.array([]),)), "has no strategies"),
+        (ILPProblem((np.array([1.0]),), (Edge(0, 3, np.zeros((1, 1))),)), "names node 3"),
+        (
+            ILPProblem((np.array([1.0]), np.array([1.0, 2.0])), (Edge(0, 1, np.zeros((2, 2))),)),
+            "expected",
+        ),
+        (ILPProblem((np.array([np.nan]),)), "NaN"),
+        (ILPProblem((np.array([1.0]),), memory_budget=5.0), "needs node_memory"),
+    ],
+)
+def test_bad_problems_are_rejected(problem: ILPProblem, message: str) -> None:
+    with pytest.raises(AlpaError, match=message):
+        validate_problem(problem)
+
+
+def test_time_limit_must_be_positive() -> None:
+    with pytest.raises(AlpaError, match="time limit"):
+        MipSolver("cbc").solve(ILPProblem((np.array([1.0]),)), time_limit=0)
+
+
+def test_solvers_are_plugins() -> None:
+    registry = default_registry()
+    assert {"cbc", "highs"} <= set(registry.solvers)
+    assert registry.solvers["highs"]().name == "highs"
