@@ -7,6 +7,10 @@ that need no JAX):
   ``parse_module(text)`` the way back.
 - ``execute(module, *args, backend="xla")`` runs a module; ``compile_module``
   returns a reusable executable.
+- ``parallelize(fn, method=ShardParallel(...))``: plan and run a training step
+  on the local devices (methods ``ShardParallel``, ``DataParallel``,
+  ``Zero2Parallel``, ``Zero3Parallel``, ``HeuristicParallel``, ``ManualShardParallel``).
+- ``hlo_collectives(text)``: the collectives of compiled HLO text.
 - ``mark_pipeline_boundary``, ``grad``, ``value_and_grad``: markers for steps.
 """
 
@@ -25,6 +29,16 @@ _EXPORTS: dict[str, str] = {
     "grad": "alpa_ir.markers",
     "value_and_grad": "alpa_ir.markers",
     "AlpaError": "alpa_ir.errors",
+    "hlo_collectives": "alpa_ir.collective_accounting",
+    "parallelize": "alpa_ir.parallel",
+    "ShardParallel": "alpa_ir.parallel",
+    "DataParallel": "alpa_ir.parallel",
+    "Zero2Parallel": "alpa_ir.parallel",
+    "Zero3Parallel": "alpa_ir.parallel",
+    "HeuristicParallel": "alpa_ir.parallel",
+    "ManualShardParallel": "alpa_ir.parallel",
+    "AutoShardingOption": "alpa_ir.parallel",
+    "LogicalDeviceMesh": "alpa_ir.device_mesh",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -82,6 +82,18 @@ def _option(value: object) -> str:
 Devices = LogicalDeviceMesh | Sequence[int] | None
 
 
+def _data_parallel_option(reduce_scatter: Literal["none", "zero2", "zero3"]) -> AutoShardingOption:
+    """Batch split over the whole mesh, parameters replicated; without all-gather
+    and all-to-all no activation can move its split from the batch to a feature
+    dimension, so the ILP's plan is data parallelism (one all-reduce per gradient)."""
+    return AutoShardingOption(
+        force_data_parallel=True,
+        allow_all_gather=False,
+        allow_all_to_all=False,
+        reduce_scatter=reduce_scatter,
+    )
+
+
 def resolve_mesh(devices: Devices) -> LogicalDeviceMesh:
     """The logical mesh a method runs on: all local devices as (1, n) by default
     (Alpa's (hosts, devices) view, α = (1, 1), β = (1, 0.1))."""
@@ -116,7 +128,7 @@ def DataParallel(devices: Devices = None, num_micro_batches: int | None = None) 
     return ShardParallel(
         devices,
         num_micro_batches,
-        AutoShardingOption(force_data_parallel=True, reduce_scatter="none"),
+        _data_parallel_option(reduce_scatter="none"),
     )
 
 
@@ -125,7 +137,7 @@ def Zero2Parallel(devices: Devices = None, num_micro_batches: int | None = None)
     return ShardParallel(
         devices,
         num_micro_batches,
-        AutoShardingOption(force_data_parallel=True, reduce_scatter="zero2"),
+        _data_parallel_option(reduce_scatter="zero2"),
     )
 
 
@@ -134,7 +146,7 @@ def Zero3Parallel(devices: Devices = None, num_micro_batches: int | None = None)
     return ShardParallel(
         devices,
         num_micro_batches,
-        AutoShardingOption(force_data_parallel=True, reduce_scatter="zero3"),
+        _data_parallel_option(reduce_scatter="zero3"),
     )
 
 
@@ -228,6 +240,29 @@ class ShardedExecutable:
     def auto_sharding_objective(self) -> float:
         attr = self.function.attributes.get("sharding.objective")
         return float(attr.value.data) if isinstance(attr, FloatAttr) else float("nan")
+
+    def predicted_collectives(self) -> list[Any]:
+        """The plan's explicit collectives (see ``alpa_ir.autosharding.plan_bytes``)."""
+        from alpa_ir.autosharding.plan_bytes import predicted_collectives
+
+        repeated: frozenset[object] = frozenset()
+        if self.num_micro_batches > 1:
+            from alpa_ir.step_partition import partition_step
+
+            repeated = frozenset(partition_step(self.function, self.batch_leaves).compute)
+        return predicted_collectives(
+            self.function, self.mesh.shape, repeated, self.num_micro_batches
+        )
+
+    def predicted_wire_bytes(self) -> float:
+        """Bytes one device sends per step, by the plan (ring algorithms)."""
+        return sum(c.wire_bytes for c in self.predicted_collectives())
+
+    def measured_wire_bytes(self, *args: Any) -> float:
+        """Bytes one device sends per step, by the collectives XLA compiled."""
+        from alpa_ir.collective_accounting import hlo_collectives, total_wire_bytes
+
+        return total_wire_bytes(hlo_collectives(self.get_hlo_text(*args)), self.mesh.size)
 
     def _flat_inputs(self, args: tuple[Any, ...]) -> list[Any]:
         flat, tree = jax.tree.flatten(args)

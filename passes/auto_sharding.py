@@ -15,6 +15,7 @@ what the ``force-*`` options refer to.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -51,6 +52,7 @@ from alpa_ir.step_partition import partition_step
 OBJECTIVE_ATTR = "sharding.objective"
 GROUP_ATTR = "sharding.group"
 REPLICATED_PARAMETER_PENALTY = 1e-6
+"""Objective added for an input kept whole on every device (divided by its number of shards)."""
 
 
 def int_list(function: func.FuncOp, name: str) -> list[int]:
@@ -121,6 +123,14 @@ class AutoSharding(ModulePass):
                 "auto-sharding: force-data-parallel / force-batch-dim-to-mesh-dim need the batch "
                 "arguments (import with batch_argnums)"
             )
+        if self.force_data_parallel:
+            for k in sorted(batch):
+                shape = function.args[k].type.get_shape()  # type: ignore[attr-defined]
+                if shape and shape[0] % mesh.size:
+                    raise AlpaError(
+                        f"auto-sharding: data parallelism splits the batch over all {mesh.size} "
+                        f"devices, but batch argument {k} has {shape[0]} rows (per micro-batch)"
+                    )
         given = {
             k: spec_of_value(a, function)
             for k, a in enumerate(function.args)
@@ -179,13 +189,13 @@ class AutoSharding(ModulePass):
                 return 0.0 if spec.is_replicated() else INF
             if is_batch and self.force_batch_dim_to_mesh_dim >= 0 and spec.rank:
                 return 0.0 if self.force_batch_dim_to_mesh_dim in spec.dims[0] else INF
-            if not is_batch and spec.is_replicated():
-                return (
-                    INF
-                    if not self.allow_replicated_parameters and spec.rank
-                    else REPLICATED_PARAMETER_PENALTY
-                )
-            return 0.0
+            if not is_batch and spec.is_replicated() and spec.rank:
+                if not self.allow_replicated_parameters:
+                    return INF
+            # Ties go to the plan that keeps less of the inputs on each device.
+            shape = arg.type.get_shape()  # type: ignore[attr-defined]
+            shards = math.prod(spec.num_shards(mesh.shape, d) for d in range(len(shape)))
+            return REPLICATED_PARAMETER_PENALTY / shards
 
         return cost
 

@@ -90,6 +90,41 @@ def _required(op: Operation, k: int, result_specs: list[ShardingSpec]) -> Shardi
     return ShardingSpec.replicated(rank)
 
 
+def _pull_in_feeders(region: list[Operation], new_spec: dict[SSAValue, ShardingSpec]) -> None:
+    """Add to the update the layout-preserving ops that only feed it (the decay
+    of an optimizer moment, ``b1 * mu``), so that state read only through them
+    is sharded too. Their results take the spec their readers in the update need."""
+    members = set(region)
+    work = list(region)
+    while work:
+        op = work.pop()
+        results = [new_spec.get(r) for r in op.results]
+        if any(s is None for s in results):
+            continue
+        for k, value in enumerate(op.operands):
+            producer = value.owner
+            if (
+                not isinstance(producer, LaxOp)
+                or producer in members
+                or len(producer.results) != 1
+                or value in new_spec
+                or not all(u.operation in members for u in value.uses)
+            ):
+                continue
+            want = _required(op, k, results)  # type: ignore[arg-type]
+            if not want.used_axes():
+                continue
+            if producer.primitive_name != "transpose" and not (
+                producer.SPEC.kind is OpKind.ELEMENTWISE
+                and shape_of(value.type) == shape_of(op.results[0].type)
+            ):
+                continue
+            new_spec[value] = want
+            members.add(producer)
+            region.append(producer)
+            work.append(producer)
+
+
 @dataclass(frozen=True)
 class ReduceScatterRewrite(ModulePass):
     """All-reduce of gradients -> reduce-scatter, sharded update, all-gather (ZeRO)."""
@@ -169,6 +204,8 @@ def _rewrite_one(
                 new_spec[user.results[r]] = spec
                 frontier.append(user.results[r])
 
+    _pull_in_feeders(region, new_spec)
+
     # Optimizer state: a donated argument read only by the update, whose new
     # value the update returns. (zero3: any donated argument the update returns.)
     region_set = set(region)
@@ -196,17 +233,24 @@ def _rewrite_one(
     set_result_specs(rs, [new_spec[ar.output]])
     Rewriter.insert_op(rs, InsertPoint.before(ar))
     new_spec[rs.results[0]] = new_spec.pop(ar.output)
-    ar.output.replace_by(rs.results[0])
+    ar.output.replace_all_uses_with(rs.results[0])
     Rewriter.erase_op(ar)
 
-    # Sharded arguments: their other readers (zero3: the forward pass) gather.
+    # Sharded arguments: their other readers (zero3: the forward pass) share one
+    # gather, placed before the first of them.
+    position = {o: k for k, o in enumerate(block.ops)}
     for index, spec in sharded_args.items():
         arg = block.args[index]
         before = spec_of_value(arg, function)
         _set_arg_spec(function, index, spec)
-        for use in list(arg.uses):
-            if use.operation not in region_set and use.operation is not ret:
-                use.operation.operands[use.index] = insert_reshard(arg, spec, before, use.operation)
+        readers = [
+            use for use in arg.uses if use.operation not in region_set and use.operation is not ret
+        ]
+        if readers:
+            first = min(readers, key=lambda use: position[use.operation]).operation
+            gathered = insert_reshard(arg, spec, before, first)
+            for use in readers:
+                use.operation.operands[use.index] = gathered
 
     # The update runs on slices.
     order = {op: k for k, op in enumerate(block.ops)}

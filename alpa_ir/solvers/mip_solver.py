@@ -107,9 +107,13 @@ class MipSolver:
             value = evaluate(problem, expanded)
             bound = model.objective_bound / built.objective_scale + core.constant
             gap = max(value - bound, 0.0) / max(abs(value), 1e-12)
+            if gap > 0:
+                said = f"gap {gap:.1%}"
+            else:  # stopped before proving a lower bound below the plan
+                gap, said = None, "gap unknown: no lower bound was proved yet"
             warnings.warn(
                 f"auto-sharding: time limit {time_limit:g} s reached; using the best plan "
-                f"found (gap {gap:.1%})",
+                f"found ({said})",
                 stacklevel=2,
             )
         return self._answer(

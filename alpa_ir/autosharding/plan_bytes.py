@@ -1,0 +1,86 @@
+"""The communication a planned module predicts: its explicit collectives.
+
+After ``auto-sharding`` (and ``reduce-scatter-rewrite``) every communication of
+@main is a ``sharding`` collective op. :func:`predicted_collectives` lists
+them with the per-device bytes of the full tensor (the all-reduce's operand,
+the all-gather's result, the reduce-scatter's and all-to-all's operand) and
+the bytes one device sends in a ring, the measure compared with the
+collectives XLA compiled (``alpa_ir.hlo_collectives``). Ops that run once per
+micro-batch count ``num_micro_batches`` times.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from xdsl.dialects import func
+
+from alpa_ir.autosharding.cost_model import collective_bytes_on_wire
+from alpa_ir.autosharding.graph import value_local_bytes
+from alpa_ir.dialects.sharding import (
+    AllGatherOp,
+    AllReduceOp,
+    AllToAllOp,
+    CollectiveOp,
+    ReduceScatterOp,
+    spec_of_value,
+)
+
+_KINDS: dict[type, str] = {
+    AllReduceOp: "all-reduce",
+    AllGatherOp: "all-gather",
+    ReduceScatterOp: "reduce-scatter",
+    AllToAllOp: "all-to-all",
+}
+
+
+@dataclass(frozen=True)
+class PredictedCollective:
+    kind: str
+    bytes: int
+    """Per device, the full tensor."""
+    group_size: int
+    count: int
+    """How many times it runs per step (micro-batches)."""
+
+    @property
+    def wire_bytes(self) -> float:
+        return self.count * collective_bytes_on_wire(self.kind, self.bytes, self.group_size)
+
+
+def predicted_collectives(
+    function: func.FuncOp,
+    mesh_shape: Sequence[int],
+    repeated: frozenset[object] = frozenset(),
+    num_micro_batches: int = 1,
+) -> list[PredictedCollective]:
+    """The collectives of a planned ``function``; ops in ``repeated`` (the
+    per-micro-batch part of the step) count ``num_micro_batches`` times."""
+    out = []
+    for op in function.body.block.ops:
+        kind = _KINDS.get(type(op))
+        if kind is None or not isinstance(op, CollectiveOp):
+            continue
+        n = math.prod(mesh_shape[a] for a in op.mesh_axes)
+        if n <= 1:
+            continue
+        value = op.output if kind == "all-gather" else op.input
+        nbytes = value_local_bytes(value, spec_of_value(value, function), mesh_shape)
+        count = num_micro_batches if op in repeated else 1
+        out.append(PredictedCollective(kind, nbytes, n, count))
+    return out
+
+
+def predicted_wire_bytes(
+    function: func.FuncOp,
+    mesh_shape: Sequence[int],
+    repeated: frozenset[object] = frozenset(),
+    num_micro_batches: int = 1,
+) -> float:
+    """Bytes one device sends for the plan's collectives (ring algorithms)."""
+    return math.fsum(
+        c.wire_bytes
+        for c in predicted_collectives(function, mesh_shape, repeated, num_micro_batches)
+    )

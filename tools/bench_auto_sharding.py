@@ -1,0 +1,254 @@
+"""Benchmark of intra-operator planning: plan quality and solve time.
+
+``quality`` (default): for each tiny zoo model, mesh and method (auto-sharding
+and the baselines: data parallel, ZeRO-2, ZeRO-3, Megatron-style manual,
+Alpa's Heuristic), plan and compile the step on the local devices, run one
+step and compare it with the single-device step (rtol = atol = 1e-4), and
+report the ILP objective, the bytes one device sends by the plan's explicit
+collectives (predicted) and by the collectives XLA compiled (measured, from
+``alpa_ir.hlo_collectives``), and the time of the auto-sharding pass.
+
+``scaling``: the solve time of the auto-sharding pass against graph size: GPT
+train steps of the paper's widths (hidden 12288, GPT-3 175B) with 2, 8, 24
+and 96 layers, imported abstractly, planned for a 2x4 and an 8x8 mesh (no
+execution).
+
+Run: ``python -m alpa_ir.tools.bench_auto_sharding [quality|scaling] --help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+METHODS = ("auto", "data", "zero2", "zero3", "megatron", "heuristic")
+MESHES = ((1, 8), (2, 4), (4, 2), (1, 4), (2, 2))
+MODELS = ("mlp-tiny", "gpt-tiny", "moe-tiny", "wresnet-tiny", "bert-tiny")
+
+
+@dataclass
+class Row:
+    model: str
+    mesh: tuple[int, int]
+    method: str
+    micro_batches: int
+    objective: float = float("nan")
+    predicted_bytes: float = float("nan")
+    measured_bytes: float = float("nan")
+    solve_time: float = float("nan")
+    max_diff: float = float("nan")
+    ok: bool = False
+    error: str = ""
+
+
+def _megatron_specs(args: Any, names: tuple[str, ...], shape: tuple[int, int]) -> Any:
+    """Megatron-style: batch over the first mesh axis; the first matmul of each
+    pair column-split and the second row-split over the second axis; experts and
+    conv output channels over the second axis (the rule of the zoo tests)."""
+    import re
+
+    import jax
+    from jax.sharding import PartitionSpec as P
+
+    column = re.compile(r"(qkv|fc1|dense_[02468])'\]\['kernel")
+    column_bias = re.compile(r"(qkv|fc1|dense_[02468])'\]\['bias")
+    row = re.compile(r"(out|fc2|dense_[13579])'\]\['kernel")
+
+    def spec(path: Any, leaf: Any) -> Any:
+        name, rank = jax.tree_util.keystr(path), len(leaf.shape)
+        dims: list[Any] = [None] * rank
+
+        def split(dim: int, axis: int) -> Any:
+            if leaf.shape[dim] % shape[axis]:
+                return None
+            dims[dim] = names[axis]
+            return P(*dims)
+
+        if name.startswith("[1]"):  # the batch
+            return split(0, 0) if rank else None
+        if "opt_state" in name or "batch_stats" in name:
+            return None
+        if column.search(name) or (column_bias.search(name) and rank == 1):
+            return split(rank - 1, 1)
+        if row.search(name):
+            return split(0, 1)
+        if "expert" in name and rank == 3:
+            return split(0, 1)
+        if name.endswith("['kernel']") and rank == 4:
+            return split(3, 1)
+        return None
+
+    return jax.tree_util.tree_map_with_path(spec, args)
+
+
+def _method(kind: str, mesh: Any, micro: int | None, args: Any) -> Any:
+    from alpa_ir import parallel
+
+    if kind == "auto":
+        return parallel.ShardParallel(mesh, micro)
+    if kind == "megatron":
+        specs = _megatron_specs(args, mesh.axis_names, mesh.shape)
+        return parallel.ManualShardParallel(specs, mesh, micro)
+    factory = {
+        "data": parallel.DataParallel,
+        "zero2": parallel.Zero2Parallel,
+        "zero3": parallel.Zero3Parallel,
+        "heuristic": parallel.HeuristicParallel,
+    }[kind]
+    return factory(mesh, micro)
+
+
+def measure(model: str, shape: tuple[int, int], kind: str, micro: int) -> Row:
+    import jax
+    import numpy as np
+
+    from alpa_ir.device_mesh import LogicalDeviceMesh
+    from alpa_ir.models import make_train_step
+    from alpa_ir.parallel import parallelize
+
+    row = Row(model, shape, kind, micro)
+    fn, args = make_train_step(model)
+    want = jax.jit(fn)(*args)
+    mesh = LogicalDeviceMesh(shape)
+    try:
+        step = parallelize(fn, method=_method(kind, mesh, micro if micro > 1 else None, args))
+        executable = step.get_executable(*args)
+        got = step(*args)
+        attr = executable.function.attributes.get("sharding.solve_time")
+        row.solve_time = float(attr.value.data) if attr is not None else float("nan")  # type: ignore[attr-defined]
+        row.objective = executable.auto_sharding_objective
+        row.predicted_bytes = executable.predicted_wire_bytes()
+        row.measured_bytes = executable.measured_wire_bytes()
+        diffs = [
+            float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)), initial=0))
+            for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True)
+        ]
+        row.max_diff = max(diffs, default=0.0)
+        row.ok = all(
+            np.allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-4)
+            for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True)
+        )
+    except Exception as exc:  # a row per failure, the table goes on
+        row.error = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"[:200]
+    return row
+
+
+def _quality(argv: argparse.Namespace) -> int:
+    rows = []
+    header = (
+        f"{'model':13} {'mesh':6} {'method':9} {'B':>2} {'objective':>12} {'pred bytes':>11} "
+        f"{'HLO bytes':>11} {'err %':>6} {'solve s':>8} {'exact':>5}"
+    )
+    print(header, flush=True)
+    for model in argv.models:
+        for shape in argv.meshes:
+            for micro in argv.micro_batches:
+                for kind in argv.methods:
+                    row = measure(model, shape, kind, micro)
+                    rows.append(row)
+                    if row.error:
+                        print(f"{model:13} {shape!s:6} {kind:9} {micro:>2} ERROR {row.error}", flush=True)
+                        continue
+                    err = (
+                        100 * (row.predicted_bytes - row.measured_bytes) / row.measured_bytes
+                        if row.measured_bytes
+                        else 0.0
+                    )
+                    print(
+                        f"{model:13} {'x'.join(map(str, shape)):6} {kind:9} {micro:>2} "
+                        f"{row.objective:12.1f} {row.predicted_bytes:11.0f} {row.measured_bytes:11.0f} "
+                        f"{err:6.1f} {row.solve_time:8.2f} {'yes' if row.ok else 'NO':>5}",
+                        flush=True,
+                    )
+    if argv.json:
+        with open(argv.json, "w") as f:
+            json.dump([r.__dict__ for r in rows], f, indent=1)
+    return 0 if all(r.ok for r in rows) else 1
+
+
+def _scaling(argv: argparse.Namespace) -> int:
+    import alpa_ir
+    from alpa_ir.device_mesh import LogicalDeviceMesh
+    from alpa_ir.models import get_config, make_train_step
+    from alpa_ir.module_utils import main_function
+    from alpa_ir.pass_manager import PassManager
+    from alpa_ir.plugins.registry import default_registry
+
+    base = get_config("gpt3-175b") if "gpt3-175b" in _names() else None
+    if base is None:
+        from alpa_ir.models.gpt import GPTConfig
+
+        base = GPTConfig(51200, 12288, 96, 96, 1024, batch_size=1024)
+    print(f"{'layers':>6} {'mesh':6} {'ops':>7} {'nodes':>6} {'import s':>8} {'plan s':>8} {'solve s':>8}")
+    for layers in argv.layers:
+        config = replace(base, num_layers=layers)
+        start = time.perf_counter()
+        fn, args = make_train_step(config, abstract=True)
+        text = str(alpa_ir.import_jax(fn, *args, donate_argnums=(0,), batch_argnums=(1,)))
+        imported = time.perf_counter() - start
+        for shape in argv.meshes:
+            module = alpa_ir.parse_module(text)
+            function = main_function(module)
+            mesh = LogicalDeviceMesh(shape)
+            module.body.block.insert_op_before(mesh.to_op("mesh"), function)
+            from xdsl.dialects.builtin import FlatSymbolRefAttr
+
+            function.attributes["mesh.mesh"] = FlatSymbolRefAttr("mesh")
+            ops = len(list(function.body.block.ops))
+            pipeline = f"builtin.module(merge-trivial-ops,auto-sharding{{time-limit={argv.time_limit}}})"
+            start = time.perf_counter()
+            try:
+                PassManager(default_registry(), pipeline).run(module)
+                nodes = function.attributes["sharding.num_nodes"].data  # type: ignore[attr-defined]
+                solve = function.attributes["sharding.solve_time"].value.data  # type: ignore[attr-defined]
+                planned = time.perf_counter() - start
+                print(
+                    f"{layers:6} {'x'.join(map(str, shape)):6} {ops:7} {nodes:6} {imported:8.1f} "
+                    f"{planned:8.1f} {solve:8.1f}",
+                    flush=True,
+                )
+            except Exception as exc:
+                print(f"{layers:6} {'x'.join(map(str, shape)):6} {ops:7} ERROR {exc}", flush=True)
+    return 0
+
+
+def _names() -> list[str]:
+    from alpa_ir.models.registry import list_configs
+
+    return list_configs()
+
+
+def _shape(text: str) -> tuple[int, int]:
+    a, b = (int(x) for x in text.split("x"))
+    return (a, b)
+
+
+def main(args: list[str] | None = None) -> int:
+    os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+    parser = argparse.ArgumentParser(prog="bench_auto_sharding", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="mode")
+    q = sub.add_parser("quality", help="plan quality and numerics of the tiny zoo models")
+    q.add_argument("--models", nargs="+", default=list(MODELS))
+    q.add_argument("--meshes", nargs="+", type=_shape, default=list(MESHES), help="e.g. 2x4")
+    q.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    q.add_argument("--micro-batches", nargs="+", type=int, default=[1])
+    q.add_argument("--json", help="also write the rows to this file")
+    s = sub.add_parser("scaling", help="solve time against GPT depth (paper widths)")
+    s.add_argument("--layers", nargs="+", type=int, default=[2, 8, 24, 96])
+    s.add_argument("--meshes", nargs="+", type=_shape, default=[(2, 4), (8, 8)])
+    s.add_argument("--time-limit", type=float, default=600.0)
+    argv = parser.parse_args(args)
+    if argv.mode == "scaling":
+        return _scaling(argv)
+    if argv.mode is None:
+        argv = parser.parse_args(["quality", *(args or sys.argv[1:])])
+    return _quality(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
