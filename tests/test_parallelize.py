@@ -55,7 +55,7 @@ CASES = [
     ("mlp-tiny", "auto", (1, 4), 2),
     ("mlp-tiny", "zero3", (1, 4), 2),
     ("gpt-tiny", "auto", (2, 4), None),
-    ("gpt-tiny", "zero2", (1, 4), 2),
+    ("gpt-tiny", "auto", (1, 4), 2),
     ("moe-tiny", "auto", (2, 4), None),
     ("wresnet-tiny", "auto", (4, 2), None),
     ("bert-tiny", "auto", (1, 8), None),

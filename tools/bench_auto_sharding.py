@@ -152,7 +152,10 @@ def _quality(argv: argparse.Namespace) -> int:
                     row = measure(model, shape, kind, micro)
                     rows.append(row)
                     if row.error:
-                        print(f"{model:13} {shape!s:6} {kind:9} {micro:>2} ERROR {row.error}", flush=True)
+                        print(
+                            f"{model:13} {shape!s:6} {kind:9} {micro:>2} ERROR {row.error}",
+                            flush=True,
+                        )
                         continue
                     err = (
                         100 * (row.predicted_bytes - row.measured_bytes) / row.measured_bytes
@@ -184,7 +187,9 @@ def _scaling(argv: argparse.Namespace) -> int:
         from alpa_ir.models.gpt import GPTConfig
 
         base = GPTConfig(51200, 12288, 96, 96, 1024, batch_size=1024)
-    print(f"{'layers':>6} {'mesh':6} {'ops':>7} {'nodes':>6} {'import s':>8} {'plan s':>8} {'solve s':>8}")
+    print(
+        f"{'layers':>6} {'mesh':6} {'ops':>7} {'nodes':>6} {'import s':>8} {'plan s':>8} {'solve s':>8}"
+    )
     for layers in argv.layers:
         config = replace(base, num_layers=layers)
         start = time.perf_counter()
@@ -200,7 +205,9 @@ def _scaling(argv: argparse.Namespace) -> int:
 
             function.attributes["mesh.mesh"] = FlatSymbolRefAttr("mesh")
             ops = len(list(function.body.block.ops))
-            pipeline = f"builtin.module(merge-trivial-ops,auto-sharding{{time-limit={argv.time_limit}}})"
+            pipeline = (
+                f"builtin.module(merge-trivial-ops,auto-sharding{{time-limit={argv.time_limit}}})"
+            )
             start = time.perf_counter()
             try:
                 PassManager(default_registry(), pipeline).run(module)
@@ -230,7 +237,9 @@ def _shape(text: str) -> tuple[int, int]:
 
 def main(args: list[str] | None = None) -> int:
     os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-    parser = argparse.ArgumentParser(prog="bench_auto_sharding", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="bench_auto_sharding", description=__doc__.splitlines()[0]
+    )
     sub = parser.add_subparsers(dest="mode")
     q = sub.add_parser("quality", help="plan quality and numerics of the tiny zoo models")
     q.add_argument("--models", nargs="+", default=list(MODELS))
