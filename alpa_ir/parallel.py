@@ -85,9 +85,7 @@ Devices = LogicalDeviceMesh | Sequence[int] | None
 def _data_parallel_option(reduce_scatter: Literal["none", "zero2", "zero3"]) -> AutoShardingOption:
     """Batch split over the whole mesh, parameters replicated; without all-gather
     and all-to-all no activation can move its split from the batch to a feature
-    dimension, so the ILP's plan is data parallelism (one all-reduce per gradient).
-    Known gap: some steps (the GPT of the zoo) need an all-gather somewhere and
-    then have no plan under these options (a clear PlanError)."""
+    dimension, so the ILP's plan is data parallelism (one all-reduce per gradient)."""
     return AutoShardingOption(
         force_data_parallel=True,
         allow_all_gather=False,

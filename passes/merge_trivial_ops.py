@@ -7,7 +7,9 @@ breadth-first sweep over the ops in program order. Element-wise ops,
 reductions, and the layout ops transpose, broadcast, reshape and squeeze join
 the group of their deepest operand's producer (the first such operand on a
 tie); every other op starts a group of its own. A trivial op whose operands
-are all inputs also starts its own group.
+are all inputs also starts its own group. A group whose first op yields a
+scalar can only be replicated, so a trivial op with a non-scalar result never
+joins one (it joins its deepest other operand's group, or starts its own).
 
 Pipeline markers and optimization barriers are the identity: their results
 count as their operands (an optimizer's update joins its gradient's group,
@@ -53,6 +55,7 @@ def compute_groups(function: func.FuncOp) -> dict[Operation, int]:
     """Group id of every op of ``function`` (constants and the return excepted)."""
     depth: dict[SSAValue, int] = {}
     value_group: dict[SSAValue, int] = {}
+    scalar_group: dict[int, bool] = {}
     groups: dict[Operation, int] = {}
     next_group = 0
     for op in function.body.block.ops:
@@ -69,6 +72,8 @@ def compute_groups(function: func.FuncOp) -> dict[Operation, int]:
                     value_group[result] = value_group[operand]
             continue
         produced = [v for v in op.operands if v in value_group]
+        if _rank(op) > 0:
+            produced = [v for v in produced if not scalar_group[value_group[v]]]
         op_depth = 1 + max((depth.get(v, 0) for v in op.operands), default=0)
         if is_trivial(op) and produced:
             deepest = max(produced, key=lambda v: depth[v])  # first on ties
@@ -76,11 +81,20 @@ def compute_groups(function: func.FuncOp) -> dict[Operation, int]:
         else:
             group = next_group
             next_group += 1
+            scalar_group[group] = _rank(op) == 0
         groups[op] = group
         for result in op.results:
             depth[result] = op_depth
             value_group[result] = group
     return groups
+
+
+def _rank(op: Operation) -> int:
+    """Rank of the op's first result (0 for scalars and for ops without results)."""
+    if not op.results:
+        return 0
+    shape = getattr(op.results[0].type, "get_shape", None)
+    return len(shape()) if shape is not None else 0
 
 
 @dataclass(frozen=True)

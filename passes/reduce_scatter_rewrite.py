@@ -66,6 +66,9 @@ def _follow(op: Operation, k: int, spec: ShardingSpec) -> dict[int, ShardingSpec
         return {k: spec}
     if name == "transpose":
         return {0: ShardingSpec(tuple(spec.dims[p] for p in op.param("permutation")))}
+    if name == "reshape":
+        moved = _unit_reshape(spec, shape_of(op.operands[k].type), shape_of(op.results[0].type))
+        return None if moved is None else {0: moved}
     if op.SPEC.kind is OpKind.ELEMENTWISE and all(
         shape_of(r.type) == shape_of(op.operands[k].type) for r in op.results
     ):
@@ -85,9 +88,29 @@ def _required(op: Operation, k: int, result_specs: list[ShardingSpec]) -> Shardi
         for out_d, in_d in enumerate(op.param("permutation")):
             dims[in_d] = result_specs[0].dims[out_d]
         return ShardingSpec(tuple(dims))
+    if op.primitive_name == "reshape":
+        back = _unit_reshape(result_specs[0], shape_of(op.results[0].type), shape_of(operand.type))
+        return back if back is not None else ShardingSpec.replicated(rank)
     if shape_of(operand.type) == shape_of(op.results[0].type):
         return result_specs[0]
     return ShardingSpec.replicated(rank)
+
+
+def _unit_reshape(
+    spec: ShardingSpec, src: tuple[int, ...], dst: tuple[int, ...]
+) -> ShardingSpec | None:
+    """The spec after a reshape that only adds or drops size-1 dims (None for
+    any other reshape, or when a dropped unit dim was split)."""
+    src_dims = [d for d, n in enumerate(src) if n != 1]
+    dst_dims = [d for d, n in enumerate(dst) if n != 1]
+    if [src[d] for d in src_dims] != [dst[d] for d in dst_dims] or spec.partial:
+        return None
+    if any(spec.dims[d] for d, n in enumerate(src) if n == 1):
+        return None
+    dims: list[tuple[int, ...]] = [()] * len(dst)
+    for s_dim, d_dim in zip(src_dims, dst_dims, strict=True):
+        dims[d_dim] = spec.dims[s_dim]
+    return ShardingSpec(tuple(dims))
 
 
 def _pull_in_feeders(region: list[Operation], new_spec: dict[SSAValue, ShardingSpec]) -> None:

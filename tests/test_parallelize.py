@@ -56,6 +56,8 @@ CASES = [
     ("mlp-tiny", "zero3", (1, 4), 2),
     ("gpt-tiny", "auto", (2, 4), None),
     ("gpt-tiny", "auto", (1, 4), 2),
+    ("gpt-tiny", "zero2", (1, 4), 2),
+    ("gpt-tiny", "data", (2, 4), None),
     ("moe-tiny", "auto", (2, 4), None),
     ("wresnet-tiny", "auto", (4, 2), None),
     ("bert-tiny", "auto", (1, 8), None),
