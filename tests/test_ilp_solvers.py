@@ -29,6 +29,7 @@ from alpa_ir.ilp import (
 )
 from alpa_ir.plugins.registry import default_registry
 from alpa_ir.solvers import MipSolver, presolve
+from alpa_ir.solvers.elimination import eliminate
 
 
 @st.composite
@@ -67,7 +68,13 @@ def problems(draw: st.DrawFn, with_memory: bool = False) -> ILPProblem:
     return ILPProblem(tuple(node_costs), tuple(edges), memory, liveness, budget)
 
 
-SOLVERS = [MipSolver("cbc"), MipSolver("highs"), MipSolver("cbc", presolve=False)]
+SOLVERS = [
+    MipSolver("cbc"),  # presolve + exact elimination (no budget) or MIP
+    MipSolver("cbc", exact_elimination=False),
+    MipSolver("highs", exact_elimination=False),
+    MipSolver("cbc", presolve=False, exact_elimination=False),
+]
+SOLVER_IDS = ["cbc-elimination", "cbc", "highs", "cbc-no-presolve"]
 
 
 def _check_against_reference(problem: ILPProblem, solver: MipSolver) -> None:
@@ -90,14 +97,14 @@ def _check_against_reference(problem: ILPProblem, solver: MipSolver) -> None:
         assert peak_memory(problem, solution.choice) <= problem.memory_budget + 1e-6
 
 
-@pytest.mark.parametrize("solver", SOLVERS, ids=["cbc", "highs", "cbc-no-presolve"])
+@pytest.mark.parametrize("solver", SOLVERS, ids=SOLVER_IDS)
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problem=problems())
 def test_solver_reaches_brute_force_optimum(solver: MipSolver, problem: ILPProblem) -> None:
     _check_against_reference(problem, solver)
 
 
-@pytest.mark.parametrize("solver", SOLVERS[:2], ids=["cbc", "highs"])
+@pytest.mark.parametrize("solver", SOLVERS[1:3], ids=SOLVER_IDS[1:3])
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problem=problems(with_memory=True))
 def test_solver_with_memory_budget(solver: MipSolver, problem: ILPProblem) -> None:
@@ -127,6 +134,37 @@ def test_presolve_keeps_the_optimum(problem: ILPProblem) -> None:
             best, best_choice = value, choice
     assert best == pytest.approx(reference.objective, abs=1e-6)
     assert evaluate(problem, reduced.expand(best_choice)) == pytest.approx(reference.objective)
+
+
+@settings(max_examples=60, deadline=None)
+@given(problem=problems())
+def test_elimination_is_exact_on_unreduced_graphs(problem: ILPProblem) -> None:
+    """Variable elimination alone (no presolve reductions) reaches the optimum."""
+    reduced = presolve(problem, reduce=False, memory=False)
+    result = eliminate(reduced.core)
+    assert result is not None
+    choice, value = result
+    try:
+        reference = brute_force(problem)
+    except PlanError:
+        assert value == math.inf
+        return
+    assert value == pytest.approx(reference.objective, abs=1e-6)
+    assert evaluate(problem, reduced.expand(choice)) == pytest.approx(reference.objective)
+
+
+def test_elimination_gives_up_on_large_tables_and_the_mip_answers() -> None:
+    rng = np.random.default_rng(3)
+    n, s = 12, 6
+    costs = tuple(rng.random(s) for _ in range(n))
+    edges = tuple(Edge(u, v, rng.random((s, s))) for u in range(n) for v in range(u + 1, n))
+    core = presolve(ILPProblem(costs, edges)).core
+    assert eliminate(core, max_table=10) is None
+    small = ILPProblem(costs[:7], tuple(e for e in edges if e.v < 7))
+    assert eliminate(presolve(small).core, max_table=10) is None
+    solution = MipSolver("cbc", elimination_max_table=10).solve(small)
+    assert solution.num_variables > 0  # the MIP answered
+    assert solution.objective == pytest.approx(brute_force(small).objective)
 
 
 def test_chain_vanishes_in_presolve() -> None:

@@ -2,7 +2,9 @@
 
 ``MipSolver("cbc").solve(problem, time_limit=60)`` validates the problem,
 checks the memory budget against the smallest one any plan meets, presolves
-(``alpa_ir.solvers.presolve``), builds the MIP of what is left
+(``alpa_ir.solvers.presolve``), solves what is left by exact variable
+elimination when there is no memory budget and its tables stay small
+(``alpa_ir.solvers.elimination``), else builds the MIP of it
 (``alpa_ir.solvers.mip_model``), solves it from a greedy start, maps the
 choice back and recomputes the objective on the original problem.
 
@@ -32,6 +34,7 @@ from alpa_ir.ilp import (
     peak_memory,
     validate_problem,
 )
+from alpa_ir.solvers.elimination import MAX_TABLE, eliminate
 from alpa_ir.solvers.memory import memory_lower_bound, min_peak_memory
 from alpa_ir.solvers.mip_model import BACKENDS, build_core_model, greedy_choice, new_model
 from alpa_ir.solvers.presolve import Infeasible, Presolved, consistent_strategies, presolve
@@ -50,6 +53,12 @@ class MipSolver:
     """Apply the exact reductions of ``alpa_ir.solvers.presolve`` first."""
     mip_gap: float = 1e-9
     """Relative gap at which the solver may call a plan optimal."""
+    exact_elimination: bool = True
+    """Without a memory budget, first try variable elimination on the presolved
+    core (``alpa_ir.solvers.elimination``: exact, fast on layered graphs); the
+    MIP runs only when its tables would grow too large."""
+    elimination_max_table: int = MAX_TABLE
+    """Entries of the largest table elimination may build before it gives up."""
 
     def __post_init__(self) -> None:
         if self.name not in BACKENDS:
@@ -75,6 +84,14 @@ class MipSolver:
         core = reduced.core
         if not core.nodes:
             return self._answer(problem, reduced, (), start, start, True, None, 0, 0)
+        if self.exact_elimination and not core.live_sets:
+            eliminated = eliminate(core, self.elimination_max_table)
+            if eliminated is not None:
+                core_choice, value = eliminated
+                if not math.isfinite(value):
+                    raise self._no_plan_error(problem, time_limit, None)
+                done = time.perf_counter()
+                return self._answer(problem, reduced, core_choice, start, done, True, None, 0, 0)
         built = build_core_model(core, self.name)
         model = built.model
         model.max_mip_gap = self.mip_gap
