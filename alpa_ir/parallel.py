@@ -177,7 +177,11 @@ class ManualShardParallel:
 Method = ShardParallel | ManualShardParallel
 
 
-def spec_from_partition_spec(pspec: PartitionSpec, rank: int, names: Sequence[str]) -> ShardingSpec:
+def spec_from_partition_spec(
+    pspec: PartitionSpec, rank: int, names: Sequence[str], mesh_shape: Sequence[int] | None = None
+) -> ShardingSpec:
+    """Our spec for a JAX PartitionSpec; mesh axes of size 1 (given ``mesh_shape``)
+    split nothing and are dropped, as in JAX."""
     dims: list[tuple[int, ...]] = []
     for entry in tuple(pspec) + (None,) * (rank - len(pspec)):
         if entry is None:
@@ -185,11 +189,14 @@ def spec_from_partition_spec(pspec: PartitionSpec, rank: int, names: Sequence[st
             continue
         axes = entry if isinstance(entry, tuple) else (entry,)
         try:
-            dims.append(tuple(names.index(a) for a in axes))
+            picked = tuple(names.index(a) for a in axes)
         except ValueError:
             raise AlpaError(
                 f"PartitionSpec {pspec} names a mesh axis not in {list(names)}"
             ) from None
+        if mesh_shape is not None:
+            picked = tuple(a for a in picked if mesh_shape[a] > 1)
+        dims.append(picked)
     return ShardingSpec(tuple(dims))
 
 
@@ -387,7 +394,7 @@ def _annotate_manual(
         if spec is None:
             entries.append(DictionaryAttr({}))
         else:
-            s = spec_from_partition_spec(spec, len(np.shape(array)), mesh.axis_names)
+            s = spec_from_partition_spec(spec, len(np.shape(array)), mesh.axis_names, mesh.shape)
             entries.append(DictionaryAttr({SPEC_ATTR: s.to_attr()}))
     function.arg_attrs = ArrayAttr(entries)
 

@@ -121,6 +121,16 @@ def test_manual_megatron_plan_is_kept_and_exact() -> None:
     assert placed[1]["x"] == P("data", None)
 
 
+def test_manual_spec_on_a_size_one_axis_splits_nothing() -> None:
+    fn, args = tiny_step("mlp-tiny")
+    mesh = LogicalDeviceMesh((1, 4), axis_names=("data", "model"))
+    state, _batch = args
+    in_specs = (jax.tree.map(lambda _: None, state), {"x": P("data"), "y": P("data")})
+    step = parallelize(fn, method=ManualShardParallel(in_specs, mesh))
+    _assert_same(step(*args), reference_outputs("mlp-tiny"))
+    assert step.get_executable(*args).get_input_placement_specs()[1]["x"] == P(None, None)
+
+
 def test_hlo_text_collectives_match_the_plan() -> None:
     fn, args = tiny_step("mlp-tiny")
     executable = parallelize(fn, method=ShardParallel(_mesh((2, 4)))).get_executable(*args)
