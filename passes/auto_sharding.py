@@ -86,6 +86,8 @@ class AutoSharding(ModulePass):
     allow_replicated_parameters: bool = True
     force_batch_dim_to_mesh_dim: int = -1
     prefer_reduce_scatter: bool = False
+    """Finish with ``reduce-scatter-rewrite{mode=zero2}``: gradients reduce-scattered
+    and the weight update sharded wherever that shards optimizer state."""
     force_data_parallel: bool = False
     cost_model: str = "alpha-beta"
     mesh_shape: tuple[int, ...] = ()
@@ -165,6 +167,10 @@ class AutoSharding(ModulePass):
         function.attributes[OBJECTIVE_ATTR] = FloatAttr(solution.objective, f64)
         function.attributes["sharding.solve_time"] = FloatAttr(solution.solve_time, f64)
         function.attributes["sharding.num_nodes"] = IntAttr(len(graph.nodes))
+        if self.prefer_reduce_scatter:
+            from alpa_ir.passes.reduce_scatter_rewrite import ReduceScatterRewrite
+
+            ReduceScatterRewrite(mode="zero2").apply(ctx, op)
 
     def _arg_cost(
         self, mesh: LogicalDeviceMesh, batch: set[int], given: dict[int, ShardingSpec]

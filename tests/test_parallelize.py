@@ -131,6 +131,27 @@ def test_manual_spec_on_a_size_one_axis_splits_nothing() -> None:
     assert step.get_executable(*args).get_input_placement_specs()[1]["x"] == P(None, None)
 
 
+def test_prefer_reduce_scatter_option() -> None:
+    from alpa_ir.dialects.sharding import ReduceScatterOp
+
+    fn, args = tiny_step("mlp-tiny")
+    counts = []
+    for prefer in (False, True):
+        option = AutoShardingOption(
+            force_data_parallel=True,
+            allow_all_gather=False,
+            allow_all_to_all=False,
+            prefer_reduce_scatter=prefer,
+            reduce_scatter="none",
+        )
+        step = parallelize(fn, method=ShardParallel(_mesh((1, 8)), auto_sharding_option=option))
+        executable = step.get_executable(*args)
+        _assert_same(step(*args), reference_outputs("mlp-tiny"))
+        ops = executable.function.body.block.ops
+        counts.append(sum(isinstance(op, ReduceScatterOp) for op in ops))
+    assert counts[0] == 0 < counts[1]
+
+
 def test_hlo_text_collectives_match_the_plan() -> None:
     fn, args = tiny_step("mlp-tiny")
     executable = parallelize(fn, method=ShardParallel(_mesh((2, 4)))).get_executable(*args)
