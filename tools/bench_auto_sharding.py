@@ -168,10 +168,43 @@ def _quality(argv: argparse.Namespace) -> int:
                         f"{err:6.1f} {row.solve_time:8.2f} {'yes' if row.ok else 'NO':>5}",
                         flush=True,
                     )
+    _summary(rows)
     if argv.json:
         with open(argv.json, "w") as f:
             json.dump([r.__dict__ for r in rows], f, indent=1)
     return 0 if all(r.ok for r in rows) else 1
+
+
+def _summary(rows: list[Row]) -> None:
+    """Per case: auto-sharding's compiled bytes against the best baseline's, and
+    the relative error of the predicted bytes over all rows."""
+    print("\nauto-sharding vs the best baseline (bytes one device sends, from the HLO):")
+    cases: dict[tuple[str, tuple[int, int], int], list[Row]] = {}
+    for row in rows:
+        cases.setdefault((row.model, row.mesh, row.micro_batches), []).append(row)
+    for (model, mesh, micro), group in cases.items():
+        auto = next((r for r in group if r.method == "auto" and not r.error), None)
+        others = [r for r in group if r.method != "auto" and not r.error]
+        if auto is None or not others:
+            continue
+        best = min(others, key=lambda r: r.measured_bytes)
+        verdict = "ok" if auto.measured_bytes <= best.measured_bytes else "MORE BYTES"
+        print(
+            f"  {model:13} {'x'.join(map(str, mesh)):5} B={micro}: auto {auto.measured_bytes:.0f} "
+            f"(objective {auto.objective:.1f}) vs {best.method} {best.measured_bytes:.0f} "
+            f"(objective {best.objective:.1f}): {verdict}"
+        )
+    errors = [
+        abs(r.predicted_bytes - r.measured_bytes) / r.measured_bytes
+        for r in rows
+        if not r.error and r.measured_bytes
+    ]
+    if errors:
+        within = sum(e <= 0.10 for e in errors)
+        print(
+            f"predicted vs HLO bytes: {within}/{len(errors)} rows within 10 %, "
+            f"largest error {100 * max(errors):.1f} %"
+        )
 
 
 def _scaling(argv: argparse.Namespace) -> int:
