@@ -63,6 +63,13 @@ class LogicalDeviceMesh:
     def axes_size(self, axes: Sequence[int]) -> int:
         return math.prod(self.shape[a] for a in axes)
 
+    def flattened(self) -> LogicalDeviceMesh:
+        """The same devices as one ring, ``(1, n)``, priced by the slowest axis
+        (a collective over all devices of this mesh is bottlenecked by it)."""
+        assert self.alpha is not None and self.beta is not None
+        alpha, beta = max(self.alpha), max(self.beta)
+        return LogicalDeviceMesh((1, self.size), (alpha, alpha), (beta, beta), self.devices)
+
     def to_op(self, name: str = "mesh") -> LogicalMeshOp:
         assert self.devices is not None and self.alpha is not None and self.beta is not None
         props = {
