@@ -317,3 +317,33 @@ def test_unknown_solver_is_named() -> None:
 def test_public_api() -> None:
     assert alpa_ir.parallelize is parallelize
     assert alpa_ir.ShardParallel is ShardParallel
+
+
+def test_primitive_without_rule_is_replicated_with_a_warning() -> None:
+    from alpa_ir.autosharding.cost_model import AlphaBetaCostModel
+    from alpa_ir.autosharding.graph import GraphBuilder
+    from alpa_ir.autosharding.resharding import ReshardCoster
+    from alpa_ir.autosharding.rules import RULES
+    from alpa_ir.module_utils import main_function
+
+    def f(x: jax.Array) -> jax.Array:
+        return jax.numpy.tanh(x) * 2.0
+
+    module = alpa_ir.import_jax(f, jax.ShapeDtypeStruct((8, 8), np.float32))
+    function = main_function(module)
+    mesh = _mesh((2, 4))
+    builder = GraphBuilder(
+        function,
+        {},
+        mesh.shape,
+        ReshardCoster(mesh, AlphaBetaCostModel()),
+        rule_lookup=lambda name: None if name == "tanh" else RULES.get(name),
+    )
+    with pytest.warns(
+        UserWarning, match=r"no sharding rule for primitive 'tanh'; it runs replicated"
+    ):
+        graph = builder.build()
+    tanh = next(n for n in graph.nodes if any("tanh" in o.name for o in n.ops))
+    assert [s.name for s in tanh.strategies] == ["replicated"]
+    mul = next(n for n in graph.nodes if any(o.name == "lax.mul" for o in n.ops))
+    assert len(mul.strategies) > 1
