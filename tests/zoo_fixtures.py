@@ -4,7 +4,6 @@ imported modules, hand-written sharding rules, and tree comparison."""
 from __future__ import annotations
 
 import functools
-import re
 from typing import Any
 
 import jax
@@ -13,6 +12,7 @@ import numpy as np
 import alpa_ir
 from alpa_ir.dialects.sharding import ShardingSpec
 from alpa_ir.models import make_train_step
+from alpa_ir.models.megatron import megatron_spec
 
 TINY_MODELS = ("mlp-tiny", "gpt-tiny", "moe-tiny", "wresnet-tiny", "bert-tiny")
 
@@ -50,32 +50,6 @@ def data_parallel_rule(name: str, shape: tuple[int, ...]) -> ShardingSpec | None
     return None
 
 
-_COLUMN = re.compile(r"(qkv|fc1|dense_[02468])\.kernel$")
-_COLUMN_BIAS = re.compile(r"(qkv|fc1|dense_[02468])\.bias$")
-_ROW = re.compile(r"(out|fc2|dense_[13579])\.kernel$")
-
-
 def megatron_rule(name: str, shape: tuple[int, ...]) -> ShardingSpec | None:
-    """Megatron-style on a (2, 4) mesh: batch over axis 0; the first matmul of
-    each pair column-split and the second row-split over axis 1; MoE experts
-    split over axis 1; conv output channels over axis 1."""
-    rank = len(shape)
-
-    def split(dim: int, axis: int) -> ShardingSpec | None:
-        if shape[dim] % (2 if axis == 0 else 4):
-            return None
-        dims = [()] * rank
-        dims[dim] = (axis,)
-        return ShardingSpec(tuple(dims))
-
-    if name.startswith("batch"):
-        return split(0, 0) if rank else None
-    if _COLUMN.search(name) or (_COLUMN_BIAS.search(name) and rank == 1):
-        return split(rank - 1, 1)
-    if _ROW.search(name):
-        return split(0, 1)
-    if "expert" in name and rank == 3:
-        return split(0, 1)
-    if name.endswith("kernel") and rank == 4:
-        return split(3, 1)
-    return None
+    """Megatron-style on a (2, 4) mesh (``alpa_ir.models.megatron``)."""
+    return megatron_spec(name, shape, (2, 4))

@@ -46,44 +46,28 @@ class Row:
     error: str = ""
 
 
-def _megatron_specs(args: Any, names: tuple[str, ...], shape: tuple[int, int]) -> Any:
-    """Megatron-style: batch over the first mesh axis; the first matmul of each
-    pair column-split and the second row-split over the second axis; experts and
-    conv output channels over the second axis (the rule of the zoo tests)."""
-    import re
-
+def _megatron_specs(args: Any, mesh: Any) -> Any:
+    """The zoo's Megatron-style plan (``alpa_ir.models.megatron``) as a pytree of
+    PartitionSpecs, leaves named as the IR names the train step's arguments."""
     import jax
-    from jax.sharding import PartitionSpec as P
 
-    column = re.compile(r"(qkv|fc1|dense_[02468])'\]\['kernel")
-    column_bias = re.compile(r"(qkv|fc1|dense_[02468])'\]\['bias")
-    row = re.compile(r"(out|fc2|dense_[13579])'\]\['kernel")
+    from alpa_ir.frontend.pytree_codec import flat_names
+    from alpa_ir.models.megatron import megatron_spec
+    from alpa_ir.parallel import partition_spec_of
 
-    def spec(path: Any, leaf: Any) -> Any:
-        name, rank = jax.tree_util.keystr(path), len(leaf.shape)
-        dims: list[Any] = [None] * rank
-
-        def split(dim: int, axis: int) -> Any:
-            if leaf.shape[dim] % shape[axis]:
-                return None
-            dims[dim] = names[axis]
-            return P(*dims)
-
-        if name.startswith("[1]"):  # the batch
-            return split(0, 0) if rank else None
-        if "opt_state" in name or "batch_stats" in name:
-            return None
-        if column.search(name) or (column_bias.search(name) and rank == 1):
-            return split(rank - 1, 1)
-        if row.search(name):
-            return split(0, 1)
-        if "expert" in name and rank == 3:
-            return split(0, 1)
-        if name.endswith("['kernel']") and rank == 4:
-            return split(3, 1)
-        return None
-
-    return jax.tree_util.tree_map_with_path(spec, args)
+    leaves, tree = jax.tree.flatten(args)
+    names = flat_names(args, ["state", "batch"])
+    specs = [
+        None if spec is None else partition_spec_of(spec, mesh.axis_names)
+        for spec in (
+            # optimizer state and batch statistics are left to the planner
+            None
+            if "opt_state" in name or "batch_stats" in name
+            else megatron_spec(name, leaf.shape, mesh.shape)
+            for name, leaf in zip(names, leaves, strict=True)
+        )
+    ]
+    return jax.tree.unflatten(tree, specs)
 
 
 def _method(kind: str, mesh: Any, micro: int | None, args: Any) -> Any:
@@ -92,7 +76,7 @@ def _method(kind: str, mesh: Any, micro: int | None, args: Any) -> Any:
     if kind == "auto":
         return parallel.ShardParallel(mesh, micro)
     if kind == "megatron":
-        specs = _megatron_specs(args, mesh.axis_names, mesh.shape)
+        specs = _megatron_specs(args, mesh)
         return parallel.ManualShardParallel(specs, mesh, micro)
     factory = {
         "data": parallel.DataParallel,
