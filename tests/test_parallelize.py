@@ -347,3 +347,14 @@ def test_primitive_without_rule_is_replicated_with_a_warning() -> None:
     assert [s.name for s in tanh.strategies] == ["replicated"]
     mul = next(n for n in graph.nodes if any(o.name == "lax.mul" for o in n.ops))
     assert len(mul.strategies) > 1
+
+
+def test_batch_norm_with_micro_batches_matches_one_device_accumulating() -> None:
+    """Batch norm normalises each micro-batch by its own statistics, so with
+    gradient accumulation the oracle is one device accumulating the same way
+    (the accumulation itself is checked against the plain step above)."""
+    fn, args = tiny_step("wresnet-tiny")
+    got = parallelize(fn, method=ShardParallel(_mesh((2, 4)), 2))(*args)
+    one_device = LogicalDeviceMesh((1, 1))
+    want = parallelize(fn, method=ShardParallel(one_device, 2))(*args)
+    _assert_same(got, want)
