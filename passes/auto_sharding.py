@@ -186,12 +186,7 @@ class AutoSharding(ModulePass):
             if self.force_data_parallel:
                 if is_batch:
                     want = ShardingSpec((axes,) + ((),) * (spec.rank - 1)) if spec.rank else spec
-                    return (
-                        0.0
-                        if spec == want
-                        or (not _divisible(arg, axes, mesh) and spec.is_replicated())
-                        else INF
-                    )
+                    return 0.0 if spec == want else INF  # rows divide: checked in apply
                 return 0.0 if spec.is_replicated() else INF
             if is_batch and self.force_batch_dim_to_mesh_dim >= 0 and spec.rank:
                 return 0.0 if self.force_batch_dim_to_mesh_dim in spec.dims[0] else INF
@@ -226,8 +221,3 @@ def heuristic_spec(arg: SSAValue, mesh: LogicalDeviceMesh) -> ShardingSpec:
             dims[dim] = chosen
             return ShardingSpec(tuple(dims))
     return ShardingSpec.replicated(len(shape))
-
-
-def _divisible(arg: SSAValue, axes: tuple[int, ...], mesh: LogicalDeviceMesh) -> bool:
-    shape = arg.type.get_shape()  # type: ignore[attr-defined]
-    return bool(shape) and shape[0] % mesh.axes_size(axes) == 0

@@ -275,9 +275,8 @@ def _rewrite_one(
             for use in readers:
                 use.operation.operands[use.index] = gathered
 
-    # The update runs on slices.
-    order = {op: k for k, op in enumerate(block.ops)}
-    for op in sorted(region, key=order.__getitem__):
+    # The update runs on slices (in block order; the gathers above are not in it).
+    for op in sorted(region, key=position.__getitem__):
         old = [spec_of_value(r, function) for r in op.results]
         results = [new_spec.get(r, o) for r, o in zip(op.results, old, strict=True)]
         for k, v in enumerate(op.operands):

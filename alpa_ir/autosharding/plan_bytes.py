@@ -71,16 +71,3 @@ def predicted_collectives(
         count = num_micro_batches if op in repeated else 1
         out.append(PredictedCollective(kind, nbytes, n, count))
     return out
-
-
-def predicted_wire_bytes(
-    function: func.FuncOp,
-    mesh_shape: Sequence[int],
-    repeated: frozenset[object] = frozenset(),
-    num_micro_batches: int = 1,
-) -> float:
-    """Bytes one device sends for the plan's collectives (ring algorithms)."""
-    return math.fsum(
-        c.wire_bytes
-        for c in predicted_collectives(function, mesh_shape, repeated, num_micro_batches)
-    )
