@@ -102,18 +102,15 @@ class GraphBuilder:
         self.arg_filter = arg_filter
         self.warned: set[str] = set()
         self._strategy_cache: dict[tuple[object, ...], list[Strategy]] = {}
+        self._group_cache: dict[tuple[object, ...], tuple[list[Operation], list[NodeStrategy]]] = {}
+        self._matrix_cache: dict[tuple[object, ...], np.ndarray] = {}
 
     # -- strategies of one op ------------------------------------------------
 
     def op_strategies(self, op: Operation) -> list[Strategy]:
         """The op's strategies; identical ops (same primitive, parameters and
         types, e.g. the same matmul in every transformer layer) share them."""
-        key = (
-            op.name,
-            tuple(op.properties.items()),
-            tuple(op.operand_types),
-            tuple(op.result_types),
-        )
+        key = _op_key(op)
         cached = self._strategy_cache.get(key)
         if cached is None:
             cached = self._op_strategies(op)
@@ -203,6 +200,35 @@ class GraphBuilder:
     def _group_strategies(
         self, ops: list[Operation], alias: dict[SSAValue, SSAValue]
     ) -> list[NodeStrategy]:
+        """The group's strategies; a group with the same ops wired the same way
+        (the same layer repeated) reuses the strategies of the first one."""
+        key = _group_key(ops, alias)
+        cached = self._group_cache.get(key)
+        if cached is None:
+            strategies = self._new_group_strategies(ops, alias)
+            self._group_cache[key] = (ops, strategies)
+            return strategies
+        first, strategies = cached
+        value_of = {
+            a: b
+            for x, y in zip(first, ops, strict=True)
+            for a, b in zip(x.results, y.results, strict=True)
+        }
+        op_of = dict(zip(first, ops, strict=True))
+        return [
+            NodeStrategy(
+                s.name,
+                s.cost,
+                {value_of[v]: spec for v, spec in s.value_specs.items()},
+                {op_of[o]: st for o, st in s.op_strategies.items()},
+                {(op_of[o], k): spec for (o, k), spec in s.operand_specs.items()},
+            )
+            for s in strategies
+        ]
+
+    def _new_group_strategies(
+        self, ops: list[Operation], alias: dict[SSAValue, SSAValue]
+    ) -> list[NodeStrategy]:
         leader, followers = ops[0], ops[1:]
         out: list[NodeStrategy] = []
         seen: set[tuple[object, ...]] = set()
@@ -215,26 +241,40 @@ class GraphBuilder:
             f: [(alias.get(v, v), shape_of(v.type), _itemsize(v)) for v in f.operands]
             for f in followers
         }
+        result_shapes = {f: [shape_of(r.type) for r in f.results] for f in followers}
         best_for: dict[tuple[object, ...], tuple[int, float]] = {}
         for lead in self.op_strategies(leader):
             specs: dict[SSAValue, ShardingSpec] = dict(
                 zip(leader.results, lead.final_result_specs, strict=True)
             )
+            # The spec the group first gave each shape: a follower free to
+            # choose (e.g. a broadcast of a replicated value) keeps to it, so
+            # the group stays consistent with the leader's layout.
+            usual: dict[tuple[int, ...], ShardingSpec] = {}
+            for value, spec in [
+                *zip(leader.operands, lead.operand_specs, strict=True),
+                *specs.items(),
+            ]:
+                usual.setdefault(shape_of(value.type), spec)
             chosen = {leader: lead}
             operand_specs = {(leader, k): s for k, s in enumerate(lead.operand_specs)}
             cost = self.comm_cost(leader, lead)
             for f in followers:
                 arriving = tuple(specs.get(v) for v, _, _ in operand_info[f])
-                key = (f, arriving)
+                shapes = [*result_shapes[f], *(shape for _, shape, _ in operand_info[f])]
+                preferred = tuple(usual.get(shape) for shape in shapes)
+                key = (f, arriving, preferred)
                 if key not in best_for:
                     best_for[key] = self._best_follower(
-                        options[f], own_cost[f], operand_info[f], arriving
+                        options[f], own_cost[f], operand_info[f], arriving, preferred
                     )
                 index, best_cost = best_for[key]
                 best = options[f][index]
                 chosen[f] = best
                 cost += best_cost
                 specs.update(zip(f.results, best.final_result_specs, strict=True))
+                for r, spec in zip(result_shapes[f], best.final_result_specs, strict=True):
+                    usual.setdefault(r, spec)
                 operand_specs.update({(f, k): s for k, s in enumerate(best.operand_specs)})
             signature = (
                 tuple(specs.values()),
@@ -252,9 +292,12 @@ class GraphBuilder:
         own_cost: list[float],
         operand_info: list[tuple[SSAValue, tuple[int, ...], int]],
         arriving: tuple[ShardingSpec | None, ...],
+        preferred: tuple[ShardingSpec | None, ...] = (),
     ) -> tuple[int, float]:
         # Usually a strategy takes the operands exactly as they arrive (an
-        # element-wise op follows its input): try those first.
+        # element-wise op follows its input): try those first. Among equally
+        # cheap ones, the one that keeps most of its results and outside
+        # operands in the specs the group already uses for their shapes.
         positions = [k for k, src in enumerate(arriving) if src is not None]
         exact = [
             i
@@ -262,9 +305,26 @@ class GraphBuilder:
             if all(cand.operand_specs[k] == arriving[k] for k in positions)
         ]
         if exact:
-            i = min(exact, key=lambda i: own_cost[i])
-            if own_cost[i] == 0.0:
-                return i, 0.0
+            cheapest = min(own_cost[i] for i in exact)
+            if cheapest == 0.0:
+                ties = [i for i in exact if own_cost[i] == 0.0]
+                if len(ties) == 1 or not preferred:
+                    return ties[0], 0.0
+
+                def agreement(i: int) -> int:
+                    cand = options[i]
+                    free = [
+                        None if arriving[k] is not None else spec
+                        for k, spec in enumerate(cand.operand_specs)
+                    ]
+                    specs = [*cand.final_result_specs, *free]
+                    return sum(
+                        1
+                        for got, want in zip(specs, preferred, strict=True)
+                        if want is not None and got == want
+                    )
+
+                return max(ties, key=lambda i: (agreement(i), -i)), 0.0
         best, best_cost = 0, INF
         for index, cand in enumerate(options):
             c = own_cost[index]
@@ -305,15 +365,42 @@ class GraphBuilder:
         shape: tuple[int, ...],
         itemsize: int,
     ) -> np.ndarray:
+        key = (tuple(src), tuple(dst), shape, itemsize)
+        cached = self._matrix_cache.get(key)
+        if cached is not None:
+            return cached
         src_unique = list(dict.fromkeys(src))
         dst_unique = list(dict.fromkeys(dst))
         table = np.array(
             [[self.coster.cost(a, b, shape, itemsize) for b in dst_unique] for a in src_unique],
             dtype=np.float64,
         )
-        rows = np.array([src_unique.index(s) for s in src])
-        cols = np.array([dst_unique.index(s) for s in dst])
-        return table[np.ix_(rows, cols)]
+        row_of = {spec: i for i, spec in enumerate(src_unique)}
+        col_of = {spec: i for i, spec in enumerate(dst_unique)}
+        rows = np.array([row_of[s] for s in src])
+        cols = np.array([col_of[s] for s in dst])
+        matrix = table[np.ix_(rows, cols)]
+        matrix.flags.writeable = False  # shared by every edge with the same specs
+        self._matrix_cache[key] = matrix
+        return matrix
+
+
+def _op_key(op: Operation) -> tuple[object, ...]:
+    """What an op's strategies depend on: its kind, parameters and types."""
+    return (op.name, tuple(op.properties.items()), tuple(op.operand_types), tuple(op.result_types))
+
+
+def _group_key(ops: list[Operation], alias: dict[SSAValue, SSAValue]) -> tuple[object, ...]:
+    """What a group's strategies depend on: its ops and how they feed each other
+    (per operand: the member and result it comes from, or outside)."""
+    position: dict[SSAValue, tuple[int, int]] = {}
+    key: list[object] = []
+    for i, op in enumerate(ops):
+        sources = tuple(position.get(alias.get(v, v)) for v in op.operands)
+        key.append((_op_key(op), sources))
+        for j, r in enumerate(op.results):
+            position[r] = (i, j)
+    return tuple(key)
 
 
 def value_local_bytes(value: SSAValue, spec: ShardingSpec, mesh_shape: Sequence[int]) -> int:
