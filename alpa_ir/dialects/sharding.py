@@ -124,9 +124,15 @@ class ShardingSpec:
         return body
 
     def to_attr(self) -> ShardingSpecAttr:
-        return ShardingSpecAttr(
-            ArrayAttr([ints_attr(d) for d in self.dims]), ints_attr(self.partial)
-        )
+        # Attributes are immutable: build each spec's once (planning writes
+        # tens of thousands of them).
+        attr = self.__dict__.get("_attr")
+        if attr is None:
+            attr = ShardingSpecAttr(
+                ArrayAttr([ints_attr(d) for d in self.dims]), ints_attr(self.partial)
+            )
+            object.__setattr__(self, "_attr", attr)
+        return attr  # type: ignore[no-any-return]
 
 
 @irdl_attr_definition
@@ -139,7 +145,11 @@ class ShardingSpecAttr(ParametrizedAttribute):
 
     @property
     def spec(self) -> ShardingSpec:
-        return ShardingSpec(tuple(ints_of(d) for d in self.dims.data), ints_of(self.partial))
+        spec = self.__dict__.get("_spec")  # immutable: decode once
+        if spec is None:
+            spec = ShardingSpec(tuple(ints_of(d) for d in self.dims.data), ints_of(self.partial))
+            object.__setattr__(self, "_spec", spec)
+        return spec  # type: ignore[no-any-return]
 
     @classmethod
     def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
@@ -328,10 +338,105 @@ class ReshardOp(CollectiveOp):
             raise VerifyException(f"{self.name}: operand and result types differ")
 
 
+# --------------------------------------------------------------------------
+# Synthesized reductions (P², ``synthesize-reductions``): an all-reduce over
+# mesh ``axes`` run as an explicit sequence of collectives over device groups.
+# --------------------------------------------------------------------------
+
+PROGRAM_COLLECTIVES = ("AllReduce", "ReduceScatter", "AllGather", "Reduce", "Broadcast")
+
+
+@irdl_attr_definition
+class StepAttr(ParametrizedAttribute):
+    """One step of a synthesized program: a collective over device groups,
+    ``#sharding.step<ReduceScatter [[0, 1], [2, 3]]>``. Groups list physical
+    device ids (the ids of ``mesh.logical_mesh``'s ``devices``); member ``i`` of a
+    group is its rank (the root of Reduce / Broadcast is member 0, ReduceScatter
+    gives member ``i`` the ``i``-th part). Devices in no group keep their buffer."""
+
+    name = "sharding.step"
+    collective: StringAttr
+    groups: ArrayAttr[DenseArrayBase]
+
+    @staticmethod
+    def make(collective: str, groups: Sequence[Sequence[int]]) -> StepAttr:
+        return StepAttr(StringAttr(collective), ArrayAttr([ints_attr(g) for g in groups]))
+
+    def group_lists(self) -> list[list[int]]:
+        return [list(ints_of(g)) for g in self.groups.data]
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
+        parser.parse_punctuation("<")
+        pos = parser.pos
+        collective = parser.parse_identifier()
+        if collective not in PROGRAM_COLLECTIVES:
+            parser.raise_error(
+                f"unknown collective '{collective}'; known: {', '.join(PROGRAM_COLLECTIVES)}",
+                pos,
+                parser.pos,
+            )
+
+        def parse_group() -> DenseArrayBase:
+            return ints_attr(
+                parser.parse_comma_separated_list(parser.Delimiter.SQUARE, parser.parse_integer)
+            )
+
+        groups = parser.parse_comma_separated_list(parser.Delimiter.SQUARE, parse_group)
+        parser.parse_punctuation(">")
+        return (StringAttr(collective), ArrayAttr(groups))
+
+    def print_parameters(self, printer: Printer) -> None:
+        groups = ", ".join("[" + ", ".join(map(str, g)) + "]" for g in self.group_lists())
+        printer.print_string(f"<{self.collective.data} [{groups}]>")
+
+    def verify(self) -> None:
+        if self.collective.data not in PROGRAM_COLLECTIVES:
+            raise VerifyException(f"sharding.step: unknown collective '{self.collective.data}'")
+        members = [d for g in self.group_lists() for d in g]
+        if not members or min(members) < 0 or len(set(members)) != len(members):
+            raise VerifyException("sharding.step: groups must be disjoint lists of device ids")
+
+
+@irdl_op_definition
+class AllReduceProgramOp(CollectiveOp):
+    """A sum over mesh ``axes`` (like ``sharding.all_reduce``) run as the synthesized
+    ``steps``; ``program`` names them in P²'s DSL. ``chunk_order``, when present,
+    gives per physical device the order its buffer's chunks end in (the buffer,
+    flattened, is as many equal chunks as the reduction group has devices): the
+    executor permutes them back into place after the last step."""
+
+    name = "sharding.all_reduce_program"
+    steps = prop_def(ArrayAttr[StepAttr])
+    program = opt_prop_def(StringAttr)
+    chunk_order = opt_prop_def(ArrayAttr[DenseArrayBase])
+    PROPERTY_ORDER: ClassVar[tuple[str, ...]] = ("axes", "program", "steps", "chunk_order")
+
+    @property
+    def step_list(self) -> list[tuple[str, list[list[int]]]]:
+        return [(s.collective.data, s.group_lists()) for s in self.steps.data]
+
+    @property
+    def chunk_orders(self) -> list[tuple[int, ...]] | None:
+        if self.chunk_order is None:
+            return None
+        return [ints_of(order) for order in self.chunk_order.data]
+
+    def verify_(self) -> None:
+        super().verify_()
+        if not self.steps.data:
+            raise VerifyException(f"{self.name}: needs at least one step")
+        orders = self.chunk_orders
+        if orders is not None:
+            k = len(orders[0]) if orders else 0
+            if any(sorted(o) != list(range(k)) for o in orders):
+                raise VerifyException(f"{self.name}: every chunk order must permute 0..{k - 1}")
+
+
 Sharding = Dialect(
     "sharding",
-    [AllReduceOp, AllGatherOp, ReduceScatterOp, AllToAllOp, ReshardOp],
-    [ShardingSpecAttr],
+    [AllReduceOp, AllGatherOp, ReduceScatterOp, AllToAllOp, ReshardOp, AllReduceProgramOp],
+    [ShardingSpecAttr, StepAttr],
 )
 
 __all__ = [
@@ -340,6 +445,7 @@ __all__ = [
     "STRATEGY_ATTR",
     "AllGatherOp",
     "AllReduceOp",
+    "AllReduceProgramOp",
     "AllToAllOp",
     "CollectiveOp",
     "ReduceScatterOp",
@@ -347,6 +453,7 @@ __all__ = [
     "Sharding",
     "ShardingSpec",
     "ShardingSpecAttr",
+    "StepAttr",
     "result_specs",
     "set_result_specs",
     "spec_attr",
