@@ -248,3 +248,24 @@ def test_solvers_are_plugins() -> None:
     registry = default_registry()
     assert {"cbc", "highs"} <= set(registry.solvers)
     assert registry.solvers["highs"]().name == "highs"
+
+
+def test_hopeless_elimination_is_not_tried() -> None:
+    """A dense graph: the estimate alone rules elimination out (no tables are
+    built); the solver then goes to the MIP (tested above)."""
+    from alpa_ir.solvers.elimination import estimated_work
+
+    rng = np.random.default_rng(3)
+    n, s = 24, 6
+    costs = tuple(rng.integers(0, 9, s).astype(float) for _ in range(n))
+    edges = tuple(
+        Edge(u, v, rng.integers(0, 9, (s, s)).astype(float))
+        for u in range(n)
+        for v in range(u + 1, n)
+    )
+    problem = ILPProblem(costs, edges)
+    core = presolve(problem).core
+    assert estimated_work(core) > 1e12
+    assert eliminate(core) is None
+    small = ILPProblem(costs[:5], tuple(e for e in edges if e.v < 5))
+    assert MipSolver("highs").solve(small).objective == pytest.approx(brute_force(small).objective)

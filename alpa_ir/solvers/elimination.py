@@ -242,6 +242,44 @@ class _Eliminator:
         return tuple(choice), self.constant
 
 
+def estimated_work(core: CoreProblem, limit: float = math.inf) -> float:
+    """An upper estimate of the work of eliminating the core, from its graph
+    alone (strategy counts, no classes), smallest table first; stops counting
+    once over ``limit``. Cheap: it spares hopeless eliminations (a graph of
+    many cycles, e.g. repeated layers tied into one)."""
+    size = [float(len(c)) for c in core.node_costs]
+    neighbours: list[set[int]] = [set() for _ in size]
+    for e in core.edges:
+        neighbours[e.u].add(e.v)
+        neighbours[e.v].add(e.u)
+
+    def table(u: int) -> float:
+        return size[u] * math.prod(size[v] for v in neighbours[u])
+
+    heap = [(table(u), u) for u in range(len(size))]
+    heapq.heapify(heap)
+    done = [False] * len(size)
+    work = 0.0
+    while heap and work <= limit:
+        t, u = heapq.heappop(heap)
+        if done[u] or t != table(u):
+            continue
+        done[u] = True
+        work += t * max(len(neighbours[u]), 1)
+        scope = neighbours[u]
+        for v in scope:
+            neighbours[v].discard(u)
+            neighbours[v] |= scope - {v}
+        for v in scope:
+            heapq.heappush(heap, (table(v), v))
+    return work
+
+
+HOPELESS = 1000.0
+"""Elimination is not tried when :func:`estimated_work` exceeds ``max_work``
+this many times (the estimate ignores class merging, which saves up to ~100x)."""
+
+
 def eliminate(
     core: CoreProblem, max_table: int = MAX_TABLE, max_work: float = MAX_WORK
 ) -> tuple[tuple[int, ...], float] | None:
@@ -249,4 +287,6 @@ def eliminate(
     every choice is forbidden), or None if the tables grow too large. The core
     must have no live sets."""
     assert not core.live_sets
+    if estimated_work(core, HOPELESS * max_work) > HOPELESS * max_work:
+        return None
     return _Eliminator(core, max_table, max_work).run()
