@@ -48,6 +48,9 @@ class AutoShardingOption:
     reduce_scatter: Literal["none", "zero2", "zero3"] = "zero2"
     """The post-ILP rewrite of gradient all-reduces (ZeRO-2 by default, as Alpa does)."""
     cost_model: str = "alpha-beta"
+    repeated_layers: Literal["auto", "share", "separate"] = "auto"
+    """One ILP variable for the copies of a node in identical layers ("share"),
+    none ("separate", exact), or "share" for large graphs only ("auto")."""
 
     def pipeline(self, num_micro_batches: int) -> str:
         opts = {
@@ -64,6 +67,7 @@ class AutoShardingOption:
             "force-data-parallel": self.force_data_parallel,
             "strategy-space": "heuristic" if self.heuristic else "ilp",
             "cost-model": self.cost_model,
+            "repeated-layers": self.repeated_layers,
             "compute-grad-scale": float(num_micro_batches),
         }
         text = " ".join(f"{k}={_option(v)}" for k, v in opts.items())

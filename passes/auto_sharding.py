@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
@@ -45,12 +45,17 @@ from alpa_ir.dialects.mesh import MESH_ATTR
 from alpa_ir.dialects.sharding import SPEC_ATTR, ShardingSpec, spec_of_value
 from alpa_ir.errors import AlpaError
 from alpa_ir.frontend.jaxpr_import import ALIASES_ATTR, BATCH_ATTR, DONATED_ATTR
+from alpa_ir.ilp import evaluate
 from alpa_ir.module_utils import main_function
 from alpa_ir.plugins.registry import registry_of
+from alpa_ir.solvers.repeated import tie_repeated
 from alpa_ir.step_partition import partition_step
 
 OBJECTIVE_ATTR = "sharding.objective"
 GROUP_ATTR = "sharding.group"
+SHARE_LAYERS_FROM = 1500
+"""Graph size from which ``repeated-layers=auto`` shares the variables of
+repeated layers (about 16 GPT layers: where exact elimination stops paying)."""
 REPLICATED_PARAMETER_PENALTY = 1e-6
 """Objective added for an input kept whole on every device (divided by its number of shards)."""
 
@@ -95,6 +100,12 @@ class AutoSharding(ModulePass):
     compute_grad_scale: float = 1.0
     """Weight of the ops before the gradient marker (the number of micro-batches)."""
     strategy_space: Literal["ilp", "data-parallel", "heuristic"] = "ilp"
+    repeated_layers: Literal["auto", "share", "separate"] = "auto"
+    """``share``: one ILP variable for the copies of a node in identical layers
+    (``alpa_ir.solvers.repeated``; the plan treats identical layers alike, the
+    objective is that plan's own); ``separate``: every node its own variable
+    (exact); ``auto``: share from SHARE_LAYERS_FROM nodes on, without a memory
+    budget."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         registry = registry_of(ctx)
@@ -162,7 +173,20 @@ class AutoSharding(ModulePass):
             coster=coster,
         )
         solver = registry.get("solvers", self.solver)()
-        solution = solver.solve(problem, time_limit=self.time_limit)
+        tied = None
+        if self.repeated_layers == "share" or (
+            self.repeated_layers == "auto" and len(graph.nodes) >= SHARE_LAYERS_FROM
+        ):
+            tied = tie_repeated(problem)
+        if tied is None:
+            solution = solver.solve(problem, time_limit=self.time_limit)
+        else:
+            shared = solver.solve(tied.problem, time_limit=self.time_limit)
+            choice = tied.expand(shared.choice)
+            solution = replace(shared, choice=choice, objective=evaluate(problem, choice))
+        function.attributes["sharding.num_variables"] = IntAttr(
+            tied.problem.num_nodes if tied is not None else problem.num_nodes
+        )
         apply_plan(function, graph, solution.choice, aliases_of(function))
         function.attributes[OBJECTIVE_ATTR] = FloatAttr(solution.objective, f64)
         function.attributes["sharding.solve_time"] = FloatAttr(solution.solve_time, f64)

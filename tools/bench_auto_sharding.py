@@ -5,7 +5,9 @@ and the baselines: data parallel, ZeRO-2, ZeRO-3, Megatron-style manual,
 Alpa's Heuristic), plan and compile the step on the local devices, run one
 step and compare it with the single-device step (rtol = atol = 1e-4; "exact"
 is ``acc`` when, with micro-batches, it equals only the one-device step with
-the same accumulation, as batch-norm models do), and
+the same accumulation, as batch-norm models do; with ``B`` micro-batches the
+step's batch is ``B`` times the tiny one, so each micro-batch has the rows of
+the one-batch step), and
 report the ILP objective, the bytes one device sends by the plan's explicit
 collectives (predicted) and by the collectives XLA compiled (measured, from
 ``alpa_ir.hlo_collectives``), and the time of the auto-sharding pass.
@@ -107,11 +109,15 @@ def measure(model: str, shape: tuple[int, int], kind: str, micro: int) -> Row:
     import numpy as np
 
     from alpa_ir.device_mesh import LogicalDeviceMesh
-    from alpa_ir.models import make_train_step
+    from alpa_ir.models import get_config, make_train_step
     from alpa_ir.parallel import parallelize
 
     row = Row(model, shape, kind, micro)
-    fn, args = make_train_step(model)
+    # With B micro-batches the step takes B times the tiny batch: each
+    # micro-batch keeps the rows of the one-batch step (as gradient
+    # accumulation is used), so data parallelism still splits them 8 ways.
+    config = get_config(model)
+    fn, args = make_train_step(replace(config, batch_size=config.batch_size * micro))
     want = jax.jit(fn)(*args)
     mesh = LogicalDeviceMesh(shape)
     try:
@@ -225,7 +231,8 @@ def _scaling(argv: argparse.Namespace) -> int:
 
         base = GPTConfig(51200, 12288, 96, 96, 1024, batch_size=1024)
     print(
-        f"{'layers':>6} {'mesh':6} {'ops':>7} {'nodes':>6} {'import s':>8} {'plan s':>8} {'solve s':>8}"
+        f"{'layers':>6} {'mesh':6} {'ops':>7} {'nodes':>6} {'vars':>6} {'import s':>8} "
+        f"{'plan s':>8} {'solve s':>8} {'objective':>12}"
     )
     for layers in argv.layers:
         config = replace(base, num_layers=layers)
@@ -243,17 +250,20 @@ def _scaling(argv: argparse.Namespace) -> int:
             function.attributes["mesh.mesh"] = FlatSymbolRefAttr("mesh")
             ops = len(list(function.body.block.ops))
             pipeline = (
-                f"builtin.module(merge-trivial-ops,auto-sharding{{time-limit={argv.time_limit}}})"
+                "builtin.module(merge-trivial-ops,auto-sharding{"
+                f"time-limit={argv.time_limit} repeated-layers={argv.repeated_layers}}})"
             )
             start = time.perf_counter()
             try:
                 PassManager(default_registry(), pipeline).run(module)
                 nodes = function.attributes["sharding.num_nodes"].data  # type: ignore[attr-defined]
+                variables = function.attributes["sharding.num_variables"].data  # type: ignore[attr-defined]
+                objective = function.attributes["sharding.objective"].value.data  # type: ignore[attr-defined]
                 solve = function.attributes["sharding.solve_time"].value.data  # type: ignore[attr-defined]
                 planned = time.perf_counter() - start
                 print(
-                    f"{layers:6} {'x'.join(map(str, shape)):6} {ops:7} {nodes:6} {imported:8.1f} "
-                    f"{planned:8.1f} {solve:8.1f}",
+                    f"{layers:6} {'x'.join(map(str, shape)):6} {ops:7} {nodes:6} {variables:6} "
+                    f"{imported:8.1f} {planned:8.1f} {solve:8.1f} {objective:12.6g}",
                     flush=True,
                 )
             except Exception as exc:
@@ -288,6 +298,12 @@ def main(args: list[str] | None = None) -> int:
     s.add_argument("--layers", nargs="+", type=int, default=[2, 8, 24, 96])
     s.add_argument("--meshes", nargs="+", type=_shape, default=[(2, 4), (8, 8)])
     s.add_argument("--time-limit", type=float, default=600.0)
+    s.add_argument(
+        "--repeated-layers",
+        choices=("auto", "share", "separate"),
+        default="auto",
+        help="share the ILP variables of identical layers (auto: for large graphs)",
+    )
     argv = parser.parse_args(args)
     if argv.mode == "scaling":
         return _scaling(argv)
