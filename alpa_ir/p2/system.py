@@ -162,9 +162,14 @@ PRESETS = {
 
 
 def get_system(name: str) -> System:
-    """A preset system by name; an unknown name raises AlpaError listing the known ones."""
+    """A preset system by name, or ``custom-AxBx..`` for :func:`custom_system` with these
+    cardinalities (its own name); an unknown name raises AlpaError listing the known ones."""
     if name not in PRESETS:
-        raise AlpaError(f"unknown system {name!r}; known: {', '.join(sorted(PRESETS))}")
+        cards = name.removeprefix("custom-").split("x")
+        if name.startswith("custom-") and all(c.isdigit() and int(c) > 0 for c in cards):
+            return custom_system([int(c) for c in cards])
+        known = ", ".join(sorted(PRESETS))
+        raise AlpaError(f"unknown system {name!r}; known: {known} (or custom-AxB..)")
     return PRESETS[name]()
 
 
