@@ -28,6 +28,7 @@ from alpa_ir.dialects.lax import ConstantOp, LaxOp, PrimitiveOp
 from alpa_ir.dialects.sharding import (
     AllGatherOp,
     AllReduceOp,
+    AllReduceProgramOp,
     AllToAllOp,
     ReduceScatterOp,
     ReshardOp,
@@ -84,11 +85,17 @@ class _LocalEvaluator:
     """Evaluates @main's ops on local blocks inside ``shard_map``."""
 
     def __init__(
-        self, function: func.FuncOp, mesh_shape: Sequence[int], names: Sequence[str]
+        self,
+        function: func.FuncOp,
+        mesh_shape: Sequence[int],
+        names: Sequence[str],
+        positions: dict[int, int] | None = None,
     ) -> None:
         self.function = function
         self.mesh_shape = tuple(mesh_shape)
         self.names = tuple(names)
+        # device id (index into jax.devices()) -> row-major position in the mesh
+        self.positions = positions or {}
 
     def axis_names(self, axes: Sequence[int]) -> Any:
         picked = tuple(self.names[a] for a in axes)
@@ -147,6 +154,13 @@ class _LocalEvaluator:
                 op.reduction
             ]
             return [collective(xs[0], self.axis_names(op.mesh_axes))]
+        if isinstance(op, AllReduceProgramOp):
+            from alpa_ir.backends.program_collectives import run_program
+
+            group_size = 1
+            for a in op.mesh_axes:
+                group_size *= self.mesh_shape[a]
+            return [run_program(xs[0], op, self.names, self.positions, group_size)]
         if isinstance(op, AllGatherOp):
             return [
                 lax.all_gather(
@@ -221,7 +235,9 @@ def compile_spmd(
     from jax.sharding import NamedSharding
 
     mesh_shape = tuple(mesh.devices.shape)
-    evaluator = _LocalEvaluator(function, mesh_shape, names)
+    all_devices = jax.devices()
+    positions = {all_devices.index(d): k for k, d in enumerate(mesh.devices.flat)}
+    evaluator = _LocalEvaluator(function, mesh_shape, names, positions)
     block = function.body.block
     in_specs = tuple(
         _with_micro_batch_dim(
