@@ -27,8 +27,16 @@ def alpa_ir_passes() -> Sequence[type]:
     from alpa_ir.passes.auto_sharding import AutoSharding
     from alpa_ir.passes.merge_trivial_ops import MergeTrivialOps
     from alpa_ir.passes.reduce_scatter_rewrite import ReduceScatterRewrite
+    from alpa_ir.passes.synthesize_placement import SynthesizePlacement
+    from alpa_ir.passes.synthesize_reductions import SynthesizeReductions
 
-    return [MergeTrivialOps, AutoSharding, ReduceScatterRewrite]
+    return [
+        MergeTrivialOps,
+        AutoSharding,
+        ReduceScatterRewrite,
+        SynthesizePlacement,
+        SynthesizeReductions,
+    ]
 
 
 @hookimpl
