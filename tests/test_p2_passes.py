@@ -6,6 +6,7 @@ plain all-reduce (the numerical oracle)."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -13,6 +14,7 @@ import pytest
 
 from alpa_ir.backends.spmd import compile_spmd
 from alpa_ir.backends.xla import jax_mesh, mesh_axis_names
+from alpa_ir.collective_accounting import hlo_collectives
 from alpa_ir.context import make_context
 from alpa_ir.dialects.lax_params import ints_of
 from alpa_ir.dialects.mesh import LogicalMeshOp
@@ -30,6 +32,7 @@ from alpa_ir.p2.system import custom_system, get_system
 from alpa_ir.pass_manager import PassManager
 from alpa_ir.passes.synthesize_placement import rank_placements
 from alpa_ir.plugins.registry import default_registry
+from alpa_ir.tools.alpa_opt import main as alpa_opt_main
 
 
 def _spec(mesh_rank: int) -> str:
@@ -353,3 +356,46 @@ def test_program_op_rejects_malformed_steps(steps: str, message: str) -> None:
     body = f"    %0 = sharding.all_reduce_program %x {{axes = array<i64: 1>, {steps}}} : TY"
     with pytest.raises(AlpaError, match=message):
         parse_module(_module((2, 4), body))
+
+
+def test_compiled_hlo_runs_the_program_steps_over_their_groups() -> None:
+    """XLA compiles each step into one collective of its kind over its replica groups (in
+    mesh positions: the placed mesh's devices are not in id order)."""
+    block = (256, 1024)
+    out = _run(
+        "synthesize-placement{system=custom-2x4},synthesize-reductions",
+        _all_reduce((2, 4), (0, 1), block=block, devices=[0, 1, 4, 5, 2, 3, 6, 7]),
+    )
+    module = parse_module(out)
+    op = next(o for o in main_function(module).body.walk() if isinstance(o, AllReduceProgramOp))
+    mesh_op = next(o for o in module.ops if isinstance(o, LogicalMeshOp))
+    position = {d: k for k, d in enumerate(mesh_op.device_ids)}
+    run, shardings = compile_spmd(
+        module, main_function(module), jax_mesh(mesh_op), mesh_axis_names(mesh_op)
+    )
+    x = jax.device_put([_random_input((2, 4), block, 0)], list(shardings))
+    records = hlo_collectives(run.lower(*x).compile().as_text())
+    kinds = {
+        "AllReduce": "all-reduce",
+        "ReduceScatter": "reduce-scatter",
+        "AllGather": "all-gather",
+    }
+    assert [r.kind for r in records] == [kinds[name] for name, _ in op.step_list]
+    for record, (_, groups) in zip(records, op.step_list, strict=True):
+        want = sorted(tuple(position[d] for d in g) for g in groups)
+        assert sorted(record.replica_groups) == want
+
+
+def test_alpa_opt_reports_a_bad_reduction_axis_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "bad-axis.mlir"
+    path.write_text(_all_reduce((2, 4), (3,)))
+    pipeline = "synthesize-reductions{system=custom-2x4}"
+    code = alpa_opt_main([str(path), "-p", pipeline, "--reproducer-dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err
+    assert err.splitlines()[0] == (
+        "alpa-opt: error: synthesize-reductions: sharding.all_reduce reduces over mesh axes "
+        "[3], out of range for the 2-d mesh [2, 4]"
+    )
