@@ -24,6 +24,8 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import FloatAttr, ModuleOp, f64
 from xdsl.passes import ModulePass
 
+from alpa_ir.dialects.sharding import AllReduceProgramOp
+from alpa_ir.errors import AlpaError
 from alpa_ir.module_utils import main_function
 from alpa_ir.p2.choice import ChoiceOptions, collective_time
 from alpa_ir.p2.ir_collectives import MeshCollective, mesh_collectives
@@ -93,6 +95,11 @@ class SynthesizePlacement(ModulePass):
         options = ChoiceOptions(self.max_size, self.algorithm)
         options.check(self.name)
         function = main_function(op)
+        if any(isinstance(o, AllReduceProgramOp) for o in function.body.walk()):
+            raise AlpaError(
+                f"{self.name}: @main already has synthesized reductions, whose device groups "
+                "fix the placement; run synthesize-placement before synthesize-reductions"
+            )
         mesh = logical_mesh(op, function, self.name)
         system = mesh_system(op, mesh, self.system, self.name)
         check_mesh_fits(mesh, system, self.name)

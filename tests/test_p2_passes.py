@@ -292,6 +292,12 @@ def test_best_program_is_the_fastest_executable_one() -> None:
 # --------------------------------------------------------------------------- bad input
 
 
+def test_placement_refuses_modules_with_synthesized_reductions() -> None:
+    rewritten = _run("synthesize-reductions{system=custom-2x4}", _all_reduce((2, 4), (0,)))
+    with pytest.raises(AlpaError, match="run synthesize-placement before synthesize-reductions"):
+        _run("synthesize-placement{system=custom-2x4}", rewritten)
+
+
 @pytest.mark.parametrize(
     ("pipeline", "text", "message"),
     [
