@@ -27,7 +27,7 @@ from xdsl.passes import ModulePass
 from alpa_ir.dialects.sharding import AllReduceProgramOp
 from alpa_ir.errors import AlpaError
 from alpa_ir.module_utils import main_function
-from alpa_ir.p2.choice import ChoiceOptions, collective_time
+from alpa_ir.p2.choice import ChoiceOptions, axis_groups, collective_time
 from alpa_ir.p2.ir_collectives import MeshCollective, mesh_collectives
 from alpa_ir.p2.ir_system import (
     SYSTEM_ATTR,
@@ -37,7 +37,6 @@ from alpa_ir.p2.ir_system import (
     place_mesh,
 )
 from alpa_ir.p2.placement import ParallelismMatrix, device_array, enumerate_matrices
-from alpa_ir.p2.semantics import Collective
 from alpa_ir.p2.simulator import Simulator, default_bytes
 from alpa_ir.p2.system import System
 
@@ -52,6 +51,12 @@ def placement_time(
     sim: Simulator,
     options: ChoiceOptions,
 ) -> float:
+    """Predicted seconds of ``collectives`` on ``matrix``; without any, a plain all-reduce
+    of the paper's data size over each mesh axis alone."""
+    if not collectives:
+        nbytes = default_bytes(system)
+        axes = range(len(matrix.rows))
+        return sum(sim.allreduce_time(axis_groups(matrix, (a,)), nbytes) for a in axes)
     return sum(collective_time(system, matrix, c, sim, options.max_size) for c in collectives)
 
 
@@ -62,11 +67,6 @@ def rank_placements(
     options: ChoiceOptions,
 ) -> list[tuple[ParallelismMatrix, float]]:
     """Every matrix with its predicted time, in enumeration order."""
-    if not collectives:  # no explicit collectives: a plain all-reduce over every axis
-        nbytes = default_bytes(system)
-        collectives = [
-            MeshCollective(Collective.ALL_REDUCE, (a,), nbytes) for a in range(len(mesh_shape))
-        ]
     sim = Simulator(system, options.algorithm)
     return [
         (matrix, placement_time(system, matrix, collectives, sim, options))
