@@ -27,7 +27,7 @@ from xdsl.passes import ModulePass
 from alpa_ir.dialects.sharding import AllReduceProgramOp
 from alpa_ir.errors import AlpaError
 from alpa_ir.module_utils import main_function
-from alpa_ir.p2.choice import ChoiceOptions, axis_groups, collective_time
+from alpa_ir.p2.choice import ChoiceOptions, ReductionPricer, axis_groups
 from alpa_ir.p2.ir_collectives import MeshCollective, mesh_collectives
 from alpa_ir.p2.ir_system import (
     SYSTEM_ATTR,
@@ -37,7 +37,7 @@ from alpa_ir.p2.ir_system import (
     place_mesh,
 )
 from alpa_ir.p2.placement import ParallelismMatrix, device_array, enumerate_matrices
-from alpa_ir.p2.simulator import Simulator, default_bytes
+from alpa_ir.p2.simulator import default_bytes
 from alpa_ir.p2.system import System
 
 TIME_ATTR = "p2.predicted_time"
@@ -45,19 +45,15 @@ TIME_ATTR = "p2.predicted_time"
 
 
 def placement_time(
-    system: System,
-    matrix: ParallelismMatrix,
-    collectives: list[MeshCollective],
-    sim: Simulator,
-    options: ChoiceOptions,
+    matrix: ParallelismMatrix, collectives: list[MeshCollective], pricer: ReductionPricer
 ) -> float:
     """Predicted seconds of ``collectives`` on ``matrix``; without any, a plain all-reduce
     of the paper's data size over each mesh axis alone."""
     if not collectives:
-        nbytes = default_bytes(system)
-        axes = range(len(matrix.rows))
-        return sum(sim.allreduce_time(axis_groups(matrix, (a,)), nbytes) for a in axes)
-    return sum(collective_time(system, matrix, c, sim, options.max_size) for c in collectives)
+        nbytes = default_bytes(pricer.system)
+        groups = [axis_groups(matrix, (a,)) for a in range(len(matrix.rows))]
+        return sum(pricer.sim.allreduce_time(g, nbytes) for g in groups)
+    return sum(pricer.collective_time(matrix, c) for c in collectives)
 
 
 def rank_placements(
@@ -67,9 +63,9 @@ def rank_placements(
     options: ChoiceOptions,
 ) -> list[tuple[ParallelismMatrix, float]]:
     """Every matrix with its predicted time, in enumeration order."""
-    sim = Simulator(system, options.algorithm)
+    pricer = ReductionPricer(system, options.algorithm, options.max_size)
     return [
-        (matrix, placement_time(system, matrix, collectives, sim, options))
+        (matrix, placement_time(matrix, collectives, pricer))
         for matrix in enumerate_matrices(system.hierarchy, mesh_shape)
     ]
 

@@ -26,11 +26,10 @@ from xdsl.rewriter import Rewriter
 from alpa_ir.dialects.lax_params import ints_attr
 from alpa_ir.dialects.sharding import AllReduceOp, AllReduceProgramOp, StepAttr
 from alpa_ir.module_utils import main_function
-from alpa_ir.p2.choice import ChoiceOptions, best_program
+from alpa_ir.p2.choice import ChoiceOptions, ReductionPricer
 from alpa_ir.p2.ir_collectives import check_axes, local_bytes
 from alpa_ir.p2.ir_system import logical_mesh, mesh_matrix, mesh_system
 from alpa_ir.p2.lowering import LoweredProgram, check_lowered
-from alpa_ir.p2.simulator import Simulator
 
 TIME_ATTR = "p2.predicted_time"
 """Op attribute: the predicted seconds of the chosen program."""
@@ -79,13 +78,13 @@ class SynthesizeReductions(ModulePass):
         system = mesh_system(op, mesh, self.system, self.name)
         matrix = mesh_matrix(mesh, system, self.name)
         shape = mesh.mesh_shape
-        sim = Simulator(system, options.algorithm)
+        pricer = ReductionPricer(system, options.algorithm, options.max_size)
         for ar in [o for o in function.body.walk() if isinstance(o, AllReduceOp)]:
             check_axes(ar, shape, self.name)
             if ar.reduction != "sum" or all(shape[a] == 1 for a in ar.mesh_axes):
                 continue
             nbytes = local_bytes(ar, function, shape)
-            lowered, time = best_program(system, matrix, ar.mesh_axes, nbytes, sim, self.max_size)
+            lowered, time = pricer.best(matrix, ar.mesh_axes, nbytes)
             check_lowered(lowered, system.num_devices)
             new = program_op(ar, lowered, system.num_devices)
             new.attributes[TIME_ATTR] = FloatAttr(time, f64)

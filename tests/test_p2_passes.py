@@ -22,7 +22,7 @@ from alpa_ir.dialects.sharding import AllReduceProgramOp
 from alpa_ir.errors import AlpaError
 from alpa_ir.ir_text import parse_module, print_module
 from alpa_ir.module_utils import main_function
-from alpa_ir.p2.choice import ChoiceOptions, best_program, spmd_executable
+from alpa_ir.p2.choice import ChoiceOptions, ReductionPricer, spmd_executable
 from alpa_ir.p2.explore import ExploreOptions, explore
 from alpa_ir.p2.ir_collectives import mesh_collectives
 from alpa_ir.p2.ir_system import SYSTEM_ATTR
@@ -280,18 +280,22 @@ def test_max_all_reduce_and_size_one_axes_are_left_alone() -> None:
     assert out.count("sharding.all_reduce %") == 2
 
 
-def test_best_program_is_the_fastest_executable_one() -> None:
-    system = get_system("gcp-a100-16x2")
-    matrix = ParallelismMatrix(((2, 1), (1, 16)))
-    sim = Simulator(system)
-    _, time = best_program(system, matrix, (0, 1), 2**26, sim, 5)
-    [result] = [
-        r
-        for r in explore(system, (2, 16), (0, 1), ExploreOptions(bytes_per_device=2**26))
-        if r.matrix == matrix
-    ]
-    times = [p.time for p in result.programs if spmd_executable(p.lowered, 32)]
-    assert time == pytest.approx(min(times))  # type: ignore[type-var]
+@pytest.mark.parametrize("algorithm", ["ring", "tree"])
+def test_best_program_is_the_fastest_executable_one(algorithm: str) -> None:
+    """The pricer's affine times equal the simulator's, from latency-bound to
+    bandwidth-bound sizes, and it picks the fastest SPMD-executable program."""
+    system = get_system("gcp-v100-8x2")
+    matrix = ParallelismMatrix(((2, 1), (1, 8)))
+    pricer = ReductionPricer(system, algorithm, 5)
+    for nbytes in (64.0, 2.0**16, 2.0**26):
+        lowered, time = pricer.best(matrix, (0, 1), nbytes)
+        options = ExploreOptions(algorithm=algorithm, bytes_per_device=nbytes)
+        [result] = [r for r in explore(system, (2, 8), (0, 1), options) if r.matrix == matrix]
+        timed = {p.instructions: p.time for p in result.programs}
+        executable = [p.time for p in result.programs if spmd_executable(p.lowered, 16)]
+        fastest = min(t for t in executable if t is not None)
+        assert time == pytest.approx(timed[lowered.instructions], rel=1e-9)
+        assert time == pytest.approx(fastest, rel=1e-9)
 
 
 # --------------------------------------------------------------------------- bad input

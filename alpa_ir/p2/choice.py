@@ -45,29 +45,60 @@ def spmd_executable(lowered: LoweredProgram, num_devices: int) -> bool:
     return True
 
 
-def best_program(
-    system: System,
-    matrix: ParallelismMatrix,
-    axes: tuple[int, ...],
-    nbytes: float,
-    sim: Simulator,
-    max_size: int,
-) -> tuple[LoweredProgram, float]:
-    """The fastest SPMD-executable synthesized program of an all-reduce over mesh ``axes``
-    placed with ``matrix``, and its predicted time (ties: the smaller, earlier program)."""
-    layout = reduction_layout(matrix, axes, system.level_names)
-    hierarchy = synthesis_hierarchy(layout)
-    best: tuple[LoweredProgram, float] | None = None
-    for program in synthesize(hierarchy, max_size):
-        lowered = lower(program, hierarchy, layout)
-        if not spmd_executable(lowered, system.num_devices):
-            continue
-        steps = [(s.collective, s.groups) for s in lowered.steps]
-        time = sim.program_time(steps, nbytes)
-        if best is None or time < best[1]:
-            best = (lowered, time)
-    assert best is not None  # one AllReduce over the whole group is always a program
-    return best
+class ReductionPricer:
+    """The fastest SPMD-executable synthesized program of an all-reduce over some mesh axes
+    of a placed mesh, for any bytes per device.
+
+    A program's predicted time is affine in the bytes per device: every device starts with
+    the same size, every step's latency is fixed and its loads scale with the sizes. So each
+    (matrix, axes) pair is synthesized, lowered and simulated once (at 0 and 1 byte), and a
+    query is a minimum over ``a + b * bytes``. Caches live in the instance: make one per use.
+    """
+
+    def __init__(self, system: System, algorithm: str, max_size: int) -> None:
+        self.system = system
+        self.sim = Simulator(system, algorithm)
+        self.max_size = max_size
+        self._lines: dict[tuple, list[tuple[LoweredProgram, float, float]]] = {}
+
+    def _programs(
+        self, matrix: ParallelismMatrix, axes: tuple[int, ...]
+    ) -> list[tuple[LoweredProgram, float, float]]:
+        key = (matrix, axes)
+        if key not in self._lines:
+            layout = reduction_layout(matrix, axes, self.system.level_names)
+            hierarchy = synthesis_hierarchy(layout)
+            lines = []
+            for program in synthesize(hierarchy, self.max_size):
+                lowered = lower(program, hierarchy, layout)
+                if spmd_executable(lowered, self.system.num_devices):
+                    steps = [(s.collective, s.groups) for s in lowered.steps]
+                    fixed = self.sim.program_time(steps, 0.0)
+                    lines.append((lowered, fixed, self.sim.program_time(steps, 1.0) - fixed))
+            self._lines[key] = lines
+        return self._lines[key]
+
+    def best(
+        self, matrix: ParallelismMatrix, axes: tuple[int, ...], nbytes: float
+    ) -> tuple[LoweredProgram, float]:
+        """The fastest program and its predicted time (ties: the smaller, earlier one)."""
+        best: tuple[LoweredProgram, float] | None = None
+        for lowered, fixed, per_byte in self._programs(matrix, tuple(axes)):
+            time = fixed + per_byte * nbytes
+            if best is None or time < best[1]:
+                best = (lowered, time)
+        assert best is not None  # one AllReduce over the whole group is always a program
+        return best
+
+    def collective_time(self, matrix: ParallelismMatrix, coll: MeshCollective) -> float:
+        """Predicted seconds of one collective: an all-reduce by its best program, the others
+        as one step over their groups."""
+        groups = axis_groups(matrix, coll.axes)
+        if groups.shape[1] < 2:
+            return 0.0
+        if coll.kind is Collective.ALL_REDUCE:
+            return self.best(matrix, coll.axes, coll.nbytes)[1]
+        return self.sim.program_time([(coll.kind, groups)], coll.nbytes)
 
 
 def axis_groups(matrix: ParallelismMatrix, axes: tuple[int, ...]) -> np.ndarray:
@@ -76,20 +107,3 @@ def axis_groups(matrix: ParallelismMatrix, axes: tuple[int, ...]) -> np.ndarray:
     keep = [a for a in range(ids.ndim) if a not in axes]
     size = int(np.prod([ids.shape[a] for a in axes]))
     return ids.transpose(keep + list(axes)).reshape(-1, size)
-
-
-def collective_time(
-    system: System,
-    matrix: ParallelismMatrix,
-    coll: MeshCollective,
-    sim: Simulator,
-    max_size: int,
-) -> float:
-    """Predicted seconds of one collective: an all-reduce by its best program, the others
-    as one step over their groups."""
-    groups = axis_groups(matrix, coll.axes)
-    if groups.shape[1] < 2:
-        return 0.0
-    if coll.kind is Collective.ALL_REDUCE:
-        return best_program(system, matrix, coll.axes, coll.nbytes, sim, max_size)[1]
-    return sim.program_time([(coll.kind, groups)], coll.nbytes)
