@@ -11,7 +11,9 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from zoo_fixtures import max_abs_diff, reference_outputs, tiny_step
 
+from alpa_ir import import_jax
 from alpa_ir.backends.spmd import compile_spmd
 from alpa_ir.backends.xla import jax_mesh, mesh_axis_names
 from alpa_ir.collective_accounting import hlo_collectives
@@ -414,3 +416,28 @@ def test_alpa_opt_reports_a_bad_reduction_axis_in_one_line(
         "alpa-opt: error: synthesize-reductions: sharding.all_reduce reduces over mesh axes "
         "[3], out of range for the 2-d mesh [2, 4]"
     )
+
+
+def test_auto_sharded_training_step_with_p2_passes_equals_one_device() -> None:
+    """End to end: an MLP training step, auto-sharded on a 2x4 mesh, placed and with its
+    gradient all-reduces synthesized on 2 nodes of 4, runs on the 8 CPU devices and gives
+    the single-device step's loss and parameters."""
+    fn, args = tiny_step("mlp-tiny")
+    module = import_jax(fn, *args, donate_argnums=(0,), batch_argnums=(1,))
+    pipeline = (
+        "builtin.module(merge-trivial-ops,auto-sharding{mesh-shape=2,4},"
+        "synthesize-placement{system=custom-2x4},synthesize-reductions)"
+    )
+    PassManager(default_registry(), pipeline).run(module)
+    text = print_module(module)
+    assert "sharding.all_reduce_program" in text and "sharding.all_reduce " not in text
+    parsed = parse_module(text)
+    mesh_op = next(o for o in parsed.ops if isinstance(o, LogicalMeshOp))
+    assert list(mesh_op.device_ids) != list(range(8))  # a placement other than row-major
+    run, shardings = compile_spmd(
+        parsed, main_function(parsed), jax_mesh(mesh_op), mesh_axis_names(mesh_op)
+    )
+    outs = run(*jax.device_put(jax.tree.leaves(args), list(shardings)))
+    want = reference_outputs("mlp-tiny")
+    got = jax.tree.unflatten(jax.tree.structure(want), list(outs))
+    assert max_abs_diff(got, want) <= 1e-4
