@@ -14,9 +14,10 @@ import pytest
 from zoo_fixtures import max_abs_diff, reference_outputs, tiny_step
 
 from alpa_ir import import_jax
+from alpa_ir.autosharding.plan_bytes import predicted_collectives
 from alpa_ir.backends.spmd import compile_spmd
 from alpa_ir.backends.xla import jax_mesh, mesh_axis_names
-from alpa_ir.collective_accounting import hlo_collectives
+from alpa_ir.collective_accounting import hlo_collectives, total_wire_bytes
 from alpa_ir.context import make_context
 from alpa_ir.dialects.lax_params import ints_of
 from alpa_ir.dialects.mesh import LogicalMeshOp
@@ -401,6 +402,33 @@ def test_compiled_hlo_runs_the_program_steps_over_their_groups() -> None:
     for record, (_, groups) in zip(records, op.step_list, strict=True):
         want = sorted(tuple(position[d] for d in g) for g in groups)
         assert sorted(record.replica_groups) == want
+
+
+def test_predicted_wire_bytes_count_the_program_steps_as_compiled() -> None:
+    """plan_bytes counts a synthesized all-reduce step by step: the bytes one device sends
+    equal those of the collectives XLA compiled (a block not divisible by the group size is
+    padded as the executor pads it)."""
+    block = (255, 1023)
+    out = _run(
+        "synthesize-placement{system=custom-2x4},synthesize-reductions",
+        _all_reduce((2, 4), (0, 1), block=block, devices=[0, 1, 4, 5, 2, 3, 6, 7]),
+    )
+    module = parse_module(out)
+    function = main_function(module)
+    op = next(o for o in function.body.walk() if isinstance(o, AllReduceProgramOp))
+    assert len(op.step_list) > 1
+    predicted = predicted_collectives(function, (2, 4))
+    assert [c.kind for c in predicted] == [
+        {"AllReduce": "all-reduce", "ReduceScatter": "reduce-scatter"}.get(name, "all-gather")
+        for name, _ in op.step_list
+    ]
+    mesh_op = next(o for o in module.ops if isinstance(o, LogicalMeshOp))
+    run, shardings = compile_spmd(module, function, jax_mesh(mesh_op), mesh_axis_names(mesh_op))
+    x = jax.device_put([_random_input((2, 4), block, 0)], list(shardings))
+    measured = total_wire_bytes(hlo_collectives(run.lower(*x).compile().as_text()), 8)
+    assert sum(c.wire_bytes for c in predicted) == pytest.approx(measured)
+    counted = predicted_collectives(function, (2, 4), frozenset([op]), num_micro_batches=3)
+    assert sum(c.wire_bytes for c in counted) == pytest.approx(3 * measured)
 
 
 def test_alpa_opt_reports_a_bad_reduction_axis_in_one_line(

@@ -7,6 +7,13 @@ the all-gather's result, the reduce-scatter's and all-to-all's operand) and
 the bytes one device sends in a ring, the measure compared with the
 collectives XLA compiled (``alpa_ir.hlo_collectives``). Ops that run once per
 micro-batch count ``num_micro_batches`` times.
+
+A synthesized all-reduce (``sharding.all_reduce_program``, from ``synthesize-reductions``)
+counts step by step, as the SPMD executor runs it: its buffer is the operand's local block
+padded to a multiple of the reduction group size; an AllReduce step is an all-reduce of the
+buffer over the step's group size, a ReduceScatter a reduce-scatter (the buffer shrinks by
+the group size), an AllGather an all-gather (it grows back), and a Reduce or Broadcast an
+all-reduce of the buffer over its groups (``backends/program_collectives.py``).
 """
 
 from __future__ import annotations
@@ -22,11 +29,13 @@ from alpa_ir.autosharding.graph import value_local_bytes
 from alpa_ir.dialects.sharding import (
     AllGatherOp,
     AllReduceOp,
+    AllReduceProgramOp,
     AllToAllOp,
     CollectiveOp,
     ReduceScatterOp,
     spec_of_value,
 )
+from alpa_ir.ir_types import dtype_of
 
 _KINDS: dict[type, str] = {
     AllReduceOp: "all-reduce",
@@ -60,6 +69,10 @@ def predicted_collectives(
     per-micro-batch part of the step) count ``num_micro_batches`` times."""
     out = []
     for op in function.body.block.ops:
+        if isinstance(op, AllReduceProgramOp):
+            count = num_micro_batches if op in repeated else 1
+            out += program_collectives(op, function, mesh_shape, count)
+            continue
         kind = _KINDS.get(type(op))
         if kind is None or not isinstance(op, CollectiveOp):
             continue
@@ -70,4 +83,34 @@ def predicted_collectives(
         nbytes = value_local_bytes(value, spec_of_value(value, function), mesh_shape)
         count = num_micro_batches if op in repeated else 1
         out.append(PredictedCollective(kind, nbytes, n, count))
+    return out
+
+
+_STEP_KINDS = {
+    "AllReduce": "all-reduce",
+    "Reduce": "all-reduce",
+    "Broadcast": "all-reduce",
+    "ReduceScatter": "reduce-scatter",
+    "AllGather": "all-gather",
+}
+
+
+def program_collectives(
+    op: AllReduceProgramOp, function: func.FuncOp, mesh_shape: Sequence[int], count: int
+) -> list[PredictedCollective]:
+    """The collectives the steps of a synthesized all-reduce run (see the module doc)."""
+    k = math.prod(mesh_shape[a] for a in op.mesh_axes)
+    local = value_local_bytes(op.input, spec_of_value(op.input, function), mesh_shape)
+    itemsize = dtype_of(op.input.type).itemsize
+    elements = -(-local // itemsize)
+    buffer = -(-elements // k) * k * itemsize  # padded to a multiple of the group size
+    out = []
+    for name, groups in op.step_list:
+        m = max(len(g) for g in groups)
+        if name == "AllGather":
+            buffer *= m
+        if m > 1:
+            out.append(PredictedCollective(_STEP_KINDS[name], buffer, m, count))
+        if name == "ReduceScatter":
+            buffer //= m
     return out
