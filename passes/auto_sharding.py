@@ -30,6 +30,7 @@ from xdsl.dialects.builtin import (
     FloatAttr,
     IntAttr,
     ModuleOp,
+    SymbolRefAttr,
     f64,
 )
 from xdsl.ir import SSAValue
@@ -41,12 +42,12 @@ from alpa_ir.autosharding.problem import Aliasing, build_problem
 from alpa_ir.autosharding.resharding import INF, ReshardCoster, ReshardOptions
 from alpa_ir.device_mesh import LogicalDeviceMesh, function_mesh
 from alpa_ir.dialects.lax_params import ints_of
-from alpa_ir.dialects.mesh import MESH_ATTR
+from alpa_ir.dialects.mesh import MESH_ATTR, LogicalMeshOp
 from alpa_ir.dialects.sharding import SPEC_ATTR, ShardingSpec, spec_of_value
 from alpa_ir.errors import AlpaError
 from alpa_ir.frontend.jaxpr_import import ALIASES_ATTR, BATCH_ATTR, DONATED_ATTR
 from alpa_ir.ilp import evaluate
-from alpa_ir.module_utils import main_function
+from alpa_ir.module_utils import main_function, symbol_op
 from alpa_ir.plugins.registry import registry_of
 from alpa_ir.solvers.repeated import tie_repeated
 from alpa_ir.step_partition import partition_step
@@ -95,6 +96,9 @@ class AutoSharding(ModulePass):
     and the weight update sharded wherever that shards optimizer state."""
     force_data_parallel: bool = False
     cost_model: str = "alpha-beta"
+    system: str = ""
+    """For a cost model that prices on the hardware (``p2``): the system preset (e.g.
+    gcp-a100-16x4); empty: the mesh's ``p2.system`` or its cluster. Other models ignore it."""
     mesh_shape: tuple[int, ...] = ()
     """Used when @main names no mesh: the logical mesh to plan for (α = 1, β = 1, 0.1, ...)."""
     compute_grad_scale: float = 1.0
@@ -122,6 +126,13 @@ class AutoSharding(ModulePass):
             op.body.block.insert_op_before(mesh_op, function)
             function.attributes[MESH_ATTR] = FlatSymbolRefAttr("mesh")
         cost_model = registry.get("cost_models", self.cost_model)()
+        bind = getattr(cost_model, "for_module", None)
+        if bind is not None:  # a model that prices on the module's hardware (see cost_model.py)
+            ref = function.attributes[MESH_ATTR]
+            assert isinstance(ref, SymbolRefAttr)
+            cost_model = bind(
+                op, symbol_op(op, ref.root_reference.data, LogicalMeshOp), self.system
+            )
         coster = ReshardCoster(
             mesh, cost_model, ReshardOptions(self.allow_all_gather, self.allow_all_to_all)
         )

@@ -9,6 +9,16 @@ collective over its groups. A module without such collectives is priced by a pla
 all-reduce over each mesh axis alone, of the paper's data size. The fastest matrix wins; on
 a tie the mesh keeps its current order.
 
+With ``objective=plan`` (beyond P²) the pass places *and plans*: it runs on a module not
+yet auto-sharded and, for every matrix, plans a copy of the module with ``auto-sharding``
+under the placement-aware ``p2`` cost model (``alpa_ir.p2.cost_model``: ring, max-size 5;
+options ``solver`` and ``time-limit``), so each placement gets the plan that suits it; the
+placement whose plan has the least ILP objective wins (on a tie, the current order), and
+its planned module replaces the input. So the mesh's shape stays the user's, the choice
+weighs all of the plan's communication (all-gathers, all-to-alls, resharding), not only the
+reductions of a plan made for another placement. ``p2.predicted_time`` is then the p2
+model's time of the winning plan's collectives.
+
 The result is written into the ``mesh.logical_mesh`` that @main runs on: ``devices`` in the
 chosen order, ``placement`` = the matrix (rows = mesh axes, columns = hardware levels),
 ``p2.system`` = the system's name and ``p2.predicted_time`` = the chosen matrix's time (s).
@@ -24,10 +34,12 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import FloatAttr, ModuleOp, f64
 from xdsl.passes import ModulePass
 
+from alpa_ir.device_mesh import LogicalDeviceMesh
 from alpa_ir.dialects.sharding import AllReduceProgramOp
 from alpa_ir.errors import AlpaError
 from alpa_ir.module_utils import main_function
 from alpa_ir.p2.choice import ChoiceOptions, ReductionPricer, axis_groups
+from alpa_ir.p2.cost_model import P2CostModel
 from alpa_ir.p2.ir_collectives import MeshCollective, mesh_collectives
 from alpa_ir.p2.ir_system import (
     SYSTEM_ATTR,
@@ -37,8 +49,11 @@ from alpa_ir.p2.ir_system import (
     place_mesh,
 )
 from alpa_ir.p2.placement import ParallelismMatrix, device_array, enumerate_matrices
+from alpa_ir.p2.plan_time import plan_comm_seconds
 from alpa_ir.p2.simulator import default_bytes
+from alpa_ir.p2.synthesis import DEFAULT_MAX_SIZE
 from alpa_ir.p2.system import System
+from alpa_ir.passes.auto_sharding import OBJECTIVE_ATTR, AutoSharding
 
 TIME_ATTR = "p2.predicted_time"
 """Logical mesh attribute: predicted seconds of the module's collectives on its placement."""
@@ -86,6 +101,15 @@ class SynthesizePlacement(ModulePass):
     algorithm: Literal["ring", "tree"] = field(
         default="ring", metadata={"help": "NCCL algorithm the simulator assumes for AllReduce"}
     )
+    objective: Literal["collectives", "plan"] = field(
+        default="collectives",
+        metadata={
+            "help": "collectives: price the module's collectives; plan: auto-shard a copy "
+            "per placement with cost model p2 and keep the cheapest plan"
+        },
+    )
+    solver: str = field(default="cbc", metadata={"help": "objective=plan: ILP solver"})
+    time_limit: float = field(default=600.0, metadata={"help": "objective=plan: ILP seconds"})
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         options = ChoiceOptions(self.max_size, self.algorithm)
@@ -99,6 +123,10 @@ class SynthesizePlacement(ModulePass):
         mesh = logical_mesh(op, function, self.name)
         system = mesh_system(op, mesh, self.system, self.name)
         check_mesh_fits(mesh, system, self.name)
+        from_cluster = not self.system and SYSTEM_ATTR not in mesh.attributes
+        if self.objective == "plan":
+            self._place_and_plan(ctx, op, system, None if from_cluster else system.name)
+            return
         collectives = mesh_collectives(function, mesh.mesh_shape, self.name)
         ranked = rank_placements(system, mesh.mesh_shape, collectives, options)
         fastest = min(time for _, time in ranked)
@@ -108,6 +136,53 @@ class SynthesizePlacement(ModulePass):
             ((m, t) for m, t in tied if np.array_equal(device_array(m).reshape(-1), current)),
             tied[0],
         )
-        from_cluster = not self.system and SYSTEM_ATTR not in mesh.attributes
         place_mesh(mesh, matrix, None if from_cluster else system.name)
         mesh.attributes[TIME_ATTR] = FloatAttr(time, f64)
+
+    def _place_and_plan(
+        self, ctx: Context, op: ModuleOp, system: System, system_name: str | None
+    ) -> None:
+        """``objective=plan`` (see the module doc)."""
+        if (self.algorithm, self.max_size) != ("ring", DEFAULT_MAX_SIZE):
+            raise AlpaError(
+                f"{self.name}: objective=plan prices with the cost model p2 (ring, max-size "
+                f"{DEFAULT_MAX_SIZE}); algorithm and max-size cannot be changed with it"
+            )
+        if OBJECTIVE_ATTR in main_function(op).attributes:
+            raise AlpaError(
+                f"{self.name}: objective=plan auto-shards @main itself; run it in place of "
+                "auto-sharding, on a module not yet planned"
+            )
+        current = np.array(logical_mesh(op, main_function(op), self.name).device_ids)
+        best: tuple[float, bool, ModuleOp] | None = None
+        shape = logical_mesh(op, main_function(op), self.name).mesh_shape
+        for matrix in enumerate_matrices(system.hierarchy, shape):
+            candidate = op.clone()
+            function = main_function(candidate)
+            place_mesh(logical_mesh(candidate, function, self.name), matrix, system_name)
+            AutoSharding(
+                solver=self.solver,
+                time_limit=self.time_limit,
+                cost_model="p2",
+                system=self.system,
+            ).apply(ctx, candidate)
+            objective = function.attributes[OBJECTIVE_ATTR].value.data  # type: ignore[attr-defined]
+            is_current = np.array_equal(device_array(matrix).reshape(-1), current)
+            if (
+                best is None
+                or objective < best[0] * (1 - 1e-9)
+                or (is_current and objective <= best[0] * (1 + 1e-9))
+            ):
+                best = (objective, is_current, candidate)
+        assert best is not None
+        winner = best[2]
+        for old in list(op.body.block.ops):
+            old.detach()
+            old.erase(safe_erase=False)
+        for new in list(winner.body.block.ops):
+            new.detach()
+            op.body.block.add_op(new)
+        function = main_function(op)
+        mesh = logical_mesh(op, function, self.name)
+        seconds = plan_comm_seconds(function, LogicalDeviceMesh.from_op(mesh), P2CostModel(system))
+        mesh.attributes[TIME_ATTR] = FloatAttr(sum(seconds.values()), f64)

@@ -42,8 +42,9 @@ def alpa_ir_passes() -> Sequence[type]:
 @hookimpl
 def alpa_ir_cost_models() -> Mapping[str, Callable[[], Any]]:
     from alpa_ir.autosharding.cost_model import AlphaBetaCostModel
+    from alpa_ir.p2.cost_model import P2CostModel
 
-    return {"alpha-beta": AlphaBetaCostModel}
+    return {"alpha-beta": AlphaBetaCostModel, "p2": P2CostModel}
 
 
 @hookimpl

@@ -16,8 +16,11 @@ largest of those axes'. B is the per-device size of the full (gathered,
 reduced) tensor: the all-gather's output, the all-reduce's operand, the
 reduce-scatter's input, the all-to-all's operand.
 
-Cost models are plugins (hook ``alpa_ir_cost_models``); P²'s placement-aware
-pricing is another one.
+Cost models are plugins (hook ``alpa_ir_cost_models``): a factory called with no
+arguments. A model that needs the module's hardware also has a method
+``for_module(module, mesh_op, system)`` (:class:`ModuleBoundCostModel`) that returns the
+model to use for that module's logical mesh; ``auto-sharding`` calls it with its ``system``
+option. P²'s placement-aware pricing (``p2``, ``alpa_ir.p2.cost_model``) is such a model.
 """
 
 from __future__ import annotations
@@ -26,7 +29,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from xdsl.dialects.builtin import ModuleOp
+
 from alpa_ir.device_mesh import LogicalDeviceMesh
+from alpa_ir.dialects.mesh import LogicalMeshOp
 
 
 class CommCostModel(Protocol):
@@ -40,6 +46,12 @@ class CommCostModel(Protocol):
         self, mesh: LogicalDeviceMesh, nbytes: float, axes: Sequence[int]
     ) -> float: ...
     def all_to_all(self, mesh: LogicalDeviceMesh, nbytes: float, axes: Sequence[int]) -> float: ...
+
+
+class ModuleBoundCostModel(CommCostModel, Protocol):
+    """A cost model that is bound to a module's hardware before use."""
+
+    def for_module(self, module: ModuleOp, mesh: LogicalMeshOp, system: str) -> CommCostModel: ...
 
 
 @dataclass(frozen=True)

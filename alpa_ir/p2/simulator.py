@@ -177,6 +177,29 @@ class Simulator:
         self._steps[key] = time
         return time
 
+    def all_to_all_time(self, groups: np.ndarray, nbytes: float) -> float:
+        """Seconds for an all-to-all over all ``groups`` at once, ``nbytes`` per device:
+        every member sends ``nbytes / m`` to each of the other ``m - 1`` at once (NCCL's
+        point-to-point all-to-all), so the step takes the most loaded resource's time plus
+        one hop of the slowest link."""
+        m = groups.shape[1]
+        if m < 2:
+            return 0.0
+        loads: dict[tuple, float] = {}
+        bandwidth: dict[tuple, float] = {}
+        latency = 0.0
+        for group in groups.tolist():
+            for src in group:
+                for dst in group:
+                    if src == dst:
+                        continue
+                    tx, rx, bw, lat = self._route(src, dst)
+                    latency = max(latency, lat)
+                    for res in (tx, rx) if tx != rx else (tx,):
+                        loads[res] = loads.get(res, 0.0) + nbytes / m
+                        bandwidth[res] = bw
+        return latency + max(loads[r] / bandwidth[r] for r in loads)
+
     def program_time(self, steps: list[tuple[Collective, np.ndarray]], nbytes: float) -> float:
         """Seconds for a lowered program, every device starting with ``nbytes``."""
         sizes = np.full(self.system.num_devices, float(nbytes))
