@@ -187,3 +187,14 @@ def test_plan_objective_bad_input(options: str, planned: bool, message: str) -> 
     pipeline = f"builtin.module({first}synthesize-placement{{system=custom-2x4 {options}}})"
     with pytest.raises(AlpaError, match=message):
         PassManager(default_registry(), pipeline).run(module)
+
+
+def test_simulated_all_to_all_loads_the_ports_it_crosses() -> None:
+    """custom-2x4: 10 GB/s node ports, 100 GB/s GPU ports, 5 µs per hop. Inside a node a
+    device sends 3/4 of its bytes through its own port; across the nodes every node's port
+    carries half of each of its 4 devices' bytes."""
+    sim = Simulator(SYSTEM)
+    inside = sim.all_to_all_time(np.array([[0, 1, 2, 3], [4, 5, 6, 7]]), 4 * MB)
+    assert inside == pytest.approx(5e-6 + 0.75 * 4 * MB / 100e9)
+    across = sim.all_to_all_time(np.array([[0, 4], [1, 5], [2, 6], [3, 7]]), 4 * MB)
+    assert across == pytest.approx(5e-6 + 4 * 0.5 * 4 * MB / 10e9)
