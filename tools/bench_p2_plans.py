@@ -17,7 +17,7 @@ by their best synthesized program (as ``synthesize-reductions`` would run them).
 left out (the same FLOPs in every plan up to recomputation of replicated ops).
 
 Run: ``python -m alpa_ir.tools.bench_p2_plans [--models gpt3-39b moe-70b] [--layers 2]
-[--meshes 4x16 8x8 16x4] [--system gcp-a100-16x4] [--time-limit 60]``.
+[--meshes 4x16 8x8 16x4] [--system gcp-a100-16x4] [--time-limit 60] [--batch-size B]``.
 Layers are cut to ``--layers`` so that each ILP solves in seconds; the other sizes are the
 paper's.
 """
@@ -105,12 +105,15 @@ def compare_plans(
     return {v: results[v] for v in VARIANTS}
 
 
-def import_model(name: str, layers: int) -> str:
-    """The zoo model ``name`` cut to ``layers`` layers, imported abstractly (shapes only)."""
+def import_model(name: str, layers: int, batch_size: int = 0) -> str:
+    """The zoo model ``name`` cut to ``layers`` layers (and ``batch_size`` if > 0), imported
+    abstractly (shapes only)."""
     import alpa_ir
     from alpa_ir.models import get_config, make_train_step
 
     config = replace(get_config(name), num_layers=layers)
+    if batch_size > 0:
+        config = replace(config, batch_size=batch_size)
     fn, args = make_train_step(config, abstract=True)
     return str(alpa_ir.import_jax(fn, *args, donate_argnums=(0,), batch_argnums=(1,)))
 
@@ -126,16 +129,18 @@ def main(args: list[str] | None = None) -> int:
     parser.add_argument("--meshes", nargs="+", type=_shape, default=[(4, 16), (8, 8), (16, 4)])
     parser.add_argument("--system", default="gcp-a100-16x4")
     parser.add_argument("--time-limit", type=float, default=60.0)
+    parser.add_argument("--batch-size", type=int, default=0, help="0: the config's")
     argv = parser.parse_args(args)
     system = get_system(argv.system)
+    batch = f"batch {argv.batch_size}" if argv.batch_size else "the configs' batch"
     print(
-        f"system {argv.system}; {argv.layers} layers per model; predicted communication "
+        f"system {argv.system}; {argv.layers} layers per model, {batch}; predicted communication "
         "ms per iteration (p2 simulator; all-reduces by their best synthesized program)"
     )
     header = f"{'model':10} {'mesh':6} " + " ".join(f"{v:>11}" for v in VARIANTS)
     print(f"{header} {'a/d':>6}  {'placement (d)':22} {'plan s (a,d)':>12}")
     for name in argv.models:
-        text = import_model(name, argv.layers)
+        text = import_model(name, argv.layers, argv.batch_size)
         for shape in argv.meshes:
             label = "x".join(map(str, shape))
             count = len(enumerate_matrices(system.hierarchy, shape))
