@@ -13,11 +13,13 @@ With ``objective=plan`` (beyond P²) the pass places *and plans*: it runs on a m
 yet auto-sharded and, for every matrix, plans a copy of the module with ``auto-sharding``
 under the placement-aware ``p2`` cost model (``alpa_ir.p2.cost_model``: ring, max-size 5;
 options ``solver`` and ``time-limit``), so each placement gets the plan that suits it; the
-placement whose plan has the least ILP objective wins (on a tie, the current order), and
-its planned module replaces the input. So the mesh's shape stays the user's, the choice
-weighs all of the plan's communication (all-gathers, all-to-alls, resharding), not only the
-reductions of a plan made for another placement. ``p2.predicted_time`` is then the p2
-model's time of the winning plan's collectives.
+placement whose plan's explicit collectives have the least predicted time by the same model
+wins (on a tie, the current order), and its planned module replaces the input. The time of
+the collectives the plan inserts decides, not the ILP objective: that is the solver's
+estimate of them, the two can disagree, and the former is what runs. So the mesh's shape
+stays the user's, and the choice weighs all of the plan's communication (all-gathers,
+all-to-alls, resharding), not only the reductions of a plan made for another placement.
+``p2.predicted_time`` is then the p2 model's time of the winning plan's collectives.
 
 The result is written into the ``mesh.logical_mesh`` that @main runs on: ``devices`` in the
 chosen order, ``placement`` = the matrix (rows = mesh axes, columns = hardware levels),
@@ -153,36 +155,35 @@ class SynthesizePlacement(ModulePass):
                 f"{self.name}: objective=plan auto-shards @main itself; run it in place of "
                 "auto-sharding, on a module not yet planned"
             )
-        current = np.array(logical_mesh(op, main_function(op), self.name).device_ids)
-        best: tuple[float, bool, ModuleOp] | None = None
-        shape = logical_mesh(op, main_function(op), self.name).mesh_shape
-        for matrix in enumerate_matrices(system.hierarchy, shape):
+        mesh_op = logical_mesh(op, main_function(op), self.name)
+        current = np.array(mesh_op.device_ids)
+        model = P2CostModel(system)
+        best: tuple[float, ModuleOp] | None = None
+        for matrix in enumerate_matrices(system.hierarchy, mesh_op.mesh_shape):
             candidate = op.clone()
             function = main_function(candidate)
-            place_mesh(logical_mesh(candidate, function, self.name), matrix, system_name)
+            placed = logical_mesh(candidate, function, self.name)
+            place_mesh(placed, matrix, system_name)
             AutoSharding(
                 solver=self.solver,
                 time_limit=self.time_limit,
                 cost_model="p2",
                 system=self.system,
             ).apply(ctx, candidate)
-            objective = function.attributes[OBJECTIVE_ATTR].value.data  # type: ignore[attr-defined]
+            mesh = LogicalDeviceMesh.from_op(placed)
+            seconds = sum(plan_comm_seconds(function, mesh, model).values())
+            placed.attributes[TIME_ATTR] = FloatAttr(seconds, f64)
             is_current = np.array_equal(device_array(matrix).reshape(-1), current)
             if (
                 best is None
-                or objective < best[0] * (1 - 1e-9)
-                or (is_current and objective <= best[0] * (1 + 1e-9))
+                or seconds < best[0] * (1 - 1e-9)
+                or (is_current and seconds <= best[0] * (1 + 1e-9))
             ):
-                best = (objective, is_current, candidate)
+                best = (seconds, candidate)
         assert best is not None
-        winner = best[2]
         for old in list(op.body.block.ops):
             old.detach()
             old.erase(safe_erase=False)
-        for new in list(winner.body.block.ops):
+        for new in list(best[1].body.block.ops):
             new.detach()
             op.body.block.add_op(new)
-        function = main_function(op)
-        mesh = logical_mesh(op, function, self.name)
-        seconds = plan_comm_seconds(function, LogicalDeviceMesh.from_op(mesh), P2CostModel(system))
-        mesh.attributes[TIME_ATTR] = FloatAttr(sum(seconds.values()), f64)
