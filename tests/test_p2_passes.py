@@ -5,6 +5,7 @@ plain all-reduce (the numerical oracle)."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from pathlib import Path
 
@@ -235,34 +236,52 @@ def _program_text(steps: list[tuple[str, list[list[int]]]], order: object) -> st
     return text
 
 
-@pytest.mark.parametrize(
-    ("cards", "shape", "axes"), [((2, 4), (2, 4), (0, 1)), ((2, 2, 2), (2, 2, 2), (0, 2))]
-)
-def test_every_executable_program_runs_on_the_devices(
-    cards: tuple[int, ...], shape: tuple[int, ...], axes: tuple[int, ...]
+def _axis_sets(rank: int) -> list[tuple[int, ...]]:
+    return [a for r in range(1, rank + 1) for a in itertools.combinations(range(rank), r)]
+
+
+# every synthesized program of every matrix (sums over the reduction-axis sets and matrices)
+EVERY_PROGRAM_CASES = [((2, 4), 150, 6), ((2, 2, 2), 1542, 66)]
+
+
+@pytest.mark.parametrize(("cards", "total", "uneven"), EVERY_PROGRAM_CASES)
+def test_every_synthesized_program_runs_on_the_devices(
+    cards: tuple[int, ...], total: int, uneven: int
 ) -> None:
-    """Every SPMD-executable synthesized program of the first matrix (a non-trivial device
-    order) as one op of one module: each result equals the plain all-reduce's."""
+    """Issue 6: every synthesized program of the hierarchy, for every non-empty set of
+    reduction axes and every parallelism matrix, as ops of one module per matrix, run on the
+    8 CPU devices on random data: each result equals the plain all-reduce over the reduction
+    groups. ``uneven`` programs leave devices with different buffer sizes (run on full-size
+    buffers); some end with permuted chunks."""
     system = custom_system(cards)
-    [result, *_] = explore(system, shape, axes, ExploreOptions(simulate=False))
-    programs = [p.lowered for p in result.programs if spmd_executable(p.lowered, 8)]
-    assert len(programs) > 20 and any(p.chunk_order is not None for p in programs)
-    axes_text = ", ".join(map(str, axes))
-    body = "\n".join(
-        f"    %{k} = sharding.all_reduce_program %x {{axes = array<i64: {axes_text}>, "
-        f"{_program_text(p.to_steps(), p.device_chunk_order())}, sharding.specs = [SPEC]}} : TY"
-        for k, p in enumerate(programs)
-    )
-    body += (
-        f"\n    %{len(programs)} = sharding.all_reduce %x "
-        f"{{axes = array<i64: {axes_text}>, sharding.specs = [SPEC]}} : TY"
-    )
-    devices = device_array(result.matrix).reshape(-1).tolist()
-    results = ", ".join(f"%{k}" for k in range(len(programs) + 1))
-    text = _module(shape, body, devices=devices, results=results)
-    outs = _execute(text, _random_input(shape, (3, 5), seed=7))
-    for k, got in enumerate(outs[:-1]):
-        np.testing.assert_allclose(got, outs[-1], rtol=1e-5, atol=1e-5, err_msg=str(k))
+    counts = {"programs": 0, "uneven": 0, "permuted": 0}
+    for axes in _axis_sets(len(cards)):
+        axes_text = ", ".join(map(str, axes))
+        for result in explore(system, cards, axes, ExploreOptions(simulate=False)):
+            programs = [p.lowered for p in result.programs]
+            counts["programs"] += len(programs)
+            counts["uneven"] += sum(not spmd_executable(p, 8) for p in programs)
+            counts["permuted"] += sum(p.chunk_order is not None for p in programs)
+            body = "\n".join(
+                f"    %{k} = sharding.all_reduce_program %x {{axes = array<i64: {axes_text}>, "
+                f"{_program_text(p.to_steps(), p.device_chunk_order())}, "
+                "sharding.specs = [SPEC]} : TY"
+                for k, p in enumerate(programs)
+            )
+            devices = device_array(result.matrix).reshape(-1).tolist()
+            results = ", ".join(f"%{k}" for k in range(len(programs)))
+            text = _module(cards, body, devices=devices, results=results)
+            x = _random_input(cards, (3, 5), seed=len(axes))
+            blocks = x.reshape(*cards, 3, 5)
+            want = np.broadcast_to(blocks.sum(axis=axes, keepdims=True), blocks.shape)
+            want = want.reshape(x.shape)
+            outs = _execute(text, x)
+            for k, got in enumerate(outs):
+                np.testing.assert_allclose(
+                    got, want, rtol=1e-5, atol=1e-5, err_msg=f"{axes} {programs[k].instructions}"
+                )
+    assert counts["programs"] == total and counts["uneven"] == uneven
+    assert counts["permuted"] > 0
 
 
 def test_rewritten_module_prints_and_parses_back() -> None:
