@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from alpa_ir.dialects.sharding import AllReduceProgramOp
+from alpa_ir.dialects.sharding import AllReduceProgramOp, steps_keep_one_size
 from alpa_ir.errors import AlpaError
 
 
@@ -56,16 +56,6 @@ def _roots(groups: list[list[int]], size: int) -> tuple[np.ndarray, np.ndarray]:
             root[g[0]] = True
             member[g] = True
     return root, member
-
-
-def _uniform(steps: list[tuple[str, list[list[int]]]], position: dict[int, int]) -> bool:
-    """Whether every ReduceScatter / AllGather step has all mesh devices in groups of one
-    size, so every device's buffer keeps one size through the program."""
-    for name, groups in steps:
-        if name in ("ReduceScatter", "AllGather"):
-            if len({len(g) for g in _mesh_groups(groups, position)}) != 1:
-                return False
-    return True
 
 
 def full_size_masks(
@@ -167,7 +157,7 @@ def run_program(
     length = -(-flat.shape[0] // group_size) * group_size
     buf = jnp.pad(flat, (0, length - flat.shape[0]))
     steps = op.step_list
-    if not _uniform(steps, position):
+    if not steps_keep_one_size(steps, size):
         buf = _run_full_size(buf, steps, names, position, group_size)
         return buf[: flat.shape[0]].reshape(x.shape)
     for name, groups in steps:

@@ -450,6 +450,33 @@ def test_predicted_wire_bytes_count_the_program_steps_as_compiled() -> None:
     assert sum(c.wire_bytes for c in counted) == pytest.approx(3 * measured)
 
 
+def test_uneven_program_runs_as_full_size_all_reduces_as_predicted() -> None:
+    """A program whose steps leave devices at different buffer sizes compiles to one
+    all-reduce of the whole padded buffer per step, and plan_bytes predicts its wire bytes."""
+    [result, *_] = explore(custom_system((2, 4)), (2, 4), (0, 1), ExploreOptions(simulate=False))
+    lowered = next(p.lowered for p in result.programs if not spmd_executable(p.lowered, 8))
+    block = (255, 1023)
+    body = (
+        "    %0 = sharding.all_reduce_program %x {axes = array<i64: 0, 1>, "
+        f"{_program_text(lowered.to_steps(), lowered.device_chunk_order())}, "
+        "sharding.specs = [SPEC]} : TY"
+    )
+    devices = device_array(result.matrix).reshape(-1).tolist()
+    module = parse_module(_module((2, 4), body, block=block, devices=devices))
+    function = main_function(module)
+    [op] = [o for o in function.body.walk() if isinstance(o, AllReduceProgramOp)]
+    assert not op.keeps_one_size(8)
+    mesh_op = next(o for o in module.ops if isinstance(o, LogicalMeshOp))
+    run, shardings = compile_spmd(module, function, jax_mesh(mesh_op), mesh_axis_names(mesh_op))
+    x = jax.device_put([_random_input((2, 4), block, 0)], list(shardings))
+    records = hlo_collectives(run.lower(*x).compile().as_text())
+    assert {r.kind for r in records} == {"all-reduce"}
+    predicted = predicted_collectives(function, (2, 4))
+    assert len(predicted) == len(records) == len(op.step_list)
+    measured = total_wire_bytes(records, 8)
+    assert sum(c.wire_bytes for c in predicted) == pytest.approx(measured)
+
+
 def test_alpa_opt_reports_a_bad_reduction_axis_in_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -13,7 +13,9 @@ counts step by step, as the SPMD executor runs it: its buffer is the operand's l
 padded to a multiple of the reduction group size; an AllReduce step is an all-reduce of the
 buffer over the step's group size, a ReduceScatter a reduce-scatter (the buffer shrinks by
 the group size), an AllGather an all-gather (it grows back), and a Reduce or Broadcast an
-all-reduce of the buffer over its groups (``backends/program_collectives.py``).
+all-reduce of the buffer over its groups (``backends/program_collectives.py``). A program
+whose steps leave devices at different buffer sizes runs on full-size buffers: every step
+is an all-reduce of the whole padded buffer over its groups.
 """
 
 from __future__ import annotations
@@ -105,8 +107,13 @@ def program_collectives(
     elements = -(-local // itemsize)
     buffer = -(-elements // k) * k * itemsize  # padded to a multiple of the group size
     out = []
+    full_size = not op.keeps_one_size(math.prod(mesh_shape))
     for name, groups in op.step_list:
         m = max(len(g) for g in groups)
+        if full_size:
+            if m > 1:
+                out.append(PredictedCollective("all-reduce", buffer, m, count))
+            continue
         if name == "AllGather":
             buffer *= m
         if m > 1:

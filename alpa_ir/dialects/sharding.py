@@ -422,6 +422,11 @@ class AllReduceProgramOp(CollectiveOp):
             return None
         return [ints_of(order) for order in self.chunk_order.data]
 
+    def keeps_one_size(self, num_devices: int) -> bool:
+        """Whether every device's buffer keeps one size through the steps (see
+        :func:`steps_keep_one_size`)."""
+        return steps_keep_one_size(self.step_list, num_devices)
+
     def verify_(self) -> None:
         super().verify_()
         if not self.steps.data:
@@ -431,6 +436,21 @@ class AllReduceProgramOp(CollectiveOp):
             k = len(orders[0]) if orders else 0
             if any(sorted(o) != list(range(k)) for o in orders):
                 raise VerifyException(f"{self.name}: every chunk order must permute 0..{k - 1}")
+
+
+def steps_keep_one_size(steps: list[tuple[str, list[list[int]]]], num_devices: int) -> bool:
+    """Whether every ReduceScatter / AllGather step puts all ``num_devices`` devices in
+    groups of one size (devices in no group count as groups of one), so that every device's
+    buffer has the same size after every step. The SPMD executor runs such programs with
+    real reduce-scatters and all-gathers, the others on full-size buffers."""
+    for name, groups in steps:
+        if name in ("ReduceScatter", "AllGather"):
+            sizes = {len(g) for g in groups}
+            if sum(len(g) for g in groups) < num_devices:
+                sizes.add(1)
+            if len(sizes) != 1:
+                return False
+    return True
 
 
 Sharding = Dialect(
@@ -457,6 +477,7 @@ __all__ = [
     "result_specs",
     "set_result_specs",
     "spec_attr",
+    "steps_keep_one_size",
 ]
 
 _ = (StringAttr, i64)
