@@ -1,9 +1,13 @@
 """Choosing with the simulator: the best program of a reduction, the time of a placement.
 
-Programs are restricted to those one SPMD program can run: every device holds a buffer of
-the same size after every step, so a ReduceScatter or AllGather must have every device of
-the system in a group, all groups of one size (a Master form leaves devices out, which would
-give them a different buffer size). AllReduce, Reduce and Broadcast may leave devices out.
+Every synthesized program is a candidate, priced as the SPMD executor runs it
+(``backends/program_collectives.py``). When every device keeps one buffer size through the
+program (a ReduceScatter or AllGather has every device of the system in a group, all groups
+of one size; AllReduce, Reduce and Broadcast may leave devices out), the executor runs its
+steps as they are. The others (e.g. a Master form leaves devices out of a ReduceScatter,
+which would give them a different buffer size) run on full-size buffers, every
+ReduceScatter and AllGather as an all-reduce of the whole buffer over its groups, and are
+priced so: more than the program's real traffic, which P²'s own ranking (``explore``) prices.
 """
 
 from __future__ import annotations
@@ -45,9 +49,19 @@ def spmd_executable(lowered: LoweredProgram, num_devices: int) -> bool:
     return True
 
 
+def executed_steps(
+    lowered: LoweredProgram, num_devices: int
+) -> list[tuple[Collective, np.ndarray]]:
+    """The program's steps as the SPMD executor runs them (see the module doc)."""
+    steps = [(s.collective, s.groups) for s in lowered.steps]
+    if spmd_executable(lowered, num_devices):
+        return steps
+    return [(Collective.ALL_REDUCE if c in _RESHAPING else c, g) for c, g in steps]
+
+
 class ReductionPricer:
-    """The fastest SPMD-executable synthesized program of an all-reduce over some mesh axes
-    of a placed mesh, for any bytes per device.
+    """The fastest synthesized program of an all-reduce over some mesh axes of a placed
+    mesh, as executed (:func:`executed_steps`), for any bytes per device.
 
     A program's predicted time is affine in the bytes per device: every device starts with
     the same size, every step's latency is fixed and its loads scale with the sizes. So each
@@ -61,9 +75,11 @@ class ReductionPricer:
         self.max_size = max_size
         self._lines: dict[tuple, list[tuple[LoweredProgram, float, float]]] = {}
 
-    def _programs(
+    def programs(
         self, matrix: ParallelismMatrix, axes: tuple[int, ...]
     ) -> list[tuple[LoweredProgram, float, float]]:
+        """Every synthesized program with its executed time ``fixed + per_byte * bytes``, as
+        ``(program, fixed, per_byte)``."""
         key = (matrix, axes)
         if key not in self._lines:
             layout = reduction_layout(matrix, axes, self.system.level_names)
@@ -71,10 +87,9 @@ class ReductionPricer:
             lines = []
             for program in synthesize(hierarchy, self.max_size):
                 lowered = lower(program, hierarchy, layout)
-                if spmd_executable(lowered, self.system.num_devices):
-                    steps = [(s.collective, s.groups) for s in lowered.steps]
-                    fixed = self.sim.program_time(steps, 0.0)
-                    lines.append((lowered, fixed, self.sim.program_time(steps, 1.0) - fixed))
+                steps = executed_steps(lowered, self.system.num_devices)
+                fixed = self.sim.program_time(steps, 0.0)
+                lines.append((lowered, fixed, self.sim.program_time(steps, 1.0) - fixed))
             self._lines[key] = lines
         return self._lines[key]
 
@@ -83,7 +98,7 @@ class ReductionPricer:
     ) -> tuple[LoweredProgram, float]:
         """The fastest program and its predicted time (ties: the smaller, earlier one)."""
         best: tuple[LoweredProgram, float] | None = None
-        for lowered, fixed, per_byte in self._programs(matrix, tuple(axes)):
+        for lowered, fixed, per_byte in self.programs(matrix, tuple(axes)):
             time = fixed + per_byte * nbytes
             if best is None or time < best[1]:
                 best = (lowered, time)

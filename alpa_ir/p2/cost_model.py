@@ -4,8 +4,9 @@ Alpa's ``alpha-beta`` model gives every mesh axis one α and β, so it cannot se
 axes land on a hierarchical system. This model knows the system and reads the placement
 from the mesh's device order (the parallelism matrix whose device order it is):
 
-* all-reduce: the predicted time of the fastest SPMD-executable synthesized program over
-  those mesh axes (``choice.ReductionPricer``, as ``synthesize-reductions`` will run it);
+* all-reduce: the predicted time of the fastest synthesized program over those mesh axes,
+  priced as the SPMD executor runs it (``choice.ReductionPricer``, as
+  ``synthesize-reductions`` will run it);
 * all-gather and reduce-scatter: one such collective over the axes' device groups, simulated
   on the interconnects they cross (``Simulator``);
 * all-to-all: the simulator's point-to-point all-to-all over the groups.
