@@ -16,6 +16,7 @@ from zoo_fixtures import max_abs_diff, reference_outputs, tiny_step
 
 from alpa_ir import import_jax
 from alpa_ir.autosharding.plan_bytes import predicted_collectives
+from alpa_ir.backends.program_collectives import full_size_masks
 from alpa_ir.backends.spmd import compile_spmd
 from alpa_ir.backends.xla import jax_mesh, mesh_axis_names
 from alpa_ir.collective_accounting import hlo_collectives, total_wire_bytes
@@ -403,6 +404,23 @@ def test_program_op_rejects_malformed_steps(steps: str, message: str) -> None:
     body = f"    %0 = sharding.all_reduce_program %x {{axes = array<i64: 1>, {steps}}} : TY"
     with pytest.raises(AlpaError, match=message):
         parse_module(_module((2, 4), body))
+
+
+@pytest.mark.parametrize(
+    ("steps", "message"),
+    [
+        ([("AllGather", [[0, 1]])], "gathers a chunk twice"),
+        ([("ReduceScatter", [[0, 1]]), ("AllReduce", [[0, 2]])], "holding different chunks"),
+        ([("ReduceScatter", [[0, 1, 2]])], "do not divide"),
+        ([("ReduceScatter", [[0, 1]])], "does not end with every chunk"),
+    ],
+)
+def test_full_size_path_rejects_steps_it_cannot_run(
+    steps: list[tuple[str, list[list[int]]]], message: str
+) -> None:
+    """Steps that are no all-reduce on position-preserving buffers: a one-line error."""
+    with pytest.raises(AlpaError, match=message):
+        full_size_masks(steps, {d: d for d in range(8)}, 8)
 
 
 def test_compiled_hlo_runs_the_program_steps_over_their_groups() -> None:
