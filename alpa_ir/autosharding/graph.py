@@ -243,13 +243,16 @@ class GraphBuilder:
         }
         result_shapes = {f: [shape_of(r.type) for r in f.results] for f in followers}
         best_for: dict[tuple[object, ...], tuple[int, float]] = {}
-        for lead in self.op_strategies(leader):
+        # Each leader strategy twice: followers free to choose take their first
+        # cheapest strategy, or keep to the spec the group first gave each shape
+        # (e.g. a broadcast of a replicated value follows the leader's batch
+        # split, which a plan without all-gathers may need); equal variants
+        # are merged below.
+        variants = [(lead, keep) for lead in self.op_strategies(leader) for keep in (False, True)]
+        for lead, keep in variants:
             specs: dict[SSAValue, ShardingSpec] = dict(
                 zip(leader.results, lead.final_result_specs, strict=True)
             )
-            # The spec the group first gave each shape: a follower free to
-            # choose (e.g. a broadcast of a replicated value) keeps to it, so
-            # the group stays consistent with the leader's layout.
             usual: dict[tuple[int, ...], ShardingSpec] = {}
             for value, spec in [
                 *zip(leader.operands, lead.operand_specs, strict=True),
@@ -262,7 +265,7 @@ class GraphBuilder:
             for f in followers:
                 arriving = tuple(specs.get(v) for v, _, _ in operand_info[f])
                 shapes = [*result_shapes[f], *(shape for _, shape, _ in operand_info[f])]
-                preferred = tuple(usual.get(shape) for shape in shapes)
+                preferred = tuple(usual.get(shape) for shape in shapes) if keep else ()
                 key = (f, arriving, preferred)
                 if key not in best_for:
                     best_for[key] = self._best_follower(
