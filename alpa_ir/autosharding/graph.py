@@ -253,19 +253,22 @@ class GraphBuilder:
             specs: dict[SSAValue, ShardingSpec] = dict(
                 zip(leader.results, lead.final_result_specs, strict=True)
             )
-            usual: dict[tuple[int, ...], ShardingSpec] = {}
-            for value, spec in [
-                *zip(leader.operands, lead.operand_specs, strict=True),
-                *specs.items(),
-            ]:
-                usual.setdefault(shape_of(value.type), spec)
+            usual: dict[tuple[int, ...], ShardingSpec] = {}  # only kept for ``keep``
+            if keep:
+                for value, spec in [
+                    *zip(leader.operands, lead.operand_specs, strict=True),
+                    *specs.items(),
+                ]:
+                    usual.setdefault(shape_of(value.type), spec)
             chosen = {leader: lead}
             operand_specs = {(leader, k): s for k, s in enumerate(lead.operand_specs)}
             cost = self.comm_cost(leader, lead)
             for f in followers:
                 arriving = tuple(specs.get(v) for v, _, _ in operand_info[f])
-                shapes = [*result_shapes[f], *(shape for _, shape, _ in operand_info[f])]
-                preferred = tuple(usual.get(shape) for shape in shapes) if keep else ()
+                preferred: tuple[ShardingSpec | None, ...] = ()
+                if keep:
+                    shapes = [*result_shapes[f], *(shape for _, shape, _ in operand_info[f])]
+                    preferred = tuple(usual.get(shape) for shape in shapes)
                 key = (f, arriving, preferred)
                 if key not in best_for:
                     best_for[key] = self._best_follower(
@@ -276,8 +279,9 @@ class GraphBuilder:
                 chosen[f] = best
                 cost += best_cost
                 specs.update(zip(f.results, best.final_result_specs, strict=True))
-                for r, spec in zip(result_shapes[f], best.final_result_specs, strict=True):
-                    usual.setdefault(r, spec)
+                if keep:
+                    for r, spec in zip(result_shapes[f], best.final_result_specs, strict=True):
+                        usual.setdefault(r, spec)
                 operand_specs.update({(f, k): s for k, s in enumerate(best.operand_specs)})
             signature = (
                 tuple(specs.values()),
