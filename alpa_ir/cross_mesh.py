@@ -242,7 +242,6 @@ def all_gather_rewrite(
     check_shape(shape, dst)
     dims = [list(d) for d in dst.spec.dims]
     extent = [size // dst.spec.num_shards(dst.mesh_shape, i) for i, size in enumerate(shape)]
-    added: dict[int, list[int]] = {}
     for axis in sorted(dst.replicated_axes(), key=lambda a: (-dst.mesh_shape[a], a)):
         n = dst.mesh_shape[axis]
         fits = [i for i, e in enumerate(extent) if e % n == 0]
@@ -251,9 +250,23 @@ def all_gather_rewrite(
         dim = max(fits, key=lambda i: (extent[i], -i))
         dims[dim].append(axis)
         extent[dim] //= n
-        added.setdefault(dim, []).append(axis)
     spec = ShardingSpec(tuple(tuple(d) for d in dims))
-    return spec, tuple((dim, tuple(axes)) for dim, axes in sorted(added.items()))
+    return spec, gather_steps(spec, dst.spec)
+
+
+def gather_steps(
+    recv_spec: ShardingSpec, dst_spec: ShardingSpec
+) -> tuple[tuple[int, tuple[int, ...]], ...]:
+    """The all-gathers taking ``recv_spec`` to ``dst_spec``: per tensor dim,
+    the mesh axes ``recv_spec`` splits it over beyond ``dst_spec`` (which
+    must be a prefix of them)."""
+    steps = []
+    for dim, (got, want) in enumerate(zip(recv_spec.dims, dst_spec.dims, strict=True)):
+        if got[: len(want)] != want:
+            raise AlpaError(f"receive spec {recv_spec} does not refine {dst_spec} on axis {dim}")
+        if len(got) > len(want):
+            steps.append((dim, got[len(want) :]))
+    return tuple(steps)
 
 
 class _SenderChooser:

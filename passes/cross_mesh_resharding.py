@@ -1,0 +1,288 @@
+"""``cross-mesh-resharding`` (Alpa §6): plan every tensor that crosses meshes.
+
+Works on the outlined pipeline form (see the pipeline IR contract): for every
+operand of a ``func.call`` in ``@main`` produced by a call whose callee runs
+on another mesh (``mesh.mesh``), the pass writes one ``pipeline.transfer``
+per (value, destination mesh, destination spec)::
+
+    pipeline.transfer @t0 {value = "stage0_forward:0", src_mesh = @mesh0,
+      dst_mesh = @mesh1, src_spec = #sharding.spec<[S0, R]>,
+      dst_spec = #sharding.spec<[R, R]>,
+      tiles = [{src = 0 : i64, dst = array<i64: 4>,
+                slice = [array<i64: 0, 2>, array<i64: 0, 8>], bytes = 64 : i64}, ...],
+      pipeline.cross_bytes = 256 : i64, pipeline.recv_spec = #sharding.spec<[S0, S1]>}
+
+The source spec is the producer's ``sharding.spec`` result attribute, the
+destination spec the consumer's argument attribute (replicated if absent).
+``tiles`` is the plan of :func:`alpa_ir.cross_mesh.plan_transfer`: one entry
+per point-to-point send (source device, destination devices, global index
+slice ``[start, stop)`` per tensor axis, bytes per destination).
+``pipeline.cross_bytes`` is the bytes crossing between the meshes.
+
+With ``local-all-gather=true`` (the default) the destination devices receive
+their tiles of ``pipeline.recv_spec`` (written only where it differs from
+``dst_spec``) and then all-gather, over the mesh axes each tensor dimension
+of ``recv_spec`` has beyond ``dst_spec``, to ``dst_spec``; with ``false``
+every destination device receives its whole ``dst_spec`` tile.
+
+Running the pass again replans the transfers it finds (same symbols).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from xdsl.context import Context
+from xdsl.dialects import func
+from xdsl.dialects.builtin import (
+    ArrayAttr,
+    DenseArrayBase,
+    DictionaryAttr,
+    FlatSymbolRefAttr,
+    IntegerAttr,
+    ModuleOp,
+    StringAttr,
+    SymbolRefAttr,
+    i64,
+)
+from xdsl.ir import Attribute, OpResult, SSAValue
+from xdsl.passes import ModulePass
+from xdsl.rewriter import InsertPoint, Rewriter
+
+from alpa_ir.cross_mesh import Box, MeshLayout, Send, TransferPlan, gather_steps, plan_transfer
+from alpa_ir.dialects.lax_params import ints_attr, ints_of
+from alpa_ir.dialects.mesh import MESH_ATTR, LogicalMeshOp
+from alpa_ir.dialects.pipeline import TransferOp
+from alpa_ir.dialects.sharding import SPEC_ATTR, ShardingSpec, ShardingSpecAttr
+from alpa_ir.errors import AlpaError
+from alpa_ir.ir_types import dtype_of, shape_of
+from alpa_ir.module_utils import main_function, symbol_op
+
+CROSS_BYTES_ATTR = "pipeline.cross_bytes"
+"""Transfer attribute: bytes crossing between the meshes (i64)."""
+RECV_SPEC_ATTR = "pipeline.recv_spec"
+"""Transfer attribute: the spec the destination receives before its local all-gather."""
+
+
+def _functions(module: ModuleOp) -> dict[str, func.FuncOp]:
+    return {op.sym_name.data: op for op in module.ops if isinstance(op, func.FuncOp)}
+
+
+def _mesh_name(function: func.FuncOp) -> str:
+    ref = function.attributes.get(MESH_ATTR)
+    if not isinstance(ref, SymbolRefAttr):
+        raise AlpaError(f"cross-mesh-resharding: @{function.sym_name.data} has no {MESH_ATTR}")
+    return ref.root_reference.data
+
+
+def _spec(function: func.FuncOp, index: int, rank: int, results: bool) -> ShardingSpec:
+    attrs = function.res_attrs if results else function.arg_attrs
+    if attrs is not None:
+        entry = attrs.data[index].data.get(SPEC_ATTR)
+        if isinstance(entry, ShardingSpecAttr):
+            return entry.spec
+    return ShardingSpec.replicated(rank)
+
+
+def _layout(module: ModuleOp, mesh: str, spec: ShardingSpec) -> MeshLayout:
+    op = symbol_op(module, mesh, LogicalMeshOp)
+    assert isinstance(op, LogicalMeshOp)
+    return MeshLayout(spec, op.mesh_shape, op.device_ids)
+
+
+def _box_attr(box: Box) -> ArrayAttr[DenseArrayBase]:
+    return ArrayAttr([ints_attr(list(b)) for b in box])
+
+
+def tiles_attr(plan: TransferPlan) -> ArrayAttr[DictionaryAttr]:
+    """The plan's sends as the transfer's ``tiles``."""
+    return ArrayAttr(
+        [
+            DictionaryAttr(
+                {
+                    "src": IntegerAttr(s.src, i64),
+                    "dst": ints_attr(s.dsts),
+                    "slice": _box_attr(s.box),
+                    "bytes": IntegerAttr(s.nbytes, i64),
+                }
+            )
+            for s in plan.sends
+        ]
+    )
+
+
+def _sends_of(tiles: ArrayAttr[DictionaryAttr]) -> tuple[Send, ...]:
+    sends = []
+    for entry in tiles.data:
+        d = entry.data
+        src, dsts, box, nbytes = d["src"], d["dst"], d["slice"], d["bytes"]
+        assert isinstance(src, IntegerAttr) and isinstance(nbytes, IntegerAttr)
+        assert isinstance(box, ArrayAttr)
+        pairs = tuple(ints_of(b) for b in box.data)
+        sends.append(
+            Send(
+                int(src.value.data),
+                ints_of(dsts),  # type: ignore[arg-type]
+                tuple((lo, hi) for lo, hi in pairs),
+                int(nbytes.value.data),
+            )
+        )
+    return tuple(sends)
+
+
+def _value_type(module: ModuleOp, value: str) -> Attribute:
+    callee, _, index = value.rpartition(":")
+    function = _functions(module).get(callee)
+    if function is None or not index.isdigit():
+        raise AlpaError(f"transfer of '{value}': no function @{callee} with that result")
+    return function.function_type.outputs.data[int(index)]
+
+
+def plan_of_transfer(module: ModuleOp, op: TransferOp) -> TransferPlan:
+    """The plan a ``pipeline.transfer`` op holds, as a :class:`TransferPlan`
+    (its value's shape and dtype from the producing function)."""
+    ty = _value_type(module, op.value.data)
+    src = _layout(module, op.src_mesh.root_reference.data, op.src_spec.spec)
+    dst = _layout(module, op.dst_mesh.root_reference.data, op.dst_spec.spec)
+    recv = op.attributes.get(RECV_SPEC_ATTR)
+    recv_spec = recv.spec if isinstance(recv, ShardingSpecAttr) else dst.spec
+    if op.tiles is None:
+        raise AlpaError(f"transfer @{op.sym_name.data} has no tiles")
+    return TransferPlan(
+        shape_of(ty),
+        dtype_of(ty).itemsize,
+        src,
+        dst,
+        recv_spec,
+        gather_steps(recv_spec, dst.spec),
+        _sends_of(op.tiles),
+    )
+
+
+@dataclass(frozen=True)
+class _Crossing:
+    value: str
+    src_mesh: str
+    dst_mesh: str
+    src_spec: ShardingSpec
+    dst_spec: ShardingSpec
+    shape: tuple[int, ...]
+    itemsize: int
+
+
+def _crossings(module: ModuleOp) -> list[_Crossing]:
+    """Every (value, destination mesh, destination spec) crossing meshes in @main."""
+    functions = _functions(module)
+    main = main_function(module)
+    found: dict[tuple[str, str, ShardingSpec], _Crossing] = {}
+    for call in main.body.walk():
+        if not isinstance(call, func.CallOp):
+            continue
+        consumer = functions.get(call.callee.string_value())
+        if consumer is None:
+            raise AlpaError(f"cross-mesh-resharding: @main calls unknown @{call.callee}")
+        for k, operand in enumerate(call.arguments):
+            crossing = _crossing(functions, consumer, k, operand)
+            if crossing is not None:
+                found.setdefault((crossing.value, crossing.dst_mesh, crossing.dst_spec), crossing)
+    return list(found.values())
+
+
+def _crossing(
+    functions: dict[str, func.FuncOp], consumer: func.FuncOp, k: int, operand: SSAValue
+) -> _Crossing | None:
+    if not isinstance(operand, OpResult) or not isinstance(operand.op, func.CallOp):
+        return None  # an argument of @main: the driver places it
+    producer = functions.get(operand.op.callee.string_value())
+    if producer is None:
+        raise AlpaError(f"cross-mesh-resharding: @main calls unknown @{operand.op.callee}")
+    value = f"{producer.sym_name.data}:{operand.index}"
+    src_mesh, dst_mesh = _mesh_name(producer), _mesh_name(consumer)
+    if src_mesh == dst_mesh:
+        return None
+    src_ty = producer.function_type.outputs.data[operand.index]
+    dst_ty = consumer.function_type.inputs.data[k]
+    shape, dtype = shape_of(src_ty), dtype_of(src_ty)
+    if shape != shape_of(dst_ty) or dtype != dtype_of(dst_ty):
+        raise AlpaError(
+            f"cross-mesh-resharding: value {value} is {dtype}{list(shape)} but "
+            f"@{consumer.sym_name.data} argument {k} expects "
+            f"{dtype_of(dst_ty)}{list(shape_of(dst_ty))}"
+        )
+    rank = len(shape)
+    return _Crossing(
+        value,
+        src_mesh,
+        dst_mesh,
+        _spec(producer, operand.index, rank, results=True),
+        _spec(consumer, k, rank, results=False),
+        shape,
+        dtype.itemsize,
+    )
+
+
+@dataclass(frozen=True)
+class CrossMeshResharding(ModulePass):
+    """Write a ``pipeline.transfer`` with its tile plan per tensor crossing meshes."""
+
+    name = "cross-mesh-resharding"
+
+    local_all_gather: bool = field(
+        default=True,
+        metadata={
+            "help": "send each destination tile piece across once, then all-gather it over "
+            "the destination mesh's replicated axes (Alpa's local all-gather rewrite)"
+        },
+    )
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        existing = {
+            (t.value.data, t.dst_mesh.root_reference.data, t.dst_spec.spec): t
+            for t in op.ops
+            if isinstance(t, TransferOp)
+        }
+        names = {t.sym_name.data for t in existing.values()}
+        anchor = next((o for o in op.ops if isinstance(o, func.FuncOp)), None)
+        counter = 0
+        for c in _crossings(op):
+            src = _layout(op, c.src_mesh, c.src_spec)
+            dst = _layout(op, c.dst_mesh, c.dst_spec)
+            try:
+                plan = plan_transfer(
+                    c.shape, c.itemsize, src, dst, local_all_gather=self.local_all_gather
+                )
+            except AlpaError as err:
+                raise AlpaError(f"cross-mesh-resharding: value {c.value}: {err}") from None
+            old = existing.get((c.value, c.dst_mesh, c.dst_spec))
+            if old is not None:
+                sym = old.sym_name.data
+            else:
+                while f"t{counter}" in names:
+                    counter += 1
+                sym = f"t{counter}"
+                names.add(sym)
+            new = self._transfer_op(sym, c, plan)
+            if old is not None:
+                Rewriter.replace_op(old, new)
+            elif anchor is not None:
+                Rewriter.insert_op(new, InsertPoint.before(anchor))
+            else:
+                op.body.block.add_op(new)
+
+    @staticmethod
+    def _transfer_op(sym: str, c: _Crossing, plan: TransferPlan) -> TransferOp:
+        attrs: dict[str, Attribute] = {CROSS_BYTES_ATTR: IntegerAttr(plan.cross_bytes, i64)}
+        if plan.recv_spec != plan.dst.spec:
+            attrs[RECV_SPEC_ATTR] = plan.recv_spec.to_attr()
+        return TransferOp.create(
+            properties={
+                "sym_name": StringAttr(sym),
+                "value": StringAttr(c.value),
+                "src_mesh": FlatSymbolRefAttr(c.src_mesh),
+                "dst_mesh": FlatSymbolRefAttr(c.dst_mesh),
+                "src_spec": c.src_spec.to_attr(),
+                "dst_spec": c.dst_spec.to_attr(),
+                "tiles": tiles_attr(plan),
+            },
+            attributes=attrs,
+        )
