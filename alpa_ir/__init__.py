@@ -10,6 +10,8 @@ that need no JAX):
 - ``parallelize(fn, method=ShardParallel(...))``: plan and run a training step
   on the local devices (methods ``ShardParallel``, ``DataParallel``,
   ``Zero2Parallel``, ``Zero3Parallel``, ``HeuristicParallel``, ``ManualShardParallel``).
+- ``save_checkpoint(path, state, step)``, ``restore_checkpoint(path, target)``:
+  plan-independent checkpoints of (sharded) training states.
 - ``hlo_collectives(text)``: the collectives of compiled HLO text.
 - ``mark_pipeline_boundary``, ``grad``, ``value_and_grad``: markers for steps.
 """
@@ -39,6 +41,8 @@ _EXPORTS: dict[str, str] = {
     "ManualShardParallel": "alpa_ir.parallel",
     "AutoShardingOption": "alpa_ir.parallel",
     "LogicalDeviceMesh": "alpa_ir.device_mesh",
+    "save_checkpoint": "alpa_ir.checkpoint",
+    "restore_checkpoint": "alpa_ir.checkpoint",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, PartitionSpec
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from xdsl.dialects import func
 from xdsl.dialects.builtin import FlatSymbolRefAttr, FloatAttr, ModuleOp
 
@@ -311,6 +311,34 @@ class ShardedExecutable:
             for a in self.function.args
         ]
         return jax.tree.unflatten(self.in_tree, specs)
+
+    def get_input_shardings(self) -> Any:
+        """A ``jax.sharding.NamedSharding`` per input array, as a pytree like the
+        arguments (the whole batch, not a micro-batch): where each input lives.
+        ``restore_checkpoint(path, target=executable)`` places the state (argument
+        0) by it."""
+        return jax.tree.map(
+            lambda s: NamedSharding(self.jax_mesh, s),
+            self.get_input_placement_specs(),
+            is_leaf=lambda x: isinstance(x, PartitionSpec),
+        )
+
+    def get_input_avals(self) -> Any:
+        """A ``jax.ShapeDtypeStruct`` (shape, dtype and sharding) per input array,
+        as a pytree like the arguments."""
+        from alpa_ir.ir_types import dtype_of, shape_of
+
+        shardings = jax.tree.leaves(
+            self.get_input_shardings(), is_leaf=lambda x: isinstance(x, NamedSharding)
+        )
+        avals = []
+        for k, (arg, sharding) in enumerate(zip(self.function.args, shardings, strict=True)):
+            shape = list(shape_of(arg.type))
+            if k in self.batch_leaves and self.num_micro_batches > 1:
+                shape[0] *= self.num_micro_batches
+            dtype = dtype_of(arg.type)
+            avals.append(jax.ShapeDtypeStruct(tuple(shape), dtype, sharding=sharding))
+        return jax.tree.unflatten(self.in_tree, avals)
 
     def get_output_placement_specs(self) -> Any:
         assert self.mesh.axis_names is not None
