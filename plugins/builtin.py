@@ -61,3 +61,10 @@ def alpa_ir_solvers() -> Mapping[str, Callable[[], Any]]:
     from alpa_ir.solvers import cbc_solver, highs_solver
 
     return {"cbc": cbc_solver, "highs": highs_solver}
+
+
+@hookimpl
+def alpa_ir_cluster_presets() -> Mapping[str, Callable[..., Any]]:
+    from alpa_ir.clusters import builtin_presets
+
+    return builtin_presets()
