@@ -81,6 +81,10 @@ def _fsync(path: Path) -> None:
 def _write_leaf(file: Path, leaf: Any, name: str) -> None:
     """The global value of ``leaf`` as a .npy, written shard by shard."""
     if isinstance(leaf, jax.Array):
+        if leaf.is_deleted():
+            raise AlpaError(
+                f"leaf {name} was deleted (donated to a step?); save the state the step returned"
+            )
         if not leaf.is_fully_addressable:
             raise AlpaError(
                 f"leaf {name} spans several processes; only single-process checkpoints are supported"

@@ -264,3 +264,11 @@ def test_input_avals_of_a_micro_batched_executable() -> None:
     state_leaves = len(jax.tree.leaves(args[0]))
     shardings = jax.tree.leaves(executable.get_input_shardings())
     assert shardings[:state_leaves] == list(executable._in_shardings[:state_leaves])
+
+
+def test_deleted_state_is_refused_and_nothing_is_written(tmp_path: Path) -> None:
+    state = _small_state()
+    state["params"]["w"].delete()  # as a step that donates its state does
+    with pytest.raises(AlpaError, match=r"leaf state\.params\.w was deleted"):
+        alpa_ir.save_checkpoint(tmp_path / "ckpt", state)
+    assert list(tmp_path.iterdir()) == []
