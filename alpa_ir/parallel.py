@@ -438,6 +438,12 @@ def _annotate_manual(
     function.arg_attrs = ArrayAttr(entries)
 
 
+def _is_pipeshard(method: object) -> bool:
+    from alpa_ir.pipeshard import PipeshardParallel
+
+    return isinstance(method, PipeshardParallel)
+
+
 class ParallelizedFunction:
     """The result of :func:`parallelize`: call it like the original function."""
 
@@ -461,6 +467,16 @@ class ParallelizedFunction:
                 (np.shape(x), np.result_type(x.dtype if hasattr(x, "dtype") else x)) for x in flat
             ),
         )
+        if key not in self._cache and _is_pipeshard(self.method):
+            from alpa_ir.pipeshard_executable import compile_pipeshard
+
+            self._cache[key] = compile_pipeshard(  # type: ignore[assignment]
+                self.fn,
+                args,
+                self.method,  # type: ignore[arg-type]
+                donate_argnums=self.donate_argnums,
+                batch_argnums=self.batch_argnums,
+            )
         if key not in self._cache:
             self._cache[key] = compile_step(
                 self.fn,

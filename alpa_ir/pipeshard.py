@@ -1,0 +1,225 @@
+"""``PipeshardParallel``: inter-operator (pipeline) plus intra-operator parallelism.
+
+Compilation of a step: trace it at the micro-batch shape, import it, find its
+layers (the markers of ``mark_pipeline_boundary``, or those ``cluster-operators``
+inserts for :class:`AutoLayerOption`), slice the layers into stages on
+submeshes of the devices (uniform or manual slicing here; the
+``construct-stages`` DP for :class:`AutoStageOption`), outline the stages
+(:mod:`alpa_ir.stage_outline`), auto-shard every stage function on its
+submesh's logical mesh, and compile each as one SPMD program. The resulting
+:class:`PipeshardExecutable` runs the step with the local driver
+(:mod:`alpa_ir.runtime.local_driver`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import jax
+import numpy as np
+from jax.sharding import Mesh
+from xdsl.dialects import func
+from xdsl.dialects.builtin import DenseArrayBase, FlatSymbolRefAttr, ModuleOp, StringAttr
+
+from alpa_ir.device_mesh import LogicalDeviceMesh
+from alpa_ir.dialects.mesh import MESH_ATTR
+from alpa_ir.errors import AlpaError
+from alpa_ir.module_utils import main_function, symbol_op
+from alpa_ir.parallel import AutoShardingOption, Devices
+from alpa_ir.plugins.registry import PluginRegistry, default_registry
+
+
+@dataclass(frozen=True)
+class ManualLayerOption:
+    """Layers are delimited by the step's ``mark_pipeline_boundary`` calls."""
+
+
+@dataclass(frozen=True)
+class AutoLayerOption:
+    """``cluster-operators`` slices the forward computation into ``layer_num``
+    layers (Alpa §5.2, Eq. 6) with FLOP imbalance tolerance ``eps``."""
+
+    layer_num: int
+    eps: float = 0.5
+
+
+@dataclass(frozen=True)
+class UniformStageOption:
+    """``num_stages`` stages of equally many layers on equal submeshes
+    (default: one stage per layer) of logical shape ``submesh_logical_shape``
+    (default ``(1, devices per stage)``)."""
+
+    num_stages: int | None = None
+    submesh_logical_shape: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class ManualStageOption:
+    """Stage ``i`` holds layers ``forward_stage_layer_ids[i]`` (consecutive) on
+    a submesh of ``submesh_logical_shapes[i]``; submeshes take the devices in
+    order."""
+
+    forward_stage_layer_ids: Sequence[Sequence[int]]
+    submesh_logical_shapes: Sequence[tuple[int, int]]
+
+
+@dataclass(frozen=True)
+class AutoStageOption:
+    """Stages, submeshes and logical meshes chosen by ``construct-stages``."""
+
+    submesh_logical_shape_space: Literal["all", "single_node_model_parallel"] = "all"
+
+
+StageOption = UniformStageOption | ManualStageOption | AutoStageOption
+LayerOption = ManualLayerOption | AutoLayerOption
+
+
+@dataclass(frozen=True)
+class PipeshardParallel:
+    """Pipeline stages on submeshes, each stage auto-sharded on its submesh."""
+
+    devices: Devices = None
+    num_micro_batches: int = 1
+    layer_option: LayerOption = field(default_factory=ManualLayerOption)
+    stage_option: StageOption = field(default_factory=UniformStageOption)
+    pipeline_schedule: Literal["1f1b", "gpipe"] = "1f1b"
+    auto_sharding_option: AutoShardingOption = field(
+        default_factory=lambda: AutoShardingOption(reduce_scatter="none")
+    )
+
+
+@dataclass(frozen=True)
+class StagePlacement:
+    """Layers ``first..last`` on ``mesh``."""
+
+    first: int
+    last: int
+    mesh: LogicalDeviceMesh
+
+
+def _device_ids(devices: Devices) -> tuple[int, ...]:
+    available = len(jax.devices())
+    if devices is None:
+        return tuple(range(available))
+    if isinstance(devices, LogicalDeviceMesh):
+        assert devices.devices is not None
+        ids = tuple(devices.devices)
+    else:
+        ids = tuple(int(d) for d in devices)
+    if max(ids) >= available:
+        raise AlpaError(
+            f"the plan needs {max(ids) + 1} devices but only {available} local devices exist"
+        )
+    return ids
+
+
+def uniform_placements(
+    num_layers: int, devices: Sequence[int], option: UniformStageOption
+) -> list[StagePlacement]:
+    stages = option.num_stages or num_layers
+    if stages > num_layers:
+        raise AlpaError(f"{stages} stages requested but the step has only {num_layers} layers")
+    if len(devices) % stages:
+        raise AlpaError(f"{len(devices)} devices cannot be split evenly into {stages} stages")
+    per_stage = len(devices) // stages
+    shape = option.submesh_logical_shape or (1, per_stage)
+    if math.prod(shape) != per_stage:
+        raise AlpaError(
+            f"submesh logical shape {list(shape)} does not hold the {per_stage} devices of a stage"
+        )
+    bounds = [round(k * num_layers / stages) for k in range(stages + 1)]
+    return [
+        StagePlacement(
+            bounds[k],
+            bounds[k + 1] - 1,
+            LogicalDeviceMesh(tuple(shape), devices=tuple(devices[k * per_stage : (k + 1) * per_stage])),
+        )
+        for k in range(stages)
+    ]
+
+
+def manual_placements(
+    num_layers: int, devices: Sequence[int], option: ManualStageOption
+) -> list[StagePlacement]:
+    if len(option.forward_stage_layer_ids) != len(option.submesh_logical_shapes):
+        raise AlpaError(
+            f"ManualStageOption has {len(option.forward_stage_layer_ids)} stages but "
+            f"{len(option.submesh_logical_shapes)} submesh shapes"
+        )
+    need = sum(math.prod(s) for s in option.submesh_logical_shapes)
+    if need != len(devices):
+        raise AlpaError(f"the submeshes hold {need} devices but the plan has {len(devices)}")
+    out, start = [], 0
+    for layers, shape in zip(option.forward_stage_layer_ids, option.submesh_logical_shapes, strict=True):
+        layers = list(layers)
+        if not layers or layers != list(range(layers[0], layers[0] + len(layers))):
+            raise AlpaError(f"stage layers {layers} are not consecutive")
+        if layers[-1] >= num_layers:
+            raise AlpaError(f"stage layers {layers} exceed the step's {num_layers} layers")
+        size = math.prod(shape)
+        mesh = LogicalDeviceMesh(tuple(shape), devices=tuple(devices[start : start + size]))
+        out.append(StagePlacement(layers[0], layers[-1], mesh))
+        start += size
+    return out
+
+
+def function_module(module: ModuleOp, name: str, mesh: LogicalDeviceMesh) -> ModuleOp:
+    """A module holding a copy of function ``@name`` as ``@main`` on ``@mesh``."""
+    function = symbol_op(module, name, func.FuncOp).clone()
+    assert isinstance(function, func.FuncOp)
+    function.sym_name = StringAttr("main")
+    function.attributes[MESH_ATTR] = FlatSymbolRefAttr("mesh")
+    return ModuleOp([mesh.to_op("mesh"), function])
+
+
+def jax_mesh_of(mesh: LogicalDeviceMesh) -> Mesh:
+    from alpa_ir.backends.xla import local_devices_for
+
+    assert mesh.devices is not None and mesh.axis_names is not None
+    devices = np.array(local_devices_for(mesh.devices), dtype=object).reshape(mesh.shape)
+    return Mesh(devices, mesh.axis_names)
+
+
+@dataclass
+class CompiledStageFunction:
+    name: str
+    module: ModuleOp
+    mesh: LogicalDeviceMesh
+    run: Callable[..., Any]
+    in_shardings: tuple[Any, ...]
+
+
+def shard_stage_function(
+    module: ModuleOp,
+    name: str,
+    mesh: LogicalDeviceMesh,
+    option: AutoShardingOption,
+    registry: PluginRegistry,
+) -> CompiledStageFunction:
+    """Auto-shard ``@name`` on ``mesh``, write the plan back into ``module``, compile it."""
+    from alpa_ir.backends.spmd import compile_spmd
+    from alpa_ir.pass_manager import PassManager
+
+    single = function_module(module, name, mesh)
+    PassManager(registry, option.pipeline(1)).run(single)
+    sharded = main_function(single)
+    original = symbol_op(module, name, func.FuncOp)
+    planned = sharded.clone()
+    planned.sym_name = StringAttr(name)
+    planned.attributes[MESH_ATTR] = original.attributes[MESH_ATTR]
+    module.body.block.insert_op_before(planned, original)
+    module.body.block.erase_op(original)
+    assert mesh.axis_names is not None
+    run, in_shardings = compile_spmd(single, sharded, jax_mesh_of(mesh), mesh.axis_names)
+    return CompiledStageFunction(name, single, mesh, run, in_shardings)
+
+
+def per_micro_batch(function: func.FuncOp) -> frozenset[int]:
+    from alpa_ir.stage_outline import PER_MICRO_BATCH_ATTR
+
+    attr = function.attributes.get(PER_MICRO_BATCH_ATTR)
+    return frozenset(int(x) for x in attr.get_values()) if isinstance(attr, DenseArrayBase) else frozenset()
+

@@ -1,0 +1,159 @@
+"""Compile a training step with :class:`~alpa_ir.pipeshard.PipeshardParallel` and run it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from xdsl.dialects import func
+from xdsl.dialects.builtin import ModuleOp
+
+from alpa_ir.device_mesh import LogicalDeviceMesh
+from alpa_ir.errors import AlpaError
+from alpa_ir.module_utils import main_function, symbol_op
+from alpa_ir.pipeshard import (
+    AutoStageOption,
+    ManualStageOption,
+    PipeshardParallel,
+    StagePlacement,
+    _device_ids,
+    manual_placements,
+    per_micro_batch,
+    shard_stage_function,
+    uniform_placements,
+)
+from alpa_ir.plugins.registry import PluginRegistry, default_registry
+from alpa_ir.runtime.local_driver import LocalPipelineDriver, Ref, StageCall
+
+
+class PipeshardExecutable:
+    """A step compiled into pipeline stages on submeshes of the local devices."""
+
+    def __init__(
+        self,
+        module: ModuleOp,
+        placements: Sequence[StagePlacement],
+        driver: LocalPipelineDriver,
+        in_tree: Any,
+        out_tree: Any,
+    ) -> None:
+        self.module = module
+        self.placements = tuple(placements)
+        self.driver = driver
+        self.in_tree, self.out_tree = in_tree, out_tree
+
+    @property
+    def num_micro_batches(self) -> int:
+        return self.driver.num_micro_batches
+
+    def __call__(self, *args: Any) -> Any:
+        flat, tree = jax.tree.flatten(args)
+        if tree != self.in_tree:
+            raise AlpaError(
+                f"arguments have structure {tree}, the step was compiled for {self.in_tree}"
+            )
+        return jax.tree.unflatten(self.out_tree, self.driver(flat))
+
+    def plan_text(self) -> str:
+        """The plan in a few lines: stages, their layers, meshes and devices."""
+        lines = [
+            f"pipeline: {len(self.placements)} stages, {self.num_micro_batches} micro-batches"
+        ]
+        for k, p in enumerate(self.placements):
+            lines.append(
+                f"  stage {k}: layers {p.first}..{p.last} on mesh {list(p.mesh.shape)} "
+                f"devices {list(p.mesh.devices or ())}"
+            )
+        return "\n".join(lines)
+
+
+def _placements(
+    method: PipeshardParallel, num_layers: int, devices: tuple[int, ...]
+) -> list[StagePlacement]:
+    option = method.stage_option
+    if isinstance(option, ManualStageOption):
+        return manual_placements(num_layers, devices, option)
+    if isinstance(option, AutoStageOption):
+        raise AlpaError("AutoStageOption needs the construct-stages pass (not available yet)")
+    return uniform_placements(num_layers, devices, option)
+
+
+def _calls(module: ModuleOp, compiled: dict[str, Any]) -> tuple[list[StageCall], list[Ref]]:
+    from alpa_ir.stage_outline import PHASES
+
+    main = main_function(module)
+    block = main.body.block
+    refs: dict[Any, Ref] = {a: ("arg", k, 0) for k, a in enumerate(block.args)}
+    calls: list[StageCall] = []
+    for op in block.ops:
+        if not isinstance(op, func.CallOp):
+            continue
+        name = op.callee.string_value()
+        stage_name, phase = name.split("_", 1)
+        assert phase in PHASES
+        target = symbol_op(module, name, func.FuncOp)
+        entry = compiled[name]
+        calls.append(
+            StageCall(
+                name=name,
+                stage=int(stage_name.removeprefix("stage")),
+                phase=phase,
+                operands=tuple(refs[v] for v in op.operands),
+                run=entry.run,
+                in_shardings=entry.in_shardings,
+                per_micro_batch=per_micro_batch(target),
+            )
+        )
+        for r, result in enumerate(op.results):
+            refs[result] = ("call", len(calls) - 1, r)
+    results = [refs[v] for v in block.last_op.operands]  # type: ignore[union-attr]
+    return calls, results
+
+
+def compile_pipeshard(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    method: PipeshardParallel,
+    *,
+    donate_argnums: Sequence[int],
+    batch_argnums: Sequence[int],
+    registry: PluginRegistry | None = None,
+) -> PipeshardExecutable:
+    """Plan and compile ``fn`` for ``args`` with ``method``."""
+    from alpa_ir.frontend.jaxpr_import import import_jax
+    from alpa_ir.frontend.pytree_codec import decode_treedef
+    from alpa_ir.parallel import _leaf_indices, _micro_batch_args
+    from alpa_ir.stage_outline import StageSlice, count_layers, outline_stages
+
+    del donate_argnums  # buffers of a pipeline step are not donated yet
+    registry = registry or default_registry()
+    devices = _device_ids(method.devices)
+    b = method.num_micro_batches
+    if b < 1:
+        raise AlpaError(f"num_micro_batches must be at least 1, got {b}")
+    traced = _micro_batch_args(args, batch_argnums, b) if b > 1 else args
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), traced)
+    module = import_jax(fn, *abstract, batch_argnums=batch_argnums)
+    main = main_function(module)
+    in_tree = decode_treedef(main.attributes["alpa.in_tree"].data)  # type: ignore[attr-defined]
+    out_tree = decode_treedef(main.attributes["alpa.out_tree"].data)  # type: ignore[attr-defined]
+    placements = _placements(method, count_layers(main), devices)
+    for k, p in enumerate(placements):
+        module.body.block.insert_op_before(p.mesh.to_op(f"mesh{k}"), main)
+    slices = [StageSlice(p.first, p.last, f"mesh{k}") for k, p in enumerate(placements)]
+    outline_stages(module, slices, b, method.pipeline_schedule)
+    compiled: dict[str, Any] = {}
+    for op in list(module.body.block.ops):
+        if isinstance(op, func.FuncOp) and op.sym_name.data != "main":
+            stage = int(op.sym_name.data.split("_", 1)[0].removeprefix("stage"))
+            mesh: LogicalDeviceMesh = placements[stage].mesh
+            compiled[op.sym_name.data] = shard_stage_function(
+                module, op.sym_name.data, mesh, method.auto_sharding_option, registry
+            )
+    calls, results = _calls(module, compiled)
+    driver = LocalPipelineDriver(
+        calls, results, frozenset(_leaf_indices(args, batch_argnums)), b
+    )
+    return PipeshardExecutable(module, placements, driver, in_tree, out_tree)

@@ -1,0 +1,368 @@
+"""Outline a training step into per-stage forward, backward and apply-grad functions.
+
+Input: an imported step whose ``@main`` carries layer markers
+(``mark_pipeline_boundary``, or those ``cluster-operators`` inserted) and the
+gradient marker (``alpa_ir.grad`` / ``value_and_grad``), and a slicing of its
+layers into stages, each on a named logical mesh.
+
+Layers come from the markers' positions. Differentiation mirrors every
+forward marker into the backward computation (the marker's transpose), so a
+step with ``L`` layers has ``2(L − 1)`` layer markers in program order:
+segment ``s`` (the ops after ``s`` markers) is the forward of layer ``s`` for
+``s < L − 1``, the last layer's forward *and* backward for ``s = L − 1``, and
+the backward of layer ``2(L − 1) − s`` after that. The backward ops of a layer
+thus land with its forward ops (Alpa §5.1, constraint 1). Ops after the
+gradient marker (the optimizer, ``apply``) go to the stage of the gradient or
+parameter they update: the first operand computed by a forward/backward
+function, else one computed by an earlier apply op; an op with neither (a
+step counter) goes to the stage of its first user. Markers are identities and
+disappear; operand-free ops (constants, iota) are copied into every function
+that uses them.
+
+Output, written into the module (the pipeline IR contract):
+``pipeline.plan``, one ``pipeline.stage`` per stage, functions
+``stage<i>_forward`` / ``stage<i>_backward`` / ``stage<i>_apply_grad`` (each
+with ``mesh.mesh``), and ``@main`` rewritten as the driver: only ``func.call``
+ops in dependency order and the return. Forward and backward functions run
+once per micro-batch; results of theirs that apply-grad functions use or
+``@main`` returns are accumulated (mean over micro-batches).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from xdsl.dialects import func
+from xdsl.dialects.builtin import (
+    ArrayAttr,
+    DenseArrayBase,
+    FlatSymbolRefAttr,
+    IntegerAttr,
+    ModuleOp,
+    StringAttr,
+    i64,
+)
+from xdsl.ir import Block, Operation, Region, SSAValue
+
+from alpa_ir.dialects.lax import LaxOp
+from alpa_ir.dialects.mesh import MESH_ATTR
+from alpa_ir.dialects.pipeline import SCHEDULES, PlanOp, StageOp
+from alpa_ir.errors import AlpaError
+from alpa_ir.module_utils import main_function
+from alpa_ir.step_partition import is_grad_marker, partition_step
+
+PHASES = ("forward", "backward", "apply_grad")
+BATCH_ATTR = "alpa.batch_args"
+PER_MICRO_BATCH_ATTR = "pipeline.per_micro_batch"
+"""On forward/backward functions: the results that depend on the batch. When
+such a result is accumulated, the driver takes its mean over micro-batches;
+the other results are the same for every micro-batch and are taken once."""
+
+
+@dataclass(frozen=True)
+class StageSlice:
+    """Layers ``first..last`` (inclusive) on the logical mesh ``@mesh``."""
+
+    first: int
+    last: int
+    mesh: str
+
+
+def is_layer_marker(op: Operation) -> bool:
+    return (
+        isinstance(op, LaxOp)
+        and op.primitive_name == "pipeline_marker"
+        and op.param("kind") == "layer"
+    )
+
+
+def count_layers(function: func.FuncOp) -> int:
+    """``L``: the layers that the step's markers delimit (1 without markers)."""
+    markers = [op for op in function.body.block.ops if is_layer_marker(op)]
+    if len(markers) % 2:
+        raise AlpaError(
+            f"@{function.sym_name.data} has {len(markers)} layer markers; a differentiated "
+            "step has an even number (each forward marker is mirrored in the backward pass)"
+        )
+    half = len(markers) // 2
+    for k in range(half):
+        forward, backward = markers[k], markers[len(markers) - 1 - k]
+        if [v.type for v in forward.operands] != [v.type for v in backward.operands]:
+            raise AlpaError(
+                f"layer marker {k} and its backward mirror carry different types; "
+                "mark layer boundaries only inside the differentiated loss function"
+            )
+    return half + 1
+
+
+def function_name(stage: int, phase: str) -> str:
+    return f"stage{stage}_{phase}"
+
+
+def _batch_args(function: func.FuncOp) -> list[int]:
+    attr = function.attributes.get(BATCH_ATTR)
+    return [int(x) for x in attr.get_values()] if isinstance(attr, DenseArrayBase) else []
+
+
+def _check_slices(slices: Sequence[StageSlice], num_layers: int) -> None:
+    if not slices:
+        raise AlpaError("a pipeline plan needs at least one stage")
+    if len(slices) > num_layers:
+        raise AlpaError(f"{len(slices)} stages requested but the step has only {num_layers} layers")
+    expected = 0
+    for k, s in enumerate(slices):
+        if s.first != expected or s.last < s.first:
+            raise AlpaError(
+                f"stage {k} covers layers {s.first}..{s.last}; stages must cover layers "
+                f"0..{num_layers - 1} in order without gaps"
+            )
+        expected = s.last + 1
+    if expected != num_layers:
+        raise AlpaError(f"the stages cover layers 0..{expected - 1} of 0..{num_layers - 1}")
+
+
+class _Assignment:
+    """Which (stage, phase) group every op of ``@main`` belongs to."""
+
+    def __init__(self, function: func.FuncOp, slices: Sequence[StageSlice]) -> None:
+        block = function.body.block
+        self.ops = [op for op in block.ops if op is not block.last_op]
+        num_layers = count_layers(function)
+        _check_slices(slices, num_layers)
+        stage_of_layer = [k for k, s in enumerate(slices) for _ in range(s.first, s.last + 1)]
+        partition = partition_step(function, _batch_args(function))
+        apply_ops = set(partition.apply)
+        self.batch_dependent = set(partition.compute)
+        self.alias: dict[SSAValue, SSAValue] = {}
+        self.floating: set[Operation] = set()
+        self.group: dict[Operation, tuple[int, str]] = {}
+        last = num_layers - 1
+        segment = 0
+        for op in self.ops:
+            if is_layer_marker(op) or is_grad_marker(op):
+                for result, operand in zip(op.results, op.operands, strict=True):
+                    self.alias[result] = operand
+                segment += is_layer_marker(op)
+            elif not op.operands and not op.regions:
+                self.floating.add(op)
+            elif op not in apply_ops:
+                layer = segment if segment <= last else 2 * last - segment
+                phase = "forward" if segment <= last else "backward"
+                self.group[op] = (stage_of_layer[layer], phase)
+        self._assign_apply([op for op in self.ops if op in apply_ops])
+
+    def resolve(self, value: SSAValue) -> SSAValue:
+        while value in self.alias:
+            value = self.alias[value]
+        return value
+
+    def producer(self, value: SSAValue) -> Operation | None:
+        owner = self.resolve(value).owner
+        return owner if isinstance(owner, Operation) else None
+
+    def _assign_apply(self, apply_ops: list[Operation]) -> None:
+        deferred: list[Operation] = []
+        for op in apply_ops:
+            if op in self.floating:
+                continue
+            producers = [self.producer(v) for v in op.operands]
+            groups = [self.group[p] for p in producers if p is not None and p in self.group]
+            computed = [g for g in groups if g[1] != "apply_grad"]
+            chosen = computed[0] if computed else (groups[0] if groups else None)
+            if chosen is None:
+                deferred.append(op)
+            else:
+                self.group[op] = (chosen[0], "apply_grad")
+        for op in reversed(deferred):
+            users = [
+                use.operation
+                for result in op.results
+                for use in result.uses
+                if use.operation in self.group
+            ]
+            stage = min((self.group[u][0] for u in users), default=0)
+            self.group[op] = (stage, "apply_grad")
+
+
+@dataclass
+class _Group:
+    key: tuple[int, str]
+    ops: list[Operation]
+    inputs: list[SSAValue]
+    outputs: list[SSAValue]
+
+
+def _collect_groups(assignment: _Assignment, returned: Sequence[SSAValue]) -> list[_Group]:
+    groups: dict[tuple[int, str], _Group] = {}
+    for op in assignment.ops:
+        key = assignment.group.get(op)
+        if key is not None:
+            groups.setdefault(key, _Group(key, [], [], [])).ops.append(op)
+    owner: dict[SSAValue, tuple[int, str]] = {
+        r: key for key, g in groups.items() for op in g.ops for r in op.results
+    }
+    needed: dict[tuple[int, str], list[SSAValue]] = {k: [] for k in groups}
+    for key, g in groups.items():
+        seen: set[SSAValue] = set()
+        for op in g.ops:
+            for operand in op.operands:
+                value = assignment.resolve(operand)
+                producer = value.owner
+                if isinstance(producer, Operation) and producer in assignment.floating:
+                    continue
+                if owner.get(value) == key or value in seen:
+                    continue
+                seen.add(value)
+                g.inputs.append(value)
+                if value in owner:
+                    needed[owner[value]].append(value)
+    for value in returned:
+        value = assignment.resolve(value)
+        if value in owner:
+            needed[owner[value]].append(value)
+    for key, g in groups.items():
+        g.outputs = list(dict.fromkeys(needed[key]))
+    return list(groups.values())
+
+
+def _order(groups: list[_Group], num_stages: int) -> list[_Group]:
+    """Forward stages ascending, backward descending, apply-grad in dependency order."""
+    by_key = {g.key: g for g in groups}
+    ordered = [by_key[(s, "forward")] for s in range(num_stages) if (s, "forward") in by_key]
+    ordered += [
+        by_key[(s, "backward")] for s in reversed(range(num_stages)) if (s, "backward") in by_key
+    ]
+    applies = [by_key[(s, "apply_grad")] for s in range(num_stages) if (s, "apply_grad") in by_key]
+    defined = {v for g in ordered for v in g.outputs}
+    while applies:
+        ready = [g for g in applies if all(_defined(v, defined) for v in g.inputs)]
+        if not ready:
+            names = ", ".join(function_name(*g.key) for g in applies)
+            raise AlpaError(
+                f"the apply-grad computations {names} depend on each other (e.g. global "
+                "gradient clipping across stages); outline them into one stage"
+            )
+        for g in ready:
+            ordered.append(g)
+            defined.update(g.outputs)
+            applies.remove(g)
+    for position, g in enumerate(ordered):
+        earlier = {v for h in ordered[:position] for v in h.outputs}
+        for value in g.inputs:
+            if not _defined(value, earlier):
+                raise AlpaError(
+                    f"{function_name(*g.key)} uses a value computed later in the step; "
+                    "layer markers must follow the order of the computation"
+                )
+    return ordered
+
+
+def _defined(value: SSAValue, defined: set[SSAValue]) -> bool:
+    return not isinstance(value.owner, Operation) or value in defined
+
+
+def _build_function(
+    g: _Group, assignment: _Assignment, mesh: str, main_batch: set[SSAValue]
+) -> func.FuncOp:
+    block = Block(arg_types=[v.type for v in g.inputs])
+    mapping: dict[SSAValue, SSAValue] = dict(zip(g.inputs, block.args, strict=True))
+    copied: set[Operation] = set()
+    for op in g.ops:
+        for operand in op.operands:
+            value = assignment.resolve(operand)
+            producer = value.owner
+            if (
+                isinstance(producer, Operation)
+                and producer in assignment.floating
+                and producer not in copied
+            ):
+                block.add_op(producer.clone(mapping))
+                copied.add(producer)
+        for operand in op.operands:
+            mapping.setdefault(operand, mapping.get(assignment.resolve(operand), operand))
+        block.add_op(op.clone(mapping))
+    block.add_op(func.ReturnOp(*[mapping[v] for v in g.outputs]))
+    function = func.FuncOp(
+        function_name(*g.key),
+        ([v.type for v in g.inputs], [v.type for v in g.outputs]),
+        Region(block),
+    )
+    function.attributes[MESH_ATTR] = FlatSymbolRefAttr(mesh)
+    batch = [k for k, v in enumerate(g.inputs) if v in main_batch]
+    if batch:
+        function.attributes[BATCH_ATTR] = DenseArrayBase.from_list(i64, batch)
+    if g.key[1] != "apply_grad":
+        varying = [k for k, v in enumerate(g.outputs) if v.owner in assignment.batch_dependent]
+        function.attributes[PER_MICRO_BATCH_ATTR] = DenseArrayBase.from_list(i64, varying)
+    return function
+
+
+def outline_stages(
+    module: ModuleOp,
+    slices: Sequence[StageSlice],
+    num_micro_batches: int = 1,
+    schedule: str = "1f1b",
+) -> None:
+    """Rewrite ``module``'s ``@main`` into the outlined pipeline form (see module doc)."""
+    if schedule not in SCHEDULES:
+        raise AlpaError(f"unknown pipeline schedule '{schedule}'; expected one of {SCHEDULES}")
+    if num_micro_batches < 1:
+        raise AlpaError(f"num_micro_batches must be at least 1, got {num_micro_batches}")
+    main = main_function(module)
+    returned = list(main.body.block.last_op.operands)  # type: ignore[union-attr]
+    assignment = _Assignment(main, slices)
+    groups = _order(_collect_groups(assignment, returned), len(slices))
+    batch_values = {main.body.block.args[k] for k in _batch_args(main)}
+    functions = {
+        g.key: _build_function(g, assignment, slices[g.key[0]].mesh, batch_values) for g in groups
+    }
+
+    new_block = Block(arg_types=[a.type for a in main.body.block.args])
+    values: dict[SSAValue, SSAValue] = dict(zip(main.body.block.args, new_block.args, strict=True))
+    for g in groups:
+        call = func.CallOp(
+            function_name(*g.key), [values[v] for v in g.inputs], [v.type for v in g.outputs]
+        )
+        new_block.add_op(call)
+        values.update(zip(g.outputs, call.results, strict=True))
+    new_block.add_op(func.ReturnOp(*[values[assignment.resolve(v)] for v in returned]))
+    new_main = func.FuncOp(
+        "main",
+        main.function_type,
+        Region(new_block),
+        arg_attrs=main.arg_attrs,
+        res_attrs=main.res_attrs,
+    )
+    for name, attr in main.attributes.items():
+        if name not in new_main.attributes:
+            new_main.attributes[name] = attr
+
+    top = module.body.block
+    stage_ops = []
+    for k, s in enumerate(slices):
+        refs = {
+            phase: FlatSymbolRefAttr(function_name(k, phase))
+            for phase in PHASES
+            if (k, phase) in functions
+        }
+        stage_ops.append(
+            StageOp.create(
+                properties={
+                    "sym_name": StringAttr(f"stage{k}"),
+                    "layers": DenseArrayBase.from_list(i64, [s.first, s.last]),
+                    "mesh": FlatSymbolRefAttr(s.mesh),
+                    **refs,
+                }
+            )
+        )
+    plan = PlanOp.create(
+        properties={
+            "sym_name": StringAttr("plan"),
+            "stages": ArrayAttr([FlatSymbolRefAttr(f"stage{k}") for k in range(len(slices))]),
+            "num_micro_batches": IntegerAttr(num_micro_batches, i64),
+            "schedule": StringAttr(schedule),
+        }
+    )
+    top.insert_ops_before([plan, *stage_ops, *functions.values(), new_main], main)
+    top.erase_op(main)
