@@ -29,7 +29,7 @@ from alpa_ir.dialects.mesh import MESH_ATTR
 from alpa_ir.errors import AlpaError
 from alpa_ir.module_utils import main_function, symbol_op
 from alpa_ir.parallel import AutoShardingOption, Devices
-from alpa_ir.plugins.registry import PluginRegistry, default_registry
+from alpa_ir.plugins.registry import PluginRegistry
 
 
 @dataclass(frozen=True)
@@ -135,7 +135,9 @@ def uniform_placements(
         StagePlacement(
             bounds[k],
             bounds[k + 1] - 1,
-            LogicalDeviceMesh(tuple(shape), devices=tuple(devices[k * per_stage : (k + 1) * per_stage])),
+            LogicalDeviceMesh(
+                tuple(shape), devices=tuple(devices[k * per_stage : (k + 1) * per_stage])
+            ),
         )
         for k in range(stages)
     ]
@@ -153,7 +155,9 @@ def manual_placements(
     if need != len(devices):
         raise AlpaError(f"the submeshes hold {need} devices but the plan has {len(devices)}")
     out, start = [], 0
-    for layers, shape in zip(option.forward_stage_layer_ids, option.submesh_logical_shapes, strict=True):
+    for layers, shape in zip(
+        option.forward_stage_layer_ids, option.submesh_logical_shapes, strict=True
+    ):
         layers = list(layers)
         if not layers or layers != list(range(layers[0], layers[0] + len(layers))):
             raise AlpaError(f"stage layers {layers} are not consecutive")
@@ -221,5 +225,8 @@ def per_micro_batch(function: func.FuncOp) -> frozenset[int]:
     from alpa_ir.stage_outline import PER_MICRO_BATCH_ATTR
 
     attr = function.attributes.get(PER_MICRO_BATCH_ATTR)
-    return frozenset(int(x) for x in attr.get_values()) if isinstance(attr, DenseArrayBase) else frozenset()
-
+    return (
+        frozenset(int(x) for x in attr.get_values())
+        if isinstance(attr, DenseArrayBase)
+        else frozenset()
+    )
