@@ -245,9 +245,9 @@ class CrossMeshResharding(ModulePass):
         anchor = next((o for o in op.ops if isinstance(o, func.FuncOp)), None)
         counter = 0
         for c in _crossings(op):
-            src = _layout(op, c.src_mesh, c.src_spec)
-            dst = _layout(op, c.dst_mesh, c.dst_spec)
             try:
+                src = _layout(op, c.src_mesh, c.src_spec)
+                dst = _layout(op, c.dst_mesh, c.dst_spec)
                 plan = plan_transfer(
                     c.shape, c.itemsize, src, dst, local_all_gather=self.local_all_gather
                 )
