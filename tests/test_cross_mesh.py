@@ -380,3 +380,15 @@ def test_pass_names_the_value_whose_spec_does_not_fit() -> None:
     module = parse_module(bad)
     with pytest.raises(AlpaError, match=r"value stage1_backward:0: spec .* outside a 2-d mesh"):
         PassManager(default_registry(), "builtin.module(cross-mesh-resharding)").run(module)
+
+
+def test_bench_cross_mesh_reports_both_variants(capsys: pytest.CaptureFixture[str]) -> None:
+    from alpa_ir.tools.bench_cross_mesh import CASES, main, rows
+
+    for row in rows([c for c in CASES if c.name == "tiny"]):
+        dst = row.plain.dst
+        assert row.plain.cross_bytes == row.plain.tensor_bytes * dst.replication()
+        assert row.rewritten.cross_bytes == row.plain.tensor_bytes
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    assert "8x1024x2560" in out and "8.0x" in out
