@@ -51,9 +51,10 @@ def alpa_ir_cost_models() -> Mapping[str, Callable[[], Any]]:
 
 @hookimpl
 def alpa_ir_backends() -> Mapping[str, Callable[[], Any]]:
+    from alpa_ir.backends.simulate import SimulateBackend
     from alpa_ir.backends.xla import XlaBackend
 
-    return {"xla": XlaBackend}
+    return {"xla": XlaBackend, "simulate": SimulateBackend}
 
 
 @hookimpl

@@ -1,0 +1,257 @@
+"""The ``simulate`` backend: iteration time and per-device peak memory of a
+pipeline plan, without executing anything, for any cluster size.
+
+Input: a :class:`SimPlan`: per stage the latency of its forward and backward
+part per micro-batch, its apply-grad time, its persistent memory (parameters,
+gradients, optimizer state) and the activations it keeps per in-flight
+micro-batch, per device; the transfer time of a micro-batch's activations
+between consecutive stages (and of their gradients back); the schedule
+(``gpipe`` | ``1f1b``) and the number of micro-batches ``B``.
+
+Time: the task order of each stage comes from :mod:`alpa_ir.pipeline_schedule`
+(the order its clocks give); each stage runs its tasks one after another, a
+task starting when its stage is free and its inputs have arrived:
+``forward (s, b)`` after ``forward (s−1, b)`` ended plus the forward transfer,
+``backward (s, b)`` after ``backward (s+1, b)`` ended plus the backward
+transfer (and after ``forward (s, b)``, which the order guarantees); the
+apply-grad after the stage's last backward. Transfers overlap with compute
+(Alpa's runtime sends asynchronously) and do not contend with each other. The
+iteration time is when the last task ends. With no transfers and equal stages
+this is Eq. 2, ``Σ t_i + (B − 1)·max t_i`` with ``t_i = fwd_i + bwd_i``
+(:func:`eq2_latency`); unequal stages and transfers are honoured as scheduled.
+
+Memory: a stage holds its persistent memory plus the activations of the
+micro-batches in flight (forward done, backward not): ``B`` under GPipe,
+``min(S − i, B)`` on stage ``i`` under 1F1B. A stage whose peak exceeds its
+device memory raises :class:`alpa_ir.errors.PlanError` with the bytes needed
+and available.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from alpa_ir.errors import AlpaError, PlanError
+from alpa_ir.pipeline_schedule import SCHEDULE_KINDS, Task, peak_in_flight, schedule_clocks
+
+GiB = 1024**3
+
+
+@dataclass(frozen=True)
+class SimStage:
+    """One stage: seconds per micro-batch, seconds per step, bytes per device."""
+
+    forward: float
+    backward: float = 0.0
+    apply_grad: float = 0.0
+    persistent_memory: float = 0.0
+    activation_memory: float = 0.0
+    device_memory: float = math.inf
+    num_devices: int = 1
+
+
+@dataclass(frozen=True)
+class SimPlan:
+    """A pipeline plan to simulate. ``forward_transfers[i]``: seconds to move one
+    micro-batch's activations from stage ``i`` to ``i + 1``;
+    ``backward_transfers[i]``: their gradients back (default: the forward ones).
+    Empty: no transfer time."""
+
+    stages: tuple[SimStage, ...]
+    num_micro_batches: int
+    schedule: str = "1f1b"
+    forward_transfers: tuple[float, ...] = ()
+    backward_transfers: tuple[float, ...] | None = None
+
+
+@dataclass(frozen=True)
+class SimTask:
+    stage: int
+    phase: str
+    micro_batch: int | None
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """Iteration time (s), per stage the peak bytes per device and the most
+    micro-batches in flight, and the timeline of every task."""
+
+    iteration_time: float
+    peak_memory: tuple[float, ...]
+    max_in_flight: tuple[int, ...]
+    timeline: tuple[SimTask, ...]
+
+    def stage_busy_time(self, stage: int) -> float:
+        return sum(t.end - t.start for t in self.timeline if t.stage == stage)
+
+
+def _check_time(value: float, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise AlpaError(f"simulate: {what} must be a number of seconds, got {value!r}")
+    if not (math.isfinite(value) and value >= 0):
+        raise AlpaError(f"simulate: {what} must be finite and >= 0 seconds, got {value}")
+    return float(value)
+
+
+def _validate(plan: SimPlan) -> tuple[list[float], list[float]]:
+    num = len(plan.stages)
+    if num < 1:
+        raise AlpaError("simulate: the plan has no stages")
+    b = plan.num_micro_batches
+    if isinstance(b, bool) or not isinstance(b, int) or b < 1:
+        raise AlpaError(f"simulate: num_micro_batches must be an int >= 1, got {b!r}")
+    if plan.schedule not in SCHEDULE_KINDS:
+        raise AlpaError(
+            f"simulate: unknown schedule '{plan.schedule}'; known: {', '.join(SCHEDULE_KINDS)}"
+        )
+    for i, st in enumerate(plan.stages):
+        for name in ("forward", "backward", "apply_grad"):
+            _check_time(getattr(st, name), f"stage {i} {name}")
+        for name in ("persistent_memory", "activation_memory"):
+            value = getattr(st, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise AlpaError(f"simulate: stage {i} {name} must be >= 0 bytes, got {value}")
+        if not st.device_memory > 0:
+            raise AlpaError(
+                f"simulate: stage {i} device_memory must be > 0 bytes, got {st.device_memory}"
+            )
+    forward = _transfers(plan.forward_transfers, num, "forward_transfers")
+    backward = (
+        forward
+        if plan.backward_transfers is None
+        else _transfers(plan.backward_transfers, num, "backward_transfers")
+    )
+    return forward, backward
+
+
+def _transfers(values: Sequence[float], num_stages: int, what: str) -> list[float]:
+    if not values:
+        return [0.0] * (num_stages - 1)
+    if len(values) != num_stages - 1:
+        raise AlpaError(
+            f"simulate: {what} needs {num_stages - 1} values (one per stage boundary), "
+            f"got {len(values)}"
+        )
+    return [_check_time(v, f"{what}[{i}]") for i, v in enumerate(values)]
+
+
+def simulate(plan: SimPlan, *, check_memory: bool = True) -> SimResult:
+    """Simulate one iteration of ``plan`` (module docstring); raise PlanError
+    when a stage runs out of device memory (unless ``check_memory`` is false)."""
+    fwd_transfer, bwd_transfer = _validate(plan)
+    num, b = len(plan.stages), plan.num_micro_batches
+    clocks = schedule_clocks(num, b, plan.schedule)  # type: ignore[arg-type]
+    orders: list[list[Task]] = [[] for _ in range(num)]
+    for tasks in clocks:
+        for task in tasks:
+            orders[task.stage].append(task)
+
+    in_flight = peak_in_flight(clocks, num)
+    peaks = tuple(
+        st.persistent_memory + n * st.activation_memory
+        for st, n in zip(plan.stages, in_flight, strict=True)
+    )
+    if check_memory:
+        for i, (st, peak, n) in enumerate(zip(plan.stages, peaks, in_flight, strict=True)):
+            if peak > st.device_memory:
+                raise PlanError(
+                    f"simulate: stage {i} is out of memory under {plan.schedule}: it needs "
+                    f"{peak / GiB:.3f} GiB per device ({st.persistent_memory / GiB:.3f} GiB "
+                    f"persistent + {n} micro-batches x {st.activation_memory / GiB:.3f} GiB "
+                    f"activations), the device has {st.device_memory / GiB:.3f} GiB"
+                )
+
+    end: dict[Task, float] = {}
+    free = [0.0] * num
+    position = [0] * num
+    timeline: list[SimTask] = []
+    remaining = sum(len(o) for o in orders)
+    while remaining:
+        progressed = False
+        for s in range(num):
+            while position[s] < len(orders[s]):
+                task = orders[s][position[s]]
+                ready = _ready_time(task, num, end, fwd_transfer, bwd_transfer)
+                if ready is None:
+                    break
+                stage = plan.stages[s]
+                duration = {
+                    "forward": stage.forward,
+                    "backward": stage.backward,
+                    "apply_grad": stage.apply_grad,
+                }[task.phase]
+                start = max(free[s], ready)
+                end[task] = free[s] = start + duration
+                timeline.append(SimTask(s, task.phase, task.micro_batch, start, start + duration))
+                position[s] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:  # the schedule module guarantees dependency order
+            raise AlpaError("simulate: the schedule deadlocks (a task waits on a later one)")
+    return SimResult(
+        iteration_time=max(t.end for t in timeline),
+        peak_memory=peaks,
+        max_in_flight=tuple(in_flight),
+        timeline=tuple(timeline),
+    )
+
+
+def _ready_time(
+    task: Task,
+    num_stages: int,
+    end: dict[Task, float],
+    fwd_transfer: list[float],
+    bwd_transfer: list[float],
+) -> float | None:
+    """When the inputs of ``task`` are available, or None if a producer has not run."""
+    s, mb = task.stage, task.micro_batch
+    deps: list[tuple[Task, float]] = []
+    if task.phase == "forward" and s > 0:
+        deps.append((Task(s - 1, mb, "forward"), fwd_transfer[s - 1]))
+    elif task.phase == "backward":
+        deps.append((Task(s, mb, "forward"), 0.0))
+        if s + 1 < num_stages:
+            deps.append((Task(s + 1, mb, "backward"), bwd_transfer[s]))
+    ready = 0.0
+    for dep, delay in deps:
+        if dep not in end:
+            return None
+        ready = max(ready, end[dep] + delay)
+    return ready
+
+
+def eq2_latency(plan: SimPlan) -> float:
+    """Alpa's Eq. 2, ``Σ t_i + (B − 1)·max t_i`` with ``t_i`` = forward + backward
+    of stage ``i`` (no transfers, no apply-grad): the closed form to compare with."""
+    times = [st.forward + st.backward for st in plan.stages]
+    return sum(times) + (plan.num_micro_batches - 1) * max(times)
+
+
+class SimulateBackend:
+    """Backend ``simulate``: estimates instead of executing (see the module docstring)."""
+
+    name = "simulate"
+
+    def simulate(self, plan: SimPlan, *, check_memory: bool = True) -> SimResult:
+        return simulate(plan, check_memory=check_memory)
+
+    def compile(self, module: object) -> SimResult:
+        raise AlpaError(
+            "simulate: estimating a module needs its pipeline plan priced by a stage cost "
+            "model; call SimulateBackend().simulate(SimPlan(...))"
+        )
+
+
+__all__ = [
+    "SimPlan",
+    "SimResult",
+    "SimStage",
+    "SimTask",
+    "SimulateBackend",
+    "eq2_latency",
+    "simulate",
+]
