@@ -26,6 +26,7 @@ def alpa_ir_dialects() -> Sequence[Any]:
 def alpa_ir_passes() -> Sequence[type]:
     from alpa_ir.passes.auto_sharding import AutoSharding
     from alpa_ir.passes.cross_mesh_resharding import CrossMeshResharding
+    from alpa_ir.passes.emit_instructions import EmitInstructions
     from alpa_ir.passes.merge_trivial_ops import MergeTrivialOps
     from alpa_ir.passes.reduce_scatter_rewrite import ReduceScatterRewrite
     from alpa_ir.passes.synthesize_placement import SynthesizePlacement
@@ -38,6 +39,7 @@ def alpa_ir_passes() -> Sequence[type]:
         SynthesizePlacement,
         SynthesizeReductions,
         CrossMeshResharding,
+        EmitInstructions,
     ]
 
 

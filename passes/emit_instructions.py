@@ -1,0 +1,517 @@
+"""``emit-instructions`` (Alpa §6): the static instruction list of each mesh.
+
+Input: the outlined pipeline form (``pipeline.plan``, one ``pipeline.stage`` per
+stage, its functions, ``@main`` as a list of ``func.call`` ops) and the
+``pipeline.transfer`` ops of ``cross-mesh-resharding``. Output: one
+``pipeline.program {mesh = @meshK}`` per stage's mesh, appended to the module
+(programs from an earlier run are replaced; the plan's ``schedule`` is set to
+the one used). The schedule is the plan's, or the pass's ``schedule`` option.
+
+Each mesh's list follows the schedule (:mod:`alpa_ir.pipeline_schedule`)
+clock by clock; for each task of its stage whose function exists:
+
+1. ``recv`` each transfer the function's call reads that this mesh has not
+   received yet for this micro-batch (per-step values: once), followed by
+   ``broadcast`` when :func:`needs_broadcast` says so;
+2. ``run`` the function (``micro_batch`` absent for apply-grad);
+3. ``send`` each transfer of its results with a consumer on another mesh:
+   per micro-batch after each run, and, for accumulated values read by
+   another mesh's apply-grad, once after the function's last run;
+4. ``free`` the buffers whose last use on this mesh was one of the above.
+
+Buffers are named as values are (``"stage0_forward:1"``, with ``micro_batch``
+for a per-micro-batch buffer, without for a per-step one); a received buffer
+is named by its transfer (``"t0"``), as it holds the value in the destination
+layout. Accumulation is implied: a forward/backward result that is
+accumulated (read by an apply-grad call or returned by ``@main``) is added in
+place into its per-step buffer by each run, which keeps that buffer live from
+the first run to its last reader; a per-micro-batch buffer exists only for a
+result that is also read per micro-batch, or that nothing reads (freed right
+after the run). Arguments of ``@main`` are the driver's (placed on the mesh
+before the step, never freed here), and so are the buffers of values
+``@main`` returns.
+
+Semantics the lists are written for (and that tests simulate): ``send`` does
+not block (the runtime keeps the buffer until the send completes, also past a
+``free``), ``recv`` blocks until the matching send was issued. Every value a
+task reads is produced in an earlier clock (checked), so each ``recv``'s send
+comes earlier in its mesh's list, and by induction on clocks every list runs
+to its end: the lists are deadlock-free.
+
+Decisions (the contract is silent): every operand of a call that another
+mesh's call produces needs a ``pipeline.transfer`` of that value to this mesh
+(an error names the value and suggests ``cross-mesh-resharding`` otherwise);
+with several transfers of a value to one mesh, the one whose ``dst_spec`` is
+the consumer's argument spec is used. Stages must be on distinct meshes (the
+schedule runs one task per stage and clock), and a result of an apply-grad
+call may only be returned, never read by another call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from xdsl.context import Context
+from xdsl.dialects import func
+from xdsl.dialects.builtin import (
+    ArrayAttr,
+    DictionaryAttr,
+    FlatSymbolRefAttr,
+    IntegerAttr,
+    ModuleOp,
+    StringAttr,
+    SymbolRefAttr,
+    i64,
+)
+from xdsl.ir import Block, Operation, Region, SSAValue
+from xdsl.passes import ModulePass
+
+from alpa_ir.dialects.mesh import MESH_ATTR, LogicalMeshOp
+from alpa_ir.dialects.pipeline import (
+    BroadcastOp,
+    FreeOp,
+    PlanOp,
+    ProgramOp,
+    RecvOp,
+    RunOp,
+    SendOp,
+    StageOp,
+    TransferOp,
+)
+from alpa_ir.dialects.sharding import ShardingSpec, ShardingSpecAttr
+from alpa_ir.errors import AlpaError
+from alpa_ir.module_utils import main_function, top_level_ops
+from alpa_ir.pipeline_schedule import Phase, ScheduleKind, Task, schedule_clocks, task_clocks
+
+SPEC_ATTR = "sharding.spec"
+
+Buffer = tuple[str, int | None]
+"""A buffer on a mesh: its name and micro-batch (None: per step)."""
+
+
+# --------------------------------------------------------------------------- broadcast
+
+
+def needs_broadcast(transfer: TransferOp, module: ModuleOp) -> bool:
+    """Whether a transfer's tiles are all-gathered on the destination mesh after the
+    receive (Alpa's send-once + local all-gather).
+
+    Rule until ``cross-mesh-resharding`` decides it from its tile plan: the
+    destination spec replicates over a destination mesh axis (of size > 1) on
+    which the source is not replicated (same axis index of the source mesh, an
+    axis the source mesh lacks counting as not replicated). The pass takes the
+    rule as a parameter (:func:`emit_programs`), so a better one replaces this.
+    """
+    src_shape = _mesh_shape(module, transfer.src_mesh.root_reference.data)
+    dst_shape = _mesh_shape(module, transfer.dst_mesh.root_reference.data)
+    src_used = set(transfer.src_spec.spec.used_axes())
+    dst_used = set(transfer.dst_spec.spec.used_axes())
+    src_replicated = {a for a, n in enumerate(src_shape) if n > 1 and a not in src_used}
+    dst_replicated = {a for a, n in enumerate(dst_shape) if n > 1 and a not in dst_used}
+    return bool(dst_replicated - src_replicated)
+
+
+def _mesh_shape(module: ModuleOp, name: str) -> tuple[int, ...]:
+    for op in top_level_ops(module, LogicalMeshOp):
+        assert isinstance(op, LogicalMeshOp)
+        if op.sym_name.data == name:
+            return op.mesh_shape
+    raise AlpaError(f"emit-instructions: module has no mesh.logical_mesh @{name}")
+
+
+BroadcastRule = Callable[[TransferOp, ModuleOp], bool]
+
+
+# --------------------------------------------------------------------------- reading
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One ``func.call`` of @main: its stage function and value names."""
+
+    callee: str
+    stage: int
+    phase: Phase
+    mesh: str
+    operands: tuple[str, ...]
+    results: tuple[str, ...]
+    arg_specs: tuple[ShardingSpec | None, ...]
+
+    @property
+    def per_micro_batch(self) -> bool:
+        return self.phase != "apply_grad"
+
+
+@dataclass
+class _Pipeline:
+    """What the pass reads from the module."""
+
+    plan: PlanOp
+    meshes: list[str]
+    functions: list[dict[Phase, str]]
+    calls: dict[str, _Call]
+    producer: dict[str, _Call]
+    returned: set[str]
+    transfers: dict[tuple[str, str], list[TransferOp]]
+    consumers: dict[str, list[_Call]] = field(default_factory=dict)
+
+
+def _one_plan(module: ModuleOp) -> PlanOp:
+    plans = [op for op in top_level_ops(module, PlanOp) if isinstance(op, PlanOp)]
+    if len(plans) != 1:
+        raise AlpaError(f"emit-instructions: expected one pipeline.plan, found {len(plans)}")
+    return plans[0]
+
+
+def _stages(module: ModuleOp, plan: PlanOp) -> list[StageOp]:
+    by_name = {op.sym_name.data: op for op in top_level_ops(module, StageOp)}  # type: ignore[attr-defined]
+    stages = []
+    for ref in plan.stages.data:
+        name = ref.root_reference.data
+        if name not in by_name:
+            raise AlpaError(f"emit-instructions: plan @{plan.sym_name.data} names no stage @{name}")
+        stage = by_name[name]
+        assert isinstance(stage, StageOp)
+        stages.append(stage)
+    return stages
+
+
+def _functions(module: ModuleOp) -> dict[str, func.FuncOp]:
+    return {op.sym_name.data: op for op in module.ops if isinstance(op, func.FuncOp)}
+
+
+def _arg_spec(function: func.FuncOp, index: int) -> ShardingSpec | None:
+    if function.arg_attrs is None:
+        return None
+    attrs = function.arg_attrs.data[index]
+    assert isinstance(attrs, DictionaryAttr)
+    spec = attrs.data.get(SPEC_ATTR)
+    return spec.spec if isinstance(spec, ShardingSpecAttr) else None
+
+
+def _value_name(value: SSAValue, main: func.FuncOp) -> str:
+    owner = value.owner
+    if isinstance(owner, Block):
+        return f"{main.sym_name.data}:{value.index}"  # type: ignore[attr-defined]
+    assert isinstance(owner, func.CallOp)
+    return f"{owner.callee.root_reference.data}:{value.index}"  # type: ignore[attr-defined]
+
+
+def read_pipeline(module: ModuleOp) -> _Pipeline:
+    """The plan, stages, @main's calls and the transfers, checked for the contract."""
+    plan = _one_plan(module)
+    stages = _stages(module, plan)
+    functions = _functions(module)
+    meshes: list[str] = []
+    phase_functions: list[dict[Phase, str]] = []
+    owner: dict[str, tuple[int, Phase]] = {}
+    for i, stage in enumerate(stages):
+        mesh = stage.mesh.root_reference.data
+        if mesh in meshes:
+            raise AlpaError(
+                f"emit-instructions: stages @{stages[meshes.index(mesh)].sym_name.data} and "
+                f"@{stage.sym_name.data} share mesh @{mesh}; each stage needs its own mesh"
+            )
+        meshes.append(mesh)
+        phases: dict[Phase, str] = {}
+        for phase in ("forward", "backward", "apply_grad"):
+            ref = getattr(stage, phase)
+            if ref is None:
+                continue
+            name = ref.root_reference.data
+            if name not in functions:
+                raise AlpaError(
+                    f"emit-instructions: stage @{stage.sym_name.data} names no function @{name}"
+                )
+            fn_mesh = functions[name].attributes.get(MESH_ATTR)
+            if isinstance(fn_mesh, SymbolRefAttr) and fn_mesh.root_reference.data != mesh:
+                raise AlpaError(
+                    f"emit-instructions: @{name} runs on @{fn_mesh.root_reference.data} but its "
+                    f"stage @{stage.sym_name.data} is on @{mesh}"
+                )
+            phases[phase] = name  # type: ignore[index]
+            owner[name] = (i, phase)  # type: ignore[assignment]
+        phase_functions.append(phases)
+
+    main = main_function(module)
+    calls: dict[str, _Call] = {}
+    producer: dict[str, _Call] = {}
+    returned: set[str] = set()
+    for op in main.body.ops:
+        if isinstance(op, func.ReturnOp):
+            returned = {_value_name(v, main) for v in op.operands}
+            continue
+        if not isinstance(op, func.CallOp):
+            raise AlpaError(
+                f"emit-instructions: @main may hold only func.call ops, found {op.name}"
+            )
+        callee = op.callee.root_reference.data
+        if callee not in owner:
+            raise AlpaError(
+                f"emit-instructions: @main calls @{callee}, which is no stage's function"
+            )
+        if callee in calls:
+            raise AlpaError(f"emit-instructions: @main calls @{callee} twice")
+        stage, phase = owner[callee]
+        call = _Call(
+            callee,
+            stage,
+            phase,
+            meshes[stage],
+            tuple(_value_name(v, main) for v in op.operands),
+            tuple(f"{callee}:{k}" for k in range(len(op.results))),
+            tuple(_arg_spec(functions[callee], k) for k in range(len(op.operands))),
+        )
+        calls[callee] = call
+        for r in call.results:
+            producer[r] = call
+
+    transfers: dict[tuple[str, str], list[TransferOp]] = {}
+    for op in top_level_ops(module, TransferOp):
+        assert isinstance(op, TransferOp)
+        key = (op.value.data, op.dst_mesh.root_reference.data)
+        transfers.setdefault(key, []).append(op)
+
+    pipeline = _Pipeline(plan, meshes, phase_functions, calls, producer, returned, transfers)
+    for call in calls.values():
+        for v in dict.fromkeys(call.operands):
+            if v in producer:
+                pipeline.consumers.setdefault(v, []).append(call)
+    return pipeline
+
+
+# --------------------------------------------------------------------------- transfers
+
+
+def _transfer_for(p: _Pipeline, value: str, consumer: _Call, index: int) -> TransferOp:
+    """The transfer bringing ``value`` (operand ``index`` of ``consumer``) to its mesh."""
+    src = p.producer[value].mesh
+    candidates = p.transfers.get((value, consumer.mesh), [])
+    if not candidates:
+        raise AlpaError(
+            f'emit-instructions: value "{value}" read by @{consumer.callee} crosses from '
+            f"@{src} to @{consumer.mesh} but no pipeline.transfer carries it "
+            "(run cross-mesh-resharding first)"
+        )
+    if len(candidates) > 1:
+        spec = consumer.arg_specs[index]
+        candidates = [t for t in candidates if t.dst_spec.spec == spec]
+        if len(candidates) != 1:
+            raise AlpaError(
+                f"emit-instructions: {len(p.transfers[(value, consumer.mesh)])} transfers of "
+                f'"{value}" to @{consumer.mesh}; none or several match the spec of '
+                f"@{consumer.callee}'s argument {index}"
+            )
+    transfer = candidates[0]
+    if transfer.src_mesh.root_reference.data != src:
+        raise AlpaError(
+            f'emit-instructions: transfer @{transfer.sym_name.data} sends "{value}" from '
+            f"@{transfer.src_mesh.root_reference.data}, but it is produced on @{src}"
+        )
+    return transfer
+
+
+# --------------------------------------------------------------------------- emission
+
+
+@dataclass(frozen=True)
+class Instruction:
+    """One instruction before it becomes an op: ``kind`` is run, send, recv,
+    broadcast or free; ``target`` a function, transfer, or nothing for free."""
+
+    kind: Literal["run", "send", "recv", "broadcast", "free"]
+    target: str
+    micro_batch: int | None
+    buffers: tuple[str, ...] = ()
+
+
+@dataclass
+class _ListBuilder:
+    """Builds one mesh's list and records each buffer's definition and uses."""
+
+    instructions: list[Instruction] = field(default_factory=list)
+    defined: dict[Buffer, int] = field(default_factory=dict)
+    last_use: dict[Buffer, int] = field(default_factory=dict)
+
+    def add(
+        self, ins: Instruction, uses: Iterable[Buffer] = (), defs: Iterable[Buffer] = ()
+    ) -> None:
+        at = len(self.instructions)
+        self.instructions.append(ins)
+        for b in uses:
+            self.last_use[b] = at
+        for b in defs:
+            self.defined.setdefault(b, at)
+            self.last_use[b] = at
+
+    def with_frees(self, keep: set[Buffer]) -> list[Instruction]:
+        """The list with a ``free`` after each instruction that last used a buffer."""
+        freed: dict[int, list[Buffer]] = {}
+        for b in sorted(self.defined, key=lambda b: self.defined[b]):
+            if b not in keep:
+                freed.setdefault(self.last_use[b], []).append(b)
+        out: list[Instruction] = []
+        for at, ins in enumerate(self.instructions):
+            out.append(ins)
+            by_mb: dict[int | None, list[str]] = {}
+            for name, mb in freed.get(at, []):
+                by_mb.setdefault(mb, []).append(name)
+            out += [Instruction("free", "", mb, tuple(names)) for mb, names in by_mb.items()]
+        return out
+
+
+def _check_order(p: _Pipeline, at: dict[Task, int], num_micro_batches: int, kind: str) -> None:
+    """Every value a call reads is produced in an earlier clock, for every micro-batch."""
+    for call in p.calls.values():
+        for v in call.operands:
+            prod = p.producer.get(v)
+            if prod is None:
+                continue
+            if not prod.per_micro_batch:
+                raise AlpaError(
+                    f'emit-instructions: @{call.callee} reads "{v}", a result of apply-grad '
+                    f"function @{prod.callee}; apply-grad results may only be returned"
+                )
+            if not call.per_micro_batch:
+                continue
+            for b in range(num_micro_batches):
+                if at[Task(prod.stage, b, prod.phase)] >= at[Task(call.stage, b, call.phase)]:
+                    raise AlpaError(
+                        f"emit-instructions: schedule '{kind}' runs @{call.callee} no later than "
+                        f'@{prod.callee}, whose result "{v}" it reads (micro-batch {b})'
+                    )
+
+
+def emit_programs(
+    module: ModuleOp,
+    schedule: ScheduleKind | None = None,
+    broadcast: BroadcastRule = needs_broadcast,
+) -> dict[str, list[Instruction]]:
+    """The instruction list of each mesh (in stage order), without touching the module."""
+    p = read_pipeline(module)
+    kind: ScheduleKind = schedule or p.plan.schedule.data  # type: ignore[assignment]
+    num_mb = int(p.plan.num_micro_batches.value.data)
+    clocks = schedule_clocks(len(p.meshes), num_mb, kind)
+    at = task_clocks(clocks)
+    _check_order(p, at, num_mb, kind)
+
+    accumulated = {
+        v
+        for v, prod in p.producer.items()
+        if prod.per_micro_batch
+        and (v in p.returned or any(not c.per_micro_batch for c in p.consumers.get(v, [])))
+    }
+    # the transfers each call receives, and each value's sends (per micro-batch / per step)
+    reads: dict[str, list[tuple[str, TransferOp | None]]] = {}
+    sends_mb: dict[str, list[TransferOp]] = {}
+    sends_step: dict[str, list[TransferOp]] = {}
+    for call in p.calls.values():
+        reads[call.callee] = []
+        for k, v in enumerate(call.operands):
+            prod = p.producer.get(v)
+            if prod is None:
+                continue
+            t = _transfer_for(p, v, call, k) if prod.mesh != call.mesh else None
+            reads[call.callee].append((v, t))
+            if t is not None:
+                target = sends_mb if call.per_micro_batch else sends_step
+                if t not in target.setdefault(v, []):
+                    target[v].append(t)
+    last_run = {
+        call.callee: max(
+            (Task(call.stage, b, call.phase) for b in range(num_mb))
+            if call.per_micro_batch
+            else [],
+            key=lambda t: at[t],
+            default=None,
+        )
+        for call in p.calls.values()
+    }
+
+    programs: dict[str, list[Instruction]] = {}
+    for s, mesh in enumerate(p.meshes):
+        lb = _ListBuilder()
+        received: set[Buffer] = set()
+        keep: set[Buffer] = {(v, None) for v in p.returned if v in p.producer}
+        for task in (t for clock in clocks for t in clock if t.stage == s):
+            fn = p.functions[s].get(task.phase)
+            if fn is None or fn not in p.calls:
+                continue
+            call = p.calls[fn]
+            mb = task.micro_batch
+            uses: list[Buffer] = []
+            for v, t in reads[fn]:
+                if t is None:  # produced on this mesh
+                    uses.append((v, mb) if call.per_micro_batch else (v, None))
+                    continue
+                buf = (t.sym_name.data, mb)
+                if buf not in received:
+                    received.add(buf)
+                    lb.add(Instruction("recv", t.sym_name.data, mb), defs=[buf])
+                    if broadcast(t, module):
+                        lb.add(Instruction("broadcast", t.sym_name.data, mb), uses=[buf])
+                uses.append(buf)
+            defs: list[Buffer] = []
+            for v in call.results:
+                if v not in accumulated:
+                    defs.append((v, mb))
+                    continue
+                defs.append((v, None))  # the per-step buffer, accumulated in place
+                if any(c.per_micro_batch for c in p.consumers.get(v, [])) or v in sends_mb:
+                    defs.append((v, mb))
+            lb.add(Instruction("run", fn, mb), uses=uses, defs=defs)
+            for v in call.results:
+                for t in sends_mb.get(v, []):
+                    lb.add(Instruction("send", t.sym_name.data, mb), uses=[(v, mb)])
+            if task == last_run[fn]:
+                for v in call.results:
+                    for t in sends_step.get(v, []):
+                        lb.add(Instruction("send", t.sym_name.data, None), uses=[(v, None)])
+        programs[mesh] = lb.with_frees(keep)
+    return programs
+
+
+def _op(ins: Instruction) -> Operation:
+    props: dict[str, object] = {}
+    if ins.kind == "run":
+        props["function"] = FlatSymbolRefAttr(ins.target)
+    elif ins.kind == "free":
+        props["buffers"] = ArrayAttr([StringAttr(b) for b in ins.buffers])
+    else:
+        props["transfer"] = FlatSymbolRefAttr(ins.target)
+    if ins.micro_batch is not None:
+        props["micro_batch"] = IntegerAttr(ins.micro_batch, i64)
+    kinds = {"run": RunOp, "send": SendOp, "recv": RecvOp, "broadcast": BroadcastOp, "free": FreeOp}
+    return kinds[ins.kind].create(properties=props)  # type: ignore[arg-type]
+
+
+def program_op(mesh: str, instructions: list[Instruction]) -> ProgramOp:
+    """The ``pipeline.program`` holding ``instructions`` for ``mesh``."""
+    return ProgramOp.create(
+        properties={"mesh": FlatSymbolRefAttr(mesh)},
+        regions=[Region(Block([_op(i) for i in instructions]))],
+    )
+
+
+@dataclass(frozen=True)
+class EmitInstructions(ModulePass):
+    """Write one ``pipeline.program`` per mesh from the plan's schedule."""
+
+    name = "emit-instructions"
+
+    schedule: Literal["gpipe", "1f1b"] | None = field(
+        default=None, metadata={"help": "pipeline schedule; none: the plan's"}
+    )
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        del ctx
+        programs = emit_programs(op, self.schedule)
+        for old in list(top_level_ops(op, ProgramOp)):
+            old.detach()
+            old.erase()
+        plan = _one_plan(op)
+        if self.schedule is not None:
+            plan.properties["schedule"] = StringAttr(self.schedule)
+        op.body.block.add_ops(program_op(mesh, ins) for mesh, ins in programs.items())
