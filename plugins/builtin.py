@@ -67,6 +67,13 @@ def alpa_ir_solvers() -> Mapping[str, Callable[[], Any]]:
 
 
 @hookimpl
+def alpa_ir_stage_cost_models() -> Mapping[str, Callable[[], Any]]:
+    from alpa_ir.stage_cost import AnalyticalStageCostModel
+
+    return {"analytical": AnalyticalStageCostModel}
+
+
+@hookimpl
 def alpa_ir_cluster_presets() -> Mapping[str, Callable[..., Any]]:
     from alpa_ir.clusters import builtin_presets
 

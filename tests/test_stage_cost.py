@@ -1,0 +1,205 @@
+"""The analytical stage cost model: FLOPs, communication from the auto-sharding
+plan, memory parts, Eq. 5's max_stages_after, and the structural cache."""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import pytest
+from xdsl.dialects import func
+
+import alpa_ir
+from alpa_ir.autosharding.cost_model import collective_bytes_on_wire
+from alpa_ir.autosharding.plan_bytes import predicted_collectives
+from alpa_ir.clusters import Cluster, ClusterLevel, get_cluster
+from alpa_ir.device_mesh import LogicalDeviceMesh
+from alpa_ir.errors import AlpaError
+from alpa_ir.flops import function_flops
+from alpa_ir.module_utils import main_function
+from alpa_ir.plugins.registry import default_registry
+from alpa_ir.stage_cost import (
+    AnalyticalStageCostModel,
+    StageCostOptions,
+    StageMemory,
+    function_fingerprint,
+    plan_function,
+)
+
+BATCH, HIDDEN = 16, 64
+
+
+def _layers(params: dict[str, Any], x: jax.Array) -> Any:
+    """Forward and backward of a stack of tanh layers (one stage's ops)."""
+
+    def loss(p: dict[str, Any]) -> jax.Array:
+        h = x
+        for name in sorted(p):
+            h = jnp.tanh(h @ p[name])
+        return jnp.mean(h**2)
+
+    return jax.grad(loss)(params)
+
+
+@functools.cache
+def _stage(first: int, count: int = 2, hidden: int = HIDDEN) -> func.FuncOp:
+    params = {f"layer{first + k}": jnp.full((hidden, hidden), 0.01) for k in range(count)}
+    return main_function(alpa_ir.import_jax(_layers, params, jnp.ones((BATCH, hidden))))
+
+
+def _cluster() -> Cluster:
+    return get_cluster("alpa-testbed", num_nodes=1)
+
+
+def test_registered_as_the_analytical_stage_cost_model() -> None:
+    model = default_registry().get("stage_cost_models", "analytical")()
+    assert isinstance(model, AnalyticalStageCostModel)
+
+
+def test_flops_of_the_matmuls_and_elementwise_ops() -> None:
+    matmul = 2 * BATCH * HIDDEN * HIDDEN
+    elementwise = BATCH * HIDDEN  # one tanh: 1 FLOP per element
+    # One layer: forward h @ w and the weight gradient x^T @ dh (x needs no gradient).
+    one = function_flops(_stage(0, count=1))
+    assert 2 * matmul + elementwise <= one < 2 * matmul * 1.05
+    # Two layers: 2 forwards, 2 weight gradients, 1 input gradient of the second layer.
+    two = function_flops(_stage(0, count=2))
+    assert 5 * matmul + 2 * elementwise <= two < 5 * matmul * 1.05
+
+
+def test_flops_of_a_convolution() -> None:
+    def conv(x: jax.Array, k: jax.Array) -> jax.Array:
+        return jax.lax.conv_general_dilated(x, k, (1, 1), "SAME")
+
+    f = main_function(alpa_ir.import_jax(conv, jnp.ones((2, 3, 8, 8)), jnp.ones((4, 3, 3, 3))))
+    assert function_flops(f) == 2 * (2 * 4 * 8 * 8) * (3 * 3 * 3)
+
+
+def test_single_device_cost_parts() -> None:
+    c = _cluster()
+    model = AnalyticalStageCostModel()
+    cost = model.stage_cost(_stage(0), c.logical_mesh((1, 1)), c, param_args=(0, 1))
+    assert cost.communication_time == 0.0 and cost.num_collectives == 0
+    assert cost.flops == function_flops(_stage(0))
+    assert cost.compute_time == pytest.approx(cost.flops / (c.peak_flops * 0.5))
+    assert cost.memory_time > 0
+    assert cost.latency == pytest.approx(
+        cost.compute_time + cost.memory_time + cost.communication_time
+    )
+    params = 2 * HIDDEN * HIDDEN * 4
+    assert cost.memory.parameters == params
+    assert cost.memory.gradients == params and cost.memory.optimizer_state == 2 * params
+    # Activations: at least the input batch and one hidden layer's output, at most all values.
+    assert 2 * BATCH * HIDDEN * 4 <= cost.memory.activations < 40 * BATCH * HIDDEN * 4
+
+
+def test_communication_is_the_plans_collectives_priced_with_alpha_beta() -> None:
+    c = _cluster()
+    mesh = c.logical_mesh((1, 4))
+    model = AnalyticalStageCostModel()
+    cost = model.stage_cost(_stage(0), mesh, c, param_args=(0, 1))
+    planned = plan_function(_stage(0), mesh, model.options)
+    collectives = predicted_collectives(planned, mesh.shape)
+    assert collectives and cost.num_collectives == len(collectives)
+    alpha, beta = mesh.alpha[1], mesh.beta[1]  # every collective runs on axis 1 (size 4)
+    expected = sum(
+        alpha + beta * collective_bytes_on_wire(p.kind, p.bytes, p.group_size) for p in collectives
+    )
+    assert cost.communication_time == pytest.approx(expected)
+    # Work is split over the 4 devices; the ILP objective is the same plan in µs.
+    single = model.stage_cost(_stage(0), c.logical_mesh((1, 1)), c, param_args=(0, 1))
+    assert cost.flops < single.flops / 2
+    assert cost.objective == pytest.approx(cost.communication_time * 1e6, rel=0.05)
+
+
+def test_slower_links_cost_more() -> None:
+    fast = _cluster()
+    slow = Cluster(
+        "slow",
+        (ClusterLevel("node", 1, 1e9, 1e-4, shared=True), ClusterLevel("gpu", 8, 1e9, 1e-4)),
+        fast.device_memory,
+        fast.peak_flops,
+        fast.hbm_bandwidth,
+    )
+    model = AnalyticalStageCostModel()
+    a = model.stage_cost(_stage(0), fast.logical_mesh((1, 4)), fast, param_args=(0, 1))
+    b = model.stage_cost(_stage(0), slow.logical_mesh((1, 4)), slow, param_args=(0, 1))
+    assert b.communication_time > 10 * a.communication_time
+
+
+def test_identical_layer_ranges_hit_the_cache() -> None:
+    c = _cluster()
+    model = AnalyticalStageCostModel()
+    early, late = _stage(0), _stage(2)  # layers 0-1 and 2-3: other names, same structure
+    assert early is not late
+    assert function_fingerprint(early) == function_fingerprint(late)
+    mesh = c.logical_mesh((2, 2))
+    first = model.stage_cost(early, mesh, c, param_args=(0, 1))
+    assert (model.stats.hits, model.stats.misses) == (0, 1)
+    again = model.stage_cost(late, c.logical_mesh((2, 2), (4, 5, 6, 7)), c, param_args=(0, 1))
+    assert again is first and (model.stats.hits, model.stats.misses) == (1, 1)
+    # Another structure, mesh view, or option misses.
+    model.stage_cost(_stage(0, hidden=32), mesh, c, param_args=(0, 1))
+    model.stage_cost(early, c.logical_mesh((4, 1)), c, param_args=(0, 1))
+    model.stage_cost(early, mesh, c, param_args=(0,))
+    assert (model.stats.hits, model.stats.misses) == (1, 4)
+    assert function_fingerprint(_stage(0, hidden=32)) != function_fingerprint(early)
+    other = AnalyticalStageCostModel(StageCostOptions(compute_efficiency=0.25))
+    slower = other.stage_cost(early, mesh, c, param_args=(0, 1))
+    assert slower.compute_time == pytest.approx(2 * first.compute_time)
+
+
+def test_memory_gives_eq5_max_stages_after() -> None:
+    memory = StageMemory(parameters=4.0, gradients=4.0, optimizer_state=8.0, activations=3.0)
+    assert memory.persistent == 16.0 and memory.peak(2) == 22.0
+    assert memory.max_stages_after(16.0 + 3.0) == 0  # one micro-batch: no later stage
+    assert memory.max_stages_after(16.0 + 3.0 * 4 + 2.0) == 3
+    assert memory.max_stages_after(18.0) == -1  # not even one micro-batch fits
+    assert StageMemory(1.0, 1.0, 0.0, 0.0).max_stages_after(2.0) == math.inf
+    c = _cluster()
+    cost = AnalyticalStageCostModel().stage_cost(
+        _stage(0), c.logical_mesh((1, 1)), c, param_args=(0, 1)
+    )
+    budget = cost.memory.persistent + 5.5 * cost.memory.activations
+    assert cost.max_stages_after(budget) == 4
+
+
+def test_sharded_parameters_take_less_memory_per_device() -> None:
+    c = _cluster()
+    model = AnalyticalStageCostModel()
+    single = model.stage_cost(_stage(0), c.logical_mesh((1, 1)), c, param_args=(0, 1))
+    four = model.stage_cost(_stage(0), c.logical_mesh((1, 4)), c, param_args=(0, 1))
+    assert four.memory.parameters <= single.memory.parameters
+    assert four.memory.activations < single.memory.activations
+
+
+def test_default_parameters_are_the_non_batch_arguments() -> None:
+    c = _cluster()
+    mesh = c.logical_mesh((1, 1))
+    model = AnalyticalStageCostModel()
+    every = model.stage_cost(_stage(0), mesh, c)  # no batch attribute: every argument
+    explicit = model.stage_cost(_stage(0), mesh, c, param_args=(0, 1))
+    assert every.memory.parameters == explicit.memory.parameters + BATCH * HIDDEN * 4
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: StageCostOptions(compute_efficiency=0.0), "compute_efficiency must be in"),
+        (lambda: StageCostOptions(memory_efficiency=1.5), "memory_efficiency must be in"),
+        (lambda: StageCostOptions(optimizer_state_factor=-1.0), "optimizer_state_factor must be"),
+        (
+            lambda: AnalyticalStageCostModel().stage_cost(
+                _stage(0), LogicalDeviceMesh((1, 1)), _cluster(), param_args=(7,)
+            ),
+            "parameter argument 7 of @main does not exist",
+        ),
+    ],
+)
+def test_bad_input_is_one_line(make: Any, message: str) -> None:
+    with pytest.raises(AlpaError, match=message) as err:
+        make()
+    assert "\n" not in str(err.value)
