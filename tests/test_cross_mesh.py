@@ -392,3 +392,41 @@ def test_bench_cross_mesh_reports_both_variants(capsys: pytest.CaptureFixture[st
     assert main([]) == 0
     out = capsys.readouterr().out
     assert "8x1024x2560" in out and "8.0x" in out
+
+
+def test_pass_on_an_outlined_pipeshard_step() -> None:
+    """The outliner's output (two stages on 1x4 and 2x2, auto-sharded): every value
+    crossing meshes gets a transfer whose plan moves random data exactly."""
+    import jax.numpy as jnp
+
+    import alpa_ir
+    from alpa_ir.markers import mark_pipeline_boundary
+    from alpa_ir.pipeshard import ManualStageOption, PipeshardParallel
+
+    def loss(p: dict[str, jax.Array], x: jax.Array) -> jax.Array:
+        h = mark_pipeline_boundary(jnp.tanh(x @ p["w1"]))
+        return jnp.mean((h @ p["w2"]) ** 2)
+
+    def step(p: dict[str, jax.Array], x: jax.Array) -> dict[str, jax.Array]:
+        g = alpa_ir.grad(loss)(p, x)
+        return jax.tree.map(lambda a, b: a - 0.1 * b, p, g)
+
+    params = {"w1": jnp.full((16, 32), 0.01), "w2": jnp.full((32, 8), 0.01)}
+    stages = ManualStageOption(
+        forward_stage_layer_ids=[[0], [1]], submesh_logical_shapes=[(1, 4), (2, 2)]
+    )
+    method = PipeshardParallel(devices=list(range(8)), num_micro_batches=2, stage_option=stages)
+    step_fn = alpa_ir.parallelize(step, method=method, batch_argnums=(1,))
+    module = step_fn.get_executable(params, jnp.ones((8, 16))).module
+    rng = np.random.default_rng(0)
+    for local_all_gather in (False, True):
+        CrossMeshResharding(local_all_gather=local_all_gather).apply(None, module)  # type: ignore[arg-type]
+        ops = transfers(module)
+        assert {t.value.data for t in ops} >= {"stage0_forward:0", "stage1_forward:0"}
+        for op in ops:
+            plan = plan_of_transfer(module, op)
+            x = rng.standard_normal(plan.shape).astype(np.float32)
+            sent = jax.device_put(x, layout_sharding(plan.src))
+            check_received(execute_transfer(sent, plan), x, plan.dst)
+    text = print_module(module)
+    assert print_module(parse_module(text)) == text
