@@ -246,6 +246,25 @@ def test_two_axes_gathered_on_one_dimension_execute(gather_cache: GatherCache) -
     check_received(run_plan(plan, x, gather_cache), x, dst)
 
 
+def test_gather_over_axes_in_minor_major_order_on_overlapping_meshes(
+    gather_cache: GatherCache,
+) -> None:
+    """2x4 destination, replicated: the larger axis 1 goes first, so dim 0 becomes
+    S10 and the all-gather runs over (m1, m0). Device 0, in both meshes, takes its
+    piece (rows 0-1) from itself; device 1's piece (rows 4-5) is on source device 0."""
+    x = np.arange(48, dtype=np.float32).reshape(16, 3)
+    src = MeshLayout(spec("S1,R"), (1, 2), (0, 1))
+    dst = MeshLayout(spec("R,R"), (2, 4), tuple(range(8)))
+    plan = plan_transfer(x.shape, 4, src, dst)
+    assert (plan.recv_spec, plan.gather) == (spec("S10,R"), ((0, (1, 0)),))
+    assert plan.cross_bytes == 192 - 24
+    assert [(s.src, s.dsts, s.box[0]) for s in plan.sends[:2]] == [
+        (0, (0,), (0, 2)),
+        (0, (1,), (4, 6)),
+    ]
+    check_received(run_plan(plan, x, gather_cache), x, dst)
+
+
 def test_all_gather_is_one_collective_over_the_replica_groups() -> None:
     dst = MeshLayout(spec("S0,R"), (2, 2), (4, 5, 6, 7))
     recv, gather = all_gather_rewrite(SHAPE, dst)
