@@ -12,7 +12,8 @@ clock by clock; for each task of its stage whose function exists:
 
 1. ``recv`` each transfer the function's call reads that this mesh has not
    received yet for this micro-batch (per-step values: once), followed by
-   ``broadcast`` when :func:`needs_broadcast` says so;
+   ``broadcast`` when :func:`needs_broadcast` says so (the transfer carries
+   ``pipeline.recv_spec``: a local all-gather was planned);
 2. ``run`` the function (``micro_batch`` absent for apply-grad);
 3. ``send`` each transfer of its results with a consumer on another mesh:
    per micro-batch after each run, and, for accumulated values read by
@@ -24,7 +25,9 @@ for a per-micro-batch buffer, without for a per-step one); a received buffer
 is named by its transfer (``"t0"``), as it holds the value in the destination
 layout. Accumulation is implied: a forward/backward result that is
 accumulated (read by an apply-grad call or returned by ``@main``) is added in
-place into its per-step buffer by each run, which keeps that buffer live from
+place into its per-step buffer by each run (the mean; a result that the
+outliner's ``pipeline.per_micro_batch`` marks as not varying is kept once,
+the runtime's choice), which keeps that buffer live from
 the first run to its last reader; a per-micro-batch buffer exists only for a
 result that is also read per micro-batch, or that nothing reads (freed right
 after the run). Arguments of ``@main`` are the driver's (placed on the mesh
@@ -83,6 +86,7 @@ from alpa_ir.dialects.pipeline import (
 from alpa_ir.dialects.sharding import ShardingSpec, ShardingSpecAttr
 from alpa_ir.errors import AlpaError
 from alpa_ir.module_utils import main_function, top_level_ops
+from alpa_ir.passes.cross_mesh_resharding import RECV_SPEC_ATTR
 from alpa_ir.pipeline_schedule import Phase, ScheduleKind, Task, schedule_clocks, task_clocks
 
 SPEC_ATTR = "sharding.spec"
@@ -98,12 +102,20 @@ def needs_broadcast(transfer: TransferOp, module: ModuleOp) -> bool:
     """Whether a transfer's tiles are all-gathered on the destination mesh after the
     receive (Alpa's send-once + local all-gather).
 
-    Rule until ``cross-mesh-resharding`` decides it from its tile plan: the
-    destination spec replicates over a destination mesh axis (of size > 1) on
-    which the source is not replicated (same axis index of the source mesh, an
-    axis the source mesh lacks counting as not replicated). The pass takes the
-    rule as a parameter (:func:`emit_programs`), so a better one replaces this.
+    A transfer planned by ``cross-mesh-resharding`` says so itself: it carries
+    ``pipeline.recv_spec`` exactly when its destination devices receive parts of
+    their tiles and all-gather them; planned ``tiles`` without it mean every
+    device receives its whole tile. An unplanned transfer (no ``tiles``) needs
+    one when the destination spec replicates over a destination mesh axis (of
+    size > 1) on which the source is not replicated (same axis index of the
+    source mesh; an axis the source mesh lacks counts as not replicated). The
+    pass takes the rule as a parameter (:func:`emit_programs`), so another one
+    can replace this.
     """
+    if RECV_SPEC_ATTR in transfer.attributes:
+        return True
+    if transfer.tiles is not None:
+        return False
     src_shape = _mesh_shape(module, transfer.src_mesh.root_reference.data)
     dst_shape = _mesh_shape(module, transfer.dst_mesh.root_reference.data)
     src_used = set(transfer.src_spec.spec.used_axes())

@@ -437,3 +437,49 @@ def test_reading_an_operand_produced_later_is_rejected() -> None:
     module = parse_module(text)
     with pytest.raises(AlpaError, match="runs @stage0_forward no later than @stage1_forward"):
         EmitInstructions().apply(None, module)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+def test_on_an_outlined_and_resharded_pipeshard_step(schedule: str) -> None:
+    """The outliner's output (two stages on 1x4 and 2x2, auto-sharded, the last stage's
+    backward inside its forward) after cross-mesh-resharding: the lists complete, every
+    buffer is freed once, and a transfer is all-gathered exactly when its plan says so."""
+    import jax
+    import jax.numpy as jnp
+
+    import alpa_ir
+    from alpa_ir.markers import mark_pipeline_boundary
+    from alpa_ir.passes.cross_mesh_resharding import RECV_SPEC_ATTR, CrossMeshResharding
+    from alpa_ir.pipeshard import ManualStageOption, PipeshardParallel
+
+    def loss(p: dict[str, jax.Array], x: jax.Array) -> jax.Array:
+        h = mark_pipeline_boundary(jnp.tanh(x @ p["w1"]))
+        return jnp.mean((h @ p["w2"]) ** 2)
+
+    def step(p: dict[str, jax.Array], x: jax.Array) -> dict[str, jax.Array]:
+        g = alpa_ir.grad(loss)(p, x)
+        return jax.tree.map(lambda a, b: a - 0.1 * b, p, g)
+
+    params = {"w1": jnp.full((16, 32), 0.01), "w2": jnp.full((32, 8), 0.01)}
+    stages = ManualStageOption(
+        forward_stage_layer_ids=[[0], [1]], submesh_logical_shapes=[(1, 4), (2, 2)]
+    )
+    method = PipeshardParallel(devices=list(range(8)), num_micro_batches=3, stage_option=stages)
+    step_fn = alpa_ir.parallelize(step, method=method, batch_argnums=(1,))
+    module = step_fn.get_executable(params, jnp.ones((12, 16))).module
+    CrossMeshResharding().apply(None, module)  # type: ignore[arg-type]
+    text = print_module(module)
+    lists = _lists(text, EmitInstructions(schedule=schedule))  # type: ignore[arg-type]
+    transfers = _transfers(text)
+    assert transfers and simulate(lists, transfers) > 1
+    for t, op in transfers.items():
+        dst = lists[op.dst_mesh.root_reference.data]
+        recvs = [r[2] for r in dst if r[:2] == ("recv", t)]
+        assert recvs == [0, 1, 2]
+        broadcasts = [r[2] for r in dst if r[:2] == ("broadcast", t)]
+        assert broadcasts == (recvs if RECV_SPEC_ATTR in op.attributes else [])
+    for rows in lists.values():
+        frees = [(name, r[2]) for r in rows if r[0] == "free" for name in r[3]]
+        assert len(frees) == len(set(frees))
+        received = {(r[1], r[2]) for r in rows if r[0] == "recv"}
+        assert received <= set(frees)
