@@ -33,8 +33,23 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from xdsl.dialects import func
+from xdsl.dialects.builtin import DenseArrayBase, IntegerAttr, ModuleOp
+from xdsl.ir import BlockArgument
+
+from alpa_ir.clusters import Cluster
+from alpa_ir.device_mesh import LogicalDeviceMesh
+from alpa_ir.dialects.lax_params import ints_of
+from alpa_ir.dialects.mesh import ClusterOp, LogicalMeshOp
+from alpa_ir.dialects.pipeline import PlanOp, StageOp, TransferOp
 from alpa_ir.errors import AlpaError, PlanError
+from alpa_ir.ir_types import dtype_of, shape_of
+from alpa_ir.module_utils import main_function, symbol_op, top_level_ops
 from alpa_ir.pipeline_schedule import SCHEDULE_KINDS, Task, peak_in_flight, schedule_clocks
+from alpa_ir.stage_cost import StageCost, StageCostModel
+
+BATCH_ATTR = "alpa.batch_args"
+CROSS_BYTES_ATTR = "pipeline.cross_bytes"
 
 GiB = 1024**3
 
@@ -231,6 +246,115 @@ def eq2_latency(plan: SimPlan) -> float:
     return sum(times) + (plan.num_micro_batches - 1) * max(times)
 
 
+def plan_from_module(
+    module: ModuleOp, cluster: Cluster, cost_model: StageCostModel | None = None
+) -> SimPlan:
+    """The :class:`SimPlan` of an outlined module (the pipeline IR contract): each
+    stage's forward, backward and apply-grad functions priced by ``cost_model``
+    (default: the analytical model) on its logical mesh, with α/β re-derived from
+    ``cluster``; the parameters of a function are the call's operands that are
+    non-batch arguments of ``@main``; a stage's persistent memory and activations
+    are its forward function's (else its backward's). A ``pipeline.transfer``
+    costs ``α + β·bytes`` (``pipeline.cross_bytes``, else the value's bytes) on the
+    link between the first devices of its meshes, and counts at the stage
+    boundary it crosses (forward values forward, backward values back)."""
+    from alpa_ir.stage_cost import AnalyticalStageCostModel
+
+    model = cost_model or AnalyticalStageCostModel()
+    plans = list(top_level_ops(module, PlanOp))
+    if len(plans) != 1:
+        raise AlpaError(f"simulate: the module needs one pipeline.plan, found {len(plans)}")
+    plan = plans[0]
+    assert isinstance(plan, PlanOp)
+    main = main_function(module)
+    batch_attr = main.attributes.get(BATCH_ATTR)
+    batch = set(ints_of(batch_attr)) if isinstance(batch_attr, DenseArrayBase) else set()
+    calls = {
+        op.callee.root_reference.data: op
+        for op in main.body.block.ops
+        if isinstance(op, func.CallOp)
+    }
+    stage_of: dict[str, int] = {}
+    mesh_stage: dict[str, int] = {}
+    meshes: list[LogicalDeviceMesh] = []
+    stages: list[SimStage] = []
+    for index, ref in enumerate(plan.stages.data):
+        stage = symbol_op(module, ref.root_reference.data, StageOp)
+        assert isinstance(stage, StageOp)
+        mesh_name = stage.mesh.root_reference.data
+        mesh_op = symbol_op(module, mesh_name, LogicalMeshOp)
+        assert isinstance(mesh_op, LogicalMeshOp)
+        mesh = cluster.logical_mesh(mesh_op.mesh_shape, mesh_op.device_ids)
+        meshes.append(mesh)
+        mesh_stage[mesh_name] = index
+        costs: dict[str, StageCost] = {}
+        for phase in ("forward", "backward", "apply_grad"):
+            ref_attr = getattr(stage, phase)
+            if ref_attr is None:
+                continue
+            name = ref_attr.root_reference.data
+            stage_of[name] = index
+            function = symbol_op(module, name, func.FuncOp)
+            assert isinstance(function, func.FuncOp)
+            call = calls.get(name)
+            params = (
+                [
+                    k
+                    for k, v in enumerate(call.operands)
+                    if isinstance(v, BlockArgument)
+                    and v.owner is main.body.block
+                    and v.index not in batch
+                ]
+                if call is not None
+                else []
+            )
+            costs[phase] = model.stage_cost(function, mesh, cluster, params)
+        main_cost = costs.get("forward") or costs.get("backward")
+        stages.append(
+            SimStage(
+                forward=costs["forward"].latency if "forward" in costs else 0.0,
+                backward=costs["backward"].latency if "backward" in costs else 0.0,
+                apply_grad=costs["apply_grad"].latency if "apply_grad" in costs else 0.0,
+                persistent_memory=main_cost.memory.persistent if main_cost else 0.0,
+                activation_memory=main_cost.memory.activations if main_cost else 0.0,
+                device_memory=cluster.device_memory,
+                num_devices=mesh.size,
+            )
+        )
+    num = len(stages)
+    forward, backward = [0.0] * (num - 1), [0.0] * (num - 1)
+    for transfer in top_level_ops(module, TransferOp):
+        assert isinstance(transfer, TransferOp)
+        callee, _, result = transfer.value.data.partition(":")
+        if callee not in stage_of:
+            continue  # an argument of @main: placed by the driver
+        src = stage_of[callee]
+        dst = mesh_stage[transfer.dst_mesh.root_reference.data]
+        if src == dst:
+            continue
+        nbytes_attr = transfer.attributes.get(CROSS_BYTES_ATTR)
+        if isinstance(nbytes_attr, IntegerAttr):
+            nbytes = float(nbytes_attr.value.data)
+        else:
+            function = symbol_op(module, callee, func.FuncOp)
+            assert isinstance(function, func.FuncOp)
+            ty = function.function_type.outputs.data[int(result)]
+            nbytes = float(math.prod(shape_of(ty)) * dtype_of(ty).itemsize)
+        link = cluster.logical_mesh((2,), (meshes[src].devices[0], meshes[dst].devices[0]))  # type: ignore[index]
+        seconds = link.alpha[0] + link.beta[0] * nbytes  # type: ignore[index]
+        if dst > src:
+            forward[dst - 1] += seconds
+        else:
+            backward[dst] += seconds
+    return SimPlan(
+        tuple(stages),
+        int(plan.num_micro_batches.value.data),
+        plan.schedule.data,
+        tuple(forward),
+        tuple(backward),
+    )
+
+
 class SimulateBackend:
     """Backend ``simulate``: estimates instead of executing (see the module docstring)."""
 
@@ -239,11 +363,18 @@ class SimulateBackend:
     def simulate(self, plan: SimPlan, *, check_memory: bool = True) -> SimResult:
         return simulate(plan, check_memory=check_memory)
 
-    def compile(self, module: object) -> SimResult:
-        raise AlpaError(
-            "simulate: estimating a module needs its pipeline plan priced by a stage cost "
-            "model; call SimulateBackend().simulate(SimPlan(...))"
-        )
+    def compile(self, module: ModuleOp, cluster: Cluster | None = None) -> SimResult:
+        """Estimate an outlined module on ``cluster`` (default: its ``mesh.cluster``)."""
+        if cluster is None:
+            ops = list(top_level_ops(module, ClusterOp))
+            if not ops:
+                raise AlpaError(
+                    "simulate: the module has no mesh.cluster; pass a cluster "
+                    "(alpa_ir.clusters.get_cluster)"
+                )
+            assert isinstance(ops[0], ClusterOp)
+            cluster = Cluster.from_op(ops[0])
+        return simulate(plan_from_module(module, cluster))
 
 
 __all__ = [

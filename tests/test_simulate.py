@@ -152,3 +152,52 @@ def test_registered_as_backend_and_scales_to_many_stages() -> None:
     # 64 stages (e.g. 64 x 8 GPUs, planning on paper) with 128 micro-batches, no execution.
     plan = SimPlan(tuple(SimStage(0.01, 0.02) for _ in range(64)), 128, "1f1b")
     assert backend.simulate(plan).iteration_time == pytest.approx((64 + 127) * 0.03)
+
+
+def _outlined_module(num_micro_batches: int, schedule: str) -> object:
+    import jax
+    import jax.numpy as jnp
+
+    import alpa_ir
+    from alpa_ir.clusters import get_cluster
+    from alpa_ir.module_utils import main_function
+    from alpa_ir.stage_outline import StageSlice, outline_stages
+
+    def step(params: list[jax.Array], x: jax.Array) -> tuple[list[jax.Array], jax.Array]:
+        def loss(p: list[jax.Array]) -> jax.Array:
+            h = jnp.tanh(x @ p[0])
+            h = alpa_ir.mark_pipeline_boundary(h)
+            return jnp.mean(jnp.tanh(h @ p[1]) ** 2)
+
+        value, grads = alpa_ir.value_and_grad(loss)(params)
+        return [w - 0.1 * g for w, g in zip(params, grads, strict=True)], value
+
+    params = [jnp.full((32, 32), 0.01), jnp.full((32, 32), 0.01)]
+    module = alpa_ir.import_jax(step, params, jnp.ones((8, 32)), batch_argnums=(1,))
+    cluster = get_cluster("alpa-testbed", num_nodes=1)
+    main = main_function(module)
+    for k, devices in enumerate(((0, 1, 2, 3), (4, 5, 6, 7))):
+        mesh = cluster.logical_mesh((1, 4), devices).to_op(f"mesh{k}")
+        module.body.block.insert_op_before(mesh, main)  # type: ignore[attr-defined]
+    slices = [StageSlice(0, 0, "mesh0"), StageSlice(1, 1, "mesh1")]
+    outline_stages(module, slices, num_micro_batches, schedule)  # type: ignore[arg-type]
+    return module, cluster
+
+
+def test_an_outlined_module_is_priced_per_stage_and_simulated() -> None:
+    from alpa_ir.backends.simulate import plan_from_module
+
+    module, cluster = _outlined_module(4, "1f1b")
+    plan = plan_from_module(module, cluster)  # type: ignore[arg-type]
+    assert plan.num_micro_batches == 4 and plan.schedule == "1f1b"
+    assert len(plan.stages) == 2
+    # The last layer's forward and backward form the last stage's forward function.
+    assert plan.stages[0].backward > 0 and plan.stages[1].backward == 0
+    for stage in plan.stages:
+        assert stage.forward > 0 and stage.apply_grad > 0
+        # One 32x32 f32 layer (w, its gradient, Adam-style m and v), sharded over 4 devices.
+        assert 4 * 32 * 32 * 4 / 4 <= stage.persistent_memory <= 4 * 32 * 32 * 4
+        assert stage.activation_memory > 0 and stage.num_devices == 4
+    result = SimulateBackend().compile(module, cluster)  # type: ignore[arg-type]
+    assert result.iteration_time == pytest.approx(simulate(plan).iteration_time)
+    assert result.iteration_time >= eq2_latency(plan)  # apply-grad comes on top
