@@ -15,7 +15,10 @@ Both are one identity primitive, ``pipeline_marker``, with a ``kind`` parameter.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -81,9 +84,69 @@ def _mark_grads(grads: Any) -> Any:
     return jax.tree.unflatten(tree, list(pipeline_marker_p.bind(*leaves, kind="grad")))
 
 
+@dataclass(frozen=True)
+class AutomaticLayers:
+    """Slice differentiated functions into ``layers`` layers (``cluster-operators``)."""
+
+    layers: int
+    delta: float = 0.5
+
+
+_AUTOMATIC_LAYERS: ContextVar[AutomaticLayers | None] = ContextVar(
+    "alpa_ir_automatic_layers", default=None
+)
+"""Set only while a step is traced for ``AutoLayerOption`` (see
+:func:`automatic_layers`); ``grad`` and ``value_and_grad`` read it to insert
+layer markers into the function they differentiate, as Alpa's
+``automatic_layer_construction`` does."""
+
+
+@contextlib.contextmanager
+def automatic_layers(option: AutomaticLayers) -> Iterator[None]:
+    """Within this block, differentiated functions get layer markers from ``option``."""
+    token = _AUTOMATIC_LAYERS.set(option)
+    try:
+        yield
+    finally:
+        _AUTOMATIC_LAYERS.reset(token)
+
+
+def _layered(fun: Callable[..., Any]) -> Callable[..., Any]:
+    """``fun`` with the layer markers ``cluster-operators`` chooses, when asked for."""
+    option = _AUTOMATIC_LAYERS.get()
+    if option is None:
+        return fun
+
+    def marked(*a: Any, **k: Any) -> Any:
+        from xdsl.context import Context
+
+        from alpa_ir.frontend.jax_export import eval_block
+        from alpa_ir.frontend.jaxpr_import import import_jax
+        from alpa_ir.module_utils import main_function
+        from alpa_ir.passes.cluster_operators import ClusterOperators
+
+        # The function may close over values of the enclosing trace (the batch):
+        # make them explicit arguments so that the forward computation imports.
+        closed, out_shape = jax.make_jaxpr(lambda *args: fun(*args, **k), return_shape=True)(*a)
+
+        def explicit(consts: list[Any], *args: Any) -> list[Any]:
+            return jax.core.eval_jaxpr(closed.jaxpr, consts, *jax.tree.leaves(args))
+
+        def shape_of(x: Any) -> jax.ShapeDtypeStruct:
+            return jax.ShapeDtypeStruct(jax.numpy.shape(x), jax.numpy.result_type(x))
+
+        consts = list(closed.consts)
+        module = import_jax(explicit, [shape_of(c) for c in consts], *jax.tree.map(shape_of, a))
+        ClusterOperators(layers=option.layers, delta=option.delta).apply(Context(), module)
+        outs = eval_block(main_function(module).body.block, [*consts, *jax.tree.leaves(a)])
+        return jax.tree.unflatten(jax.tree.structure(out_shape), outs)
+
+    return marked
+
+
 def value_and_grad(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
     """Like ``jax.value_and_grad``; marks the gradients as the forward/backward end."""
-    vg = jax.value_and_grad(fun, *args, **kwargs)
+    vg = jax.value_and_grad(_layered(fun), *args, **kwargs)
 
     def wrapped(*a: Any, **k: Any) -> Any:
         value, grads = vg(*a, **k)
@@ -94,7 +157,7 @@ def value_and_grad(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callab
 
 def grad(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
     """Like ``jax.grad``; marks the gradients as the forward/backward end."""
-    g = jax.grad(fun, *args, **kwargs)
+    g = jax.grad(_layered(fun), *args, **kwargs)
 
     def wrapped(*a: Any, **k: Any) -> Any:
         grads = g(*a, **k)

@@ -14,6 +14,7 @@ from alpa_ir.device_mesh import LogicalDeviceMesh
 from alpa_ir.errors import AlpaError
 from alpa_ir.module_utils import main_function, symbol_op
 from alpa_ir.pipeshard import (
+    AutoLayerOption,
     AutoStageOption,
     ManualStageOption,
     PipeshardParallel,
@@ -58,9 +59,7 @@ class PipeshardExecutable:
 
     def plan_text(self) -> str:
         """The plan in a few lines: stages, their layers, meshes and devices."""
-        lines = [
-            f"pipeline: {len(self.placements)} stages, {self.num_micro_batches} micro-batches"
-        ]
+        lines = [f"pipeline: {len(self.placements)} stages, {self.num_micro_batches} micro-batches"]
         for k, p in enumerate(self.placements):
             lines.append(
                 f"  stage {k}: layers {p.first}..{p.last} on mesh {list(p.mesh.shape)} "
@@ -112,6 +111,28 @@ def _calls(module: ModuleOp, compiled: dict[str, Any]) -> tuple[list[StageCall],
     return calls, results
 
 
+def _import_step(
+    fn: Callable[..., Any], abstract: Any, method: PipeshardParallel, batch_argnums: Sequence[int]
+) -> ModuleOp:
+    """Import the step; with :class:`AutoLayerOption` its differentiated
+    functions get the layer markers of ``cluster-operators``."""
+    import contextlib
+
+    from alpa_ir.frontend.jaxpr_import import import_jax
+    from alpa_ir.markers import AutomaticLayers, automatic_layers
+
+    option = method.layer_option
+    scope = (
+        automatic_layers(AutomaticLayers(option.layer_num, option.eps))
+        if isinstance(option, AutoLayerOption)
+        else contextlib.nullcontext()
+    )
+    with scope:
+        # A fresh function object: JAX's trace cache must not return a trace
+        # made without (or with other) layer markers.
+        return import_jax(lambda *a: fn(*a), *abstract, batch_argnums=batch_argnums)
+
+
 def compile_pipeshard(
     fn: Callable[..., Any],
     args: tuple[Any, ...],
@@ -122,7 +143,6 @@ def compile_pipeshard(
     registry: PluginRegistry | None = None,
 ) -> PipeshardExecutable:
     """Plan and compile ``fn`` for ``args`` with ``method``."""
-    from alpa_ir.frontend.jaxpr_import import import_jax
     from alpa_ir.frontend.pytree_codec import decode_treedef
     from alpa_ir.parallel import _leaf_indices, _micro_batch_args
     from alpa_ir.stage_outline import StageSlice, count_layers, outline_stages
@@ -135,7 +155,7 @@ def compile_pipeshard(
         raise AlpaError(f"num_micro_batches must be at least 1, got {b}")
     traced = _micro_batch_args(args, batch_argnums, b) if b > 1 else args
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), traced)
-    module = import_jax(fn, *abstract, batch_argnums=batch_argnums)
+    module = _import_step(fn, abstract, method, batch_argnums)
     main = main_function(module)
     in_tree = decode_treedef(main.attributes["alpa.in_tree"].data)  # type: ignore[attr-defined]
     out_tree = decode_treedef(main.attributes["alpa.out_tree"].data)  # type: ignore[attr-defined]
@@ -153,7 +173,5 @@ def compile_pipeshard(
                 module, op.sym_name.data, mesh, method.auto_sharding_option, registry
             )
     calls, results = _calls(module, compiled)
-    driver = LocalPipelineDriver(
-        calls, results, frozenset(_leaf_indices(args, batch_argnums)), b
-    )
+    driver = LocalPipelineDriver(calls, results, frozenset(_leaf_indices(args, batch_argnums)), b)
     return PipeshardExecutable(module, placements, driver, in_tree, out_tree)

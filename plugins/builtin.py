@@ -25,6 +25,7 @@ def alpa_ir_dialects() -> Sequence[Any]:
 @hookimpl
 def alpa_ir_passes() -> Sequence[type]:
     from alpa_ir.passes.auto_sharding import AutoSharding
+    from alpa_ir.passes.cluster_operators import ClusterOperators
     from alpa_ir.passes.cross_mesh_resharding import CrossMeshResharding
     from alpa_ir.passes.emit_instructions import EmitInstructions
     from alpa_ir.passes.merge_trivial_ops import MergeTrivialOps
@@ -36,6 +37,7 @@ def alpa_ir_passes() -> Sequence[type]:
         MergeTrivialOps,
         AutoSharding,
         ReduceScatterRewrite,
+        ClusterOperators,
         SynthesizePlacement,
         SynthesizeReductions,
         CrossMeshResharding,
@@ -53,10 +55,11 @@ def alpa_ir_cost_models() -> Mapping[str, Callable[[], Any]]:
 
 @hookimpl
 def alpa_ir_backends() -> Mapping[str, Callable[[], Any]]:
+    from alpa_ir.backends.ray import RayBackend
     from alpa_ir.backends.simulate import SimulateBackend
     from alpa_ir.backends.xla import XlaBackend
 
-    return {"xla": XlaBackend, "simulate": SimulateBackend}
+    return {"xla": XlaBackend, "simulate": SimulateBackend, "ray": RayBackend}
 
 
 @hookimpl

@@ -6,9 +6,9 @@ import jax
 import jax.numpy as jnp
 
 from alpa_ir.dialects.lax import LaxOp
+from alpa_ir.flops import op_flops
 from alpa_ir.frontend.jaxpr_import import import_jax
 from alpa_ir.module_utils import main_function
-from alpa_ir.op_flops import op_flops
 
 
 def _flops_by_primitive(fn, *args) -> dict[str, float]:

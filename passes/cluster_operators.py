@@ -1,0 +1,113 @@
+"""``cluster-operators``: slice a forward computation into layers (Alpa §5.2, Eq. 6).
+
+Runs on a module whose ``@main`` is a forward computation (the loss function
+of a step, before differentiation; :class:`~alpa_ir.pipeshard.AutoLayerOption`
+imports it so). The operators of ``@main`` in program order get their FLOPs
+(:func:`alpa_ir.flops.op_flops`) and the tensors between them their bytes;
+the clustering DP (:func:`alpa_ir.algorithms.cluster_operators`) groups them
+into ``layers`` consecutive layers whose FLOPs stay within ``(1 + delta)`` of
+the average while minimising the largest bytes any layer receives. The pass
+then inserts a layer marker (``pipeline_marker`` of kind ``layer``) at every
+boundary, carrying the values that later layers use, so that differentiating
+the marked function mirrors the boundaries into the backward pass.
+
+Operand-free ops (constants, iota) are free to copy and never cross a
+boundary; arguments of ``@main`` are available to every layer. The pass
+writes ``pipeline.layer_flops`` and ``pipeline.layer_bytes`` (the bytes each
+layer receives) on ``@main``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import ArrayAttr, FloatAttr, ModuleOp, StringAttr, f64
+from xdsl.ir import Operation, SSAValue
+from xdsl.passes import ModulePass
+
+from alpa_ir.algorithms import cluster_operators
+from alpa_ir.dialects.lax import PRIMITIVE_OPS
+from alpa_ir.errors import AlpaError
+from alpa_ir.flops import op_flops
+from alpa_ir.ir_types import nbytes_of
+from alpa_ir.module_utils import main_function
+from alpa_ir.stage_outline import is_layer_marker
+
+
+def _floats(values: object) -> ArrayAttr:
+    return ArrayAttr([FloatAttr(float(v), f64) for v in values])  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True)
+class ClusterOperators(ModulePass):
+    """Insert layer markers that slice ``@main`` into ``layers`` layers."""
+
+    name = "cluster-operators"
+
+    layers: int = 2
+    delta: float = 0.5
+    relax_delta: bool = True
+    """Use the smallest feasible δ when ``delta`` admits no clustering."""
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        del ctx
+        function = main_function(op)
+        block = function.body.block
+        if any(is_layer_marker(o) for o in block.ops):
+            raise AlpaError("cluster-operators: @main already has layer markers")
+        ops = [o for o in block.ops if o is not block.last_op and (o.operands or o.regions)]
+        if self.layers < 1:
+            raise AlpaError(f"cluster-operators: layers must be at least 1, got {self.layers}")
+        if self.layers > max(len(ops), 1):
+            raise AlpaError(
+                f"cluster-operators: {self.layers} layers requested but @main has only "
+                f"{len(ops)} operators"
+            )
+        index = {o: k for k, o in enumerate(ops)}
+        edges = []
+        for k, o in enumerate(ops):
+            for result in o.results:
+                users = sorted({index[u.operation] for u in result.uses if u.operation in index})
+                if users:
+                    edges.append((k, users, float(nbytes_of(result.type))))
+        flops = [op_flops(o) for o in ops]
+        if sum(flops) == 0:
+            flops = [1.0] * len(ops)
+        result = cluster_operators(
+            flops, edges, self.layers, self.delta, relax_delta=self.relax_delta
+        )
+        layer_of = {o: layer for layer, (a, b) in enumerate(result.layers) for o in ops[a : b + 1]}
+        for layer, (_, last) in enumerate(result.layers[:-1]):
+            _insert_marker(ops[last], layer, layer_of)
+        function.attributes["pipeline.layer_flops"] = _floats(result.layer_flops)
+        function.attributes["pipeline.layer_bytes"] = _floats(result.bytes_received)
+
+
+def _insert_marker(last_op: Operation, layer: int, layer_of: dict[Operation, int]) -> None:
+    """After ``last_op`` (the end of ``layer``), route every value of layers
+    ``<= layer`` that a later layer (or the return) uses through one marker."""
+    crossing: list[SSAValue] = []
+    block = last_op.parent_block()
+    assert block is not None
+    for o in block.ops:
+        if layer_of.get(o, layer + 1) > layer:
+            continue
+        for result in o.results:
+            if any(layer_of.get(u.operation, layer + 1) > layer for u in result.uses):
+                crossing.append(result)
+        if o is last_op:
+            break
+    if not crossing:
+        return
+    marker = PRIMITIVE_OPS["pipeline_marker"].create(
+        operands=crossing,
+        result_types=[v.type for v in crossing],
+        properties={"kind": StringAttr("layer")},
+    )
+    block.insert_op_after(marker, last_op)
+    layer_of[marker] = layer + 1
+    for value, marked in zip(crossing, marker.results, strict=True):
+        for use in list(value.uses):
+            if use.operation is not marker and layer_of.get(use.operation, layer + 1) > layer:
+                use.operation.operands[use.index] = marked

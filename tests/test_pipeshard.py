@@ -1,0 +1,181 @@
+"""PipeshardParallel on the 8 CPU devices equals the single-device step.
+
+Manual layers (``mark_pipeline_boundary``) on a small MLP cover the stage
+options, micro-batch counts and schedules cheaply; automatic layers
+(``cluster-operators``) on the tiny GPT cover a real model. Three steps are
+compared, losses and parameters at rtol 1e-4.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import alpa_ir
+from alpa_ir.errors import AlpaError
+from alpa_ir.markers import AutomaticLayers, automatic_layers
+from alpa_ir.module_utils import main_function
+from alpa_ir.pipeshard import (
+    AutoLayerOption,
+    ManualStageOption,
+    PipeshardParallel,
+    UniformStageOption,
+)
+from alpa_ir.stage_outline import count_layers
+
+
+def _loss(p: dict[str, Any], x: jax.Array, y: jax.Array) -> jax.Array:
+    h = jnp.tanh(x @ p["w0"])
+    h = alpa_ir.mark_pipeline_boundary(h)
+    h = jnp.tanh(h @ p["w1"])
+    h = alpa_ir.mark_pipeline_boundary(h)
+    return jnp.mean((h @ p["w2"] - y) ** 2)
+
+
+def _step(state: dict[str, Any], batch: dict[str, jax.Array]) -> tuple[dict[str, Any], jax.Array]:
+    loss, grads = alpa_ir.value_and_grad(_loss)(state["p"], batch["x"], batch["y"])
+    params = jax.tree.map(lambda a, g: a - 0.1 * g, state["p"], grads)
+    return {"p": params, "n": state["n"] + 1}, loss
+
+
+def _example() -> tuple[dict[str, Any], dict[str, jax.Array]]:
+    k = jax.random.split(jax.random.PRNGKey(0), 5)
+    state = {
+        "p": {
+            "w0": jax.random.normal(k[0], (8, 16)) * 0.5,
+            "w1": jax.random.normal(k[1], (16, 16)) * 0.3,
+            "w2": jax.random.normal(k[2], (16, 4)) * 0.3,
+        },
+        "n": jnp.zeros((), jnp.int32),
+    }
+    batch = {"x": jax.random.normal(k[3], (16, 8)), "y": jax.random.normal(k[4], (16, 4))}
+    return state, batch
+
+
+def _assert_same_steps(step: Any, method: PipeshardParallel, state: Any, batch: Any) -> None:
+    parallel = alpa_ir.parallelize(step, method=method, donate_argnums=())
+    reference = jax.jit(step)
+    ours, theirs = state, state
+    for _ in range(3):
+        theirs, loss = reference(theirs, batch)
+        ours, our_loss = parallel(ours, batch)
+        np.testing.assert_allclose(our_loss, loss, rtol=1e-4)
+        for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs), strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("micro_batches", [1, 2, 4])
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_uniform_stages_equal_one_device(micro_batches: int, schedule: str) -> None:
+    state, batch = _example()
+    method = PipeshardParallel(
+        num_micro_batches=micro_batches,
+        stage_option=UniformStageOption(num_stages=3, submesh_logical_shape=(1, 2)),
+        devices=range(6),
+        pipeline_schedule=schedule,  # type: ignore[arg-type]
+    )
+    _assert_same_steps(_step, method, state, batch)
+
+
+def test_manual_stages_on_meshes_of_different_shapes() -> None:
+    state, batch = _example()
+    method = PipeshardParallel(
+        num_micro_batches=2,
+        stage_option=ManualStageOption([[0], [1, 2]], [(1, 4), (2, 2)]),
+    )
+    _assert_same_steps(_step, method, state, batch)
+    executable = alpa_ir.parallelize(_step, method=method).get_executable(state, batch)
+    text = executable.plan_text()
+    assert "stage 0: layers 0..0 on mesh [1, 4] devices [0, 1, 2, 3]" in text
+    assert "stage 1: layers 1..2 on mesh [2, 2] devices [4, 5, 6, 7]" in text
+
+
+def test_the_module_holds_the_pipeline_plan() -> None:
+    state, batch = _example()
+    method = PipeshardParallel(num_micro_batches=2, stage_option=UniformStageOption(num_stages=2))
+    executable = alpa_ir.parallelize(_step, method=method).get_executable(state, batch)
+    text = str(executable.module)
+    assert "pipeline.plan @plan {stages = [@stage0, @stage1], num_micro_batches = 2" in text
+    for name in ("stage0_forward", "stage0_backward", "stage0_apply_grad", "stage1_forward"):
+        assert f"func.func @{name}(" in text
+        assert f"func.call @{name}(" in text
+    assert "sharding.spec" in text
+
+
+def test_automatic_layers_on_the_tiny_gpt() -> None:
+    from alpa_ir.models.train_step import make_train_step
+
+    step, (state, batch) = make_train_step("gpt-tiny")
+    method = PipeshardParallel(
+        num_micro_batches=2,
+        layer_option=AutoLayerOption(layer_num=2),
+        stage_option=UniformStageOption(num_stages=2),
+    )
+    _assert_same_steps(step, method, state, batch)
+
+
+def test_cluster_operators_marks_the_differentiated_function() -> None:
+    from alpa_ir.frontend.jaxpr_import import import_jax
+
+    def loss(p: jax.Array, x: jax.Array) -> jax.Array:
+        for _ in range(4):
+            x = jnp.tanh(x @ p)
+        return jnp.sum(x)
+
+    def step(p: jax.Array, x: jax.Array) -> Any:
+        return alpa_ir.grad(loss)(p, x)
+
+    p, x = jnp.ones((8, 8)), jnp.ones((4, 8))
+    with automatic_layers(AutomaticLayers(layers=4)):
+        module = import_jax(lambda a, b: step(a, b), p, x)
+    assert count_layers(main_function(module)) == 4
+
+
+def test_cluster_operators_balances_flops_and_marks_crossing_values() -> None:
+    from xdsl.context import Context
+
+    from alpa_ir.frontend.jaxpr_import import import_jax
+    from alpa_ir.passes.cluster_operators import ClusterOperators
+
+    def forward(p: jax.Array, x: jax.Array) -> jax.Array:
+        for _ in range(4):
+            x = jnp.tanh(x @ p)
+        return jnp.sum(x)
+
+    module = import_jax(forward, jnp.ones((8, 8)), jnp.ones((4, 8)))
+    ClusterOperators(layers=4, delta=0.0).apply(Context(), module)
+    main = main_function(module)
+    markers = [
+        op for op in main.body.block.ops if getattr(op, "primitive_name", "") == "pipeline_marker"
+    ]
+    assert len(markers) == 3
+    assert all(len(m.operands) == 1 for m in markers)  # only the activation crosses
+    flops = [a.value.data for a in main.attributes["pipeline.layer_flops"].data]  # type: ignore[attr-defined]
+    assert max(flops) - min(flops) <= 4 * 8  # one tanh/sum of imbalance at most
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        (UniformStageOption(num_stages=4), "4 stages requested but the step has only 3 layers"),
+        (UniformStageOption(num_stages=3), "8 devices cannot be split evenly into 3 stages"),
+        (ManualStageOption([[0, 2], [1]], [(1, 4), (1, 4)]), "are not consecutive"),
+        (ManualStageOption([[0], [1, 2]], [(1, 4), (1, 2)]), "hold 6 devices but the plan has 8"),
+    ],
+)
+def test_bad_stage_options(option: Any, message: str) -> None:
+    state, batch = _example()
+    method = PipeshardParallel(stage_option=option)
+    with pytest.raises(AlpaError, match=message):
+        alpa_ir.parallelize(_step, method=method).get_executable(state, batch)
+
+
+def test_plan_for_more_devices_than_exist() -> None:
+    state, batch = _example()
+    method = PipeshardParallel(devices=range(16), stage_option=UniformStageOption(num_stages=2))
+    with pytest.raises(AlpaError, match="needs 16 devices but only 8 local devices exist"):
+        alpa_ir.parallelize(_step, method=method).get_executable(state, batch)
