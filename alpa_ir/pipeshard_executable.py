@@ -111,6 +111,23 @@ def _calls(module: ModuleOp, compiled: dict[str, Any]) -> tuple[list[StageCall],
     return calls, results
 
 
+def schedule_order(
+    calls: Sequence[StageCall], num_stages: int, num_micro_batches: int, kind: str
+) -> list[tuple[int, int]]:
+    """(call index, micro-batch) of the forward/backward calls in the clock
+    order of the GPipe or 1F1B schedule (within a clock, by stage)."""
+    from alpa_ir.pipeline_schedule import schedule_clocks
+
+    index = {(c.stage, c.phase): k for k, c in enumerate(calls) if not c.per_step}
+    order = []
+    for clock in schedule_clocks(num_stages, num_micro_batches, kind):  # type: ignore[arg-type]
+        for task in sorted(clock, key=lambda t: t.stage):
+            k = index.get((task.stage, task.phase))
+            if k is not None and task.micro_batch is not None:
+                order.append((k, task.micro_batch))
+    return order
+
+
 def _import_step(
     fn: Callable[..., Any], abstract: Any, method: PipeshardParallel, batch_argnums: Sequence[int]
 ) -> ModuleOp:
@@ -173,5 +190,11 @@ def compile_pipeshard(
                 module, op.sym_name.data, mesh, method.auto_sharding_option, registry
             )
     calls, results = _calls(module, compiled)
-    driver = LocalPipelineDriver(calls, results, frozenset(_leaf_indices(args, batch_argnums)), b)
+    driver = LocalPipelineDriver(
+        calls,
+        results,
+        frozenset(_leaf_indices(args, batch_argnums)),
+        b,
+        order=schedule_order(calls, len(placements), b, method.pipeline_schedule),
+    )
     return PipeshardExecutable(module, placements, driver, in_tree, out_tree)

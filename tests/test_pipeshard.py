@@ -179,3 +179,23 @@ def test_plan_for_more_devices_than_exist() -> None:
     method = PipeshardParallel(devices=range(16), stage_option=UniformStageOption(num_stages=2))
     with pytest.raises(AlpaError, match="needs 16 devices but only 8 local devices exist"):
         alpa_ir.parallelize(_step, method=method).get_executable(state, batch)
+
+
+def test_driver_follows_the_schedule() -> None:
+    state, batch = _example()
+    orders = {}
+    for schedule in ("gpipe", "1f1b"):
+        method = PipeshardParallel(
+            num_micro_batches=4,
+            stage_option=UniformStageOption(num_stages=3, submesh_logical_shape=(1, 2)),
+            devices=range(6),
+            pipeline_schedule=schedule,  # type: ignore[arg-type]
+        )
+        driver = alpa_ir.parallelize(_step, method=method).get_executable(state, batch).driver
+        orders[schedule] = [(driver.calls[k].name, b) for k, b in driver.order]
+    # GPipe: every forward of stage 0 before any backward; 1F1B: stage 0 runs
+    # its first backward before its last forward (at most 3 in flight).
+    gpipe, one_f = orders["gpipe"], orders["1f1b"]
+    assert gpipe.index(("stage0_backward", 0)) > gpipe.index(("stage0_forward", 3))
+    assert one_f.index(("stage0_backward", 0)) < one_f.index(("stage0_forward", 3))
+    assert sorted(gpipe) == sorted(one_f)
