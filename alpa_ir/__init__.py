@@ -41,6 +41,8 @@ _EXPORTS: dict[str, str] = {
     "ManualShardParallel": "alpa_ir.parallel",
     "AutoShardingOption": "alpa_ir.parallel",
     "LogicalDeviceMesh": "alpa_ir.device_mesh",
+    "init": "alpa_ir.runtime_api",
+    "shutdown": "alpa_ir.runtime_api",
     "save_checkpoint": "alpa_ir.checkpoint",
     "restore_checkpoint": "alpa_ir.checkpoint",
 }

@@ -1,0 +1,50 @@
+"""``alpa_ir.init`` and ``alpa_ir.shutdown``: choose where steps run.
+
+- ``init()`` / ``init(cluster="local")``: the local JAX devices (the ``xla``
+  backend); nothing to start.
+- ``init(cluster="ray")``: start a local Ray instance (no dashboard) with
+  ``num_devices`` CPU devices (default: as many as this process's JAX sees),
+  or ``init(cluster="ray", address="host:port")`` to join a running cluster.
+  Modules then run with ``backend="ray"``: one Ray actor per mesh. An address
+  that does not answer is an :class:`~alpa_ir.errors.AlpaError` within
+  ``timeout_s``.
+- ``shutdown()``: leave Ray; a local instance stops with all its processes.
+
+Both are idempotent.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from alpa_ir.errors import AlpaError
+
+
+def init(
+    cluster: Literal["local", "ray"] = "local",
+    *,
+    address: str | None = None,
+    num_devices: int | None = None,
+    timeout_s: float = 30.0,
+) -> None:
+    """Prepare the runtime for ``cluster`` (see the module doc)."""
+    if cluster == "local":
+        if address is not None:
+            raise AlpaError("address is an option of cluster='ray'")
+        return
+    if cluster != "ray":
+        raise AlpaError(f"unknown cluster '{cluster}'; expected 'local' or 'ray'")
+    from alpa_ir.runtime.ray_cluster import start_or_join
+
+    start_or_join(address, num_devices, timeout_s)
+
+
+def shutdown() -> None:
+    """Leave the Ray instance, if any (a local one stops); idempotent."""
+    import sys
+
+    if "ray" not in sys.modules:
+        return
+    from alpa_ir.runtime.ray_cluster import stop
+
+    stop()

@@ -1,0 +1,202 @@
+"""The ``ray`` backend: an outlined pipeline module on Ray, one actor per mesh.
+
+``compile(module)`` reads the module's step (:func:`~alpa_ir.runtime.program.step_program`:
+the ``pipeline.program`` instruction lists of ``emit-instructions``, or a
+derived GPipe schedule), checks that the Ray cluster has the devices the
+plan needs, starts one :class:`~alpa_ir.runtime.mesh_worker.MeshWorker` per
+mesh with exactly that mesh's devices, and sends each its program once.
+Calling the executable runs one step: the driver splits the batch arguments
+into micro-batches, hands each worker the arguments its mesh reads, and
+collects the outputs as numpy arrays.
+
+Failures never hang the driver: it waits for the workers with ``ray.wait``
+in short slices, so a worker that dies (``RayActorError``) or fails is
+reported at once as an :class:`~alpa_ir.errors.AlpaError` naming its mesh,
+and a step that outlives ``step_timeout_s`` is an error too. After a failure
+the executable stops all its workers (a peer may be waiting for a transfer
+that never comes) and refuses further calls.
+
+Needs ``alpa_ir.init(cluster="ray")`` first.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from xdsl.dialects.builtin import ModuleOp, StringAttr
+
+from alpa_ir.errors import AlpaError
+from alpa_ir.runtime.program import StepProgram, step_program
+
+DEFAULT_STEP_TIMEOUT_S = 300.0
+DEFAULT_START_TIMEOUT_S = 120.0
+POLL_S = 0.5
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def _tree(module: ModuleOp, attr: str) -> Any:
+    from alpa_ir.frontend.pytree_codec import decode_treedef
+    from alpa_ir.module_utils import main_function
+
+    text = main_function(module).attributes.get(attr)
+    return decode_treedef(text.data) if isinstance(text, StringAttr) else None
+
+
+def check_devices(program: StepProgram, available: int, where: str) -> int:
+    """The devices the plan needs; an error naming both numbers when ``where`` has fewer."""
+    needed = len({d for info in program.meshes.values() for d in info.device_ids})
+    if needed > available:
+        raise AlpaError(f"the plan needs {needed} devices but {where} has {available}")
+    return needed
+
+
+class RayExecutable:
+    """A pipeline step placed on Ray workers; call it with the step's arguments."""
+
+    def __init__(
+        self,
+        module: ModuleOp,
+        step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S,
+        start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
+    ) -> None:
+        from alpa_ir.frontend.jaxpr_import import IN_TREE_ATTR, OUT_TREE_ATTR
+        from alpa_ir.runtime.ray_cluster import device_resource, require_ray
+
+        self.ray = require_ray()
+        self.module = module
+        self.program = step_program(module)
+        self.step_timeout_s = step_timeout_s
+        self.in_tree = _tree(module, IN_TREE_ATTR)
+        self.out_tree = _tree(module, OUT_TREE_ATTR)
+        resource = device_resource()
+        check_devices(self.program, resource.total, f"the Ray cluster ({resource.name})")
+        self.broken = ""
+        self.steps = itertools.count()
+        self.workers: dict[str, Any] = {}
+        try:
+            self._start(resource, start_timeout_s)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, resource: Any, start_timeout_s: float) -> None:
+        from alpa_ir.runtime.mesh_worker import MAX_CONCURRENCY, MeshWorker
+
+        actor = self.ray.remote(MeshWorker)
+        for name, info in self.program.meshes.items():
+            env = {
+                "XLA_FLAGS": f"--xla_force_host_platform_device_count={info.size}",
+                "JAX_PLATFORMS": "cpu",
+            }
+            self.workers[name] = actor.options(
+                max_concurrency=MAX_CONCURRENCY,
+                runtime_env={"env_vars": env},
+                **resource.actor_options(info.size),
+            ).remote(name, info.size)
+        self._wait({m: w.ready.remote() for m, w in self.workers.items()}, start_timeout_s, "start")
+        text = str(self.module)
+        loads = {
+            m: w.load.remote(text, self.program, self.workers, self.step_timeout_s)
+            for m, w in self.workers.items()
+        }
+        self._wait(loads, start_timeout_s, "load its program")
+
+    def _wait(self, refs: Mapping[str, Any], timeout_s: float, what: str) -> dict[str, Any]:
+        """The results per mesh; the first failure (or the deadline) is an AlpaError."""
+        from ray.exceptions import RayActorError, RayTaskError
+
+        deadline = time.monotonic() + timeout_s
+        mesh_of = {ref: mesh for mesh, ref in refs.items()}
+        pending = list(refs.values())
+        results: dict[str, Any] = {}
+        while pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                late = ", ".join(f"@{mesh_of[r]}" for r in pending)
+                self._fail(f"mesh workers {late} did not {what} within {timeout_s:.0f} s")
+            ready, pending = self.ray.wait(pending, num_returns=1, timeout=min(left, POLL_S))
+            for ref in ready:
+                mesh = mesh_of[ref]
+                try:
+                    results[mesh] = self.ray.get(ref)
+                except RayActorError as err:
+                    self._fail(
+                        f"the mesh worker of @{mesh} died (could not {what}): {_one_line(err)}"
+                    )
+                except RayTaskError as err:
+                    cause = err.cause if isinstance(err.cause, BaseException) else err
+                    self._fail(f"the mesh worker of @{mesh} failed to {what}: {_one_line(cause)}")
+        return results
+
+    def _fail(self, reason: str) -> None:
+        self.broken = reason
+        self.close()
+        raise AlpaError(reason)
+
+    def close(self) -> None:
+        """Stop the workers (idempotent)."""
+        for worker in self.workers.values():
+            try:
+                self.ray.kill(worker, no_restart=True)
+            except Exception:  # already gone
+                pass
+        self.workers = {}
+
+    def __call__(self, *args: Any) -> Any:
+        import jax
+
+        from alpa_ir.runtime.interpreter import gather_outputs, split_inputs
+
+        if self.broken:
+            raise AlpaError(f"this executable's workers are stopped after an error: {self.broken}")
+        flat, tree = jax.tree.flatten(args)
+        if self.in_tree is not None and tree != self.in_tree:
+            raise AlpaError(
+                f"arguments have structure {tree}, the module was imported with {self.in_tree}"
+            )
+        if len(flat) != self.program.num_inputs:
+            raise AlpaError(f"the step takes {self.program.num_inputs} arrays, got {len(flat)}")
+        host = [np.asarray(x) for x in flat]
+        self._check_batch(host)
+        step = next(self.steps)
+        refs = {
+            mesh: worker.run_step.remote(step, split_inputs(self.program, host, mesh))
+            for mesh, worker in self.workers.items()
+        }
+        per_mesh = self._wait(refs, self.step_timeout_s, "finish the step")
+        values = {k: v for outputs in per_mesh.values() for k, v in outputs.items()}
+        outs = gather_outputs(self.program, host, values)
+        return outs if self.out_tree is None else jax.tree.unflatten(self.out_tree, outs)
+
+    def _check_batch(self, host: list[np.ndarray]) -> None:
+        b = self.program.num_micro_batches
+        for k in sorted(self.program.batch_args):
+            if b > 1 and (host[k].ndim == 0 or host[k].shape[0] % b):
+                raise AlpaError(
+                    f"argument {k} has shape {list(host[k].shape)}: its batch dimension must "
+                    f"split into {b} micro-batches"
+                )
+
+
+class RayBackend:
+    """Runs outlined pipeline modules on the connected Ray cluster."""
+
+    name = "ray"
+
+    def compile(self, module: ModuleOp) -> RayExecutable:
+        return RayExecutable(module)
+
+    def execute(self, module: ModuleOp, *args: Any) -> Any:
+        executable = self.compile(module)
+        try:
+            return executable(*args)
+        finally:
+            executable.close()

@@ -1,0 +1,279 @@
+"""The instruction interpreter of one mesh: the semantics of RUN, SEND, RECV,
+BROADCAST and FREE in one place, for every driver.
+
+A :class:`MeshInterpreter` executes the instruction list of its mesh (see
+:mod:`alpa_ir.runtime.program`) over a buffer store keyed by (value name,
+micro-batch). How tensors cross meshes is a :class:`Transport`:
+
+- :class:`LocalTransport`: in one process, a mailbox of device arrays; its
+  ``recv`` returns None while the value has not been sent, and
+  :func:`run_interleaved` steps the meshes' interpreters round-robin until
+  all are done (a deadlock is an error, never a hang);
+- the Ray transport (:mod:`alpa_ir.runtime.mesh_worker`): through Ray's
+  object store between worker processes; its ``recv`` blocks with a timeout;
+- a NCCL transport would implement the same two methods.
+
+Semantics:
+
+- RUN f at micro-batch m reads each operand's buffer (the value's own, an
+  argument of ``@main``, or the transfer that brought it), places it as f's
+  SPMD program expects, and stores f's results at m. A result needed once
+  per step (accumulated) is added to its per-step buffer instead (kept at m
+  too only when read per micro-batch); reading that per-step buffer gives
+  the mean over the micro-batches for a result that depends on the batch,
+  else the first micro-batch's value.
+- SEND t at m hands the buffer of t's value at m to the transport.
+- RECV t at m takes it from the transport and places it on this mesh with t's
+  destination spec, as buffer t at m.
+- BROADCAST is a no-op here: every transport so far delivers the whole tensor
+  to RECV, which places it with the destination spec (a tile-wise transport
+  would all-gather here).
+- FREE drops buffers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from alpa_ir.errors import AlpaError
+from alpa_ir.runtime.program import Call, Instruction, Key, MeshInfo, StepProgram, Transfer
+
+
+class Transport(Protocol):
+    """Moves tensors between meshes."""
+
+    def send(self, transfer: Transfer, micro_batch: int | None, value: Any) -> None: ...
+
+    def recv(self, transfer: Transfer, micro_batch: int | None) -> Any | None:
+        """The value, or None while it has not arrived (non-blocking transports)."""
+        ...
+
+
+@dataclass(frozen=True)
+class CompiledFunction:
+    """A stage function compiled for a mesh: ``run(*placed) -> results``."""
+
+    run: Callable[..., Sequence[Any]]
+    in_shardings: tuple[Any, ...]
+
+
+def compile_mesh_functions(
+    module: Any, program: StepProgram, mesh: str, devices: Sequence[Any]
+) -> tuple[Mesh, dict[str, CompiledFunction]]:
+    """Compile the functions ``mesh`` runs as SPMD programs on ``devices``
+    (the mesh's device ids remapped to these devices in row-major order)."""
+    from xdsl.dialects import func
+
+    from alpa_ir.backends.spmd import compile_spmd
+    from alpa_ir.module_utils import symbol_op
+
+    info = program.meshes[mesh]
+    if len(devices) != info.size:
+        raise AlpaError(f"mesh @{mesh} needs {info.size} devices, got {len(devices)}")
+    jmesh = Mesh(np.array(devices, dtype=object).reshape(info.shape), info.axis_names)
+    names = [i.target for i in program.instructions[mesh] if i.kind == "run"]
+    compiled: dict[str, CompiledFunction] = {}
+    for name in dict.fromkeys(names):
+        function = symbol_op(module, name, func.FuncOp)
+        assert isinstance(function, func.FuncOp)
+        run, in_shardings = compile_spmd(module, function, jmesh, info.axis_names)
+        compiled[name] = CompiledFunction(run, in_shardings)
+    return jmesh, compiled
+
+
+def sharding_of(info: MeshInfo, mesh: Mesh, dims: tuple[tuple[int, ...], ...]) -> NamedSharding:
+    names = info.axis_names
+    spec = PartitionSpec(
+        *[
+            None if not d else names[d[0]] if len(d) == 1 else tuple(names[a] for a in d)
+            for d in dims
+        ]
+    )
+    return NamedSharding(mesh, spec)
+
+
+class MeshInterpreter:
+    """Executes one mesh's instruction list, step after step."""
+
+    def __init__(
+        self,
+        program: StepProgram,
+        mesh: str,
+        jax_mesh: Mesh,
+        functions: Mapping[str, CompiledFunction],
+        transport: Transport,
+    ) -> None:
+        self.program = program
+        self.mesh = mesh
+        self.jax_mesh = jax_mesh
+        self.functions = functions
+        self.transport = transport
+        self.instructions = program.instructions[mesh]
+        self.buffers: dict[Key, Any] = {}
+        self.sums: dict[str, Any] = {}
+        self.counts: dict[str, int] = {}
+        self.pc = 0
+
+    def start(self, inputs: Mapping[Key, Any]) -> None:
+        """Begin a step with these argument buffers of ``@main``."""
+        self.buffers = dict(inputs)
+        self.sums, self.counts = {}, {}
+        self.pc = 0
+
+    @property
+    def done(self) -> bool:
+        return self.pc == len(self.instructions)
+
+    def advance(self) -> bool:
+        """Execute until the end (True) or a RECV whose value has not arrived (False)."""
+        while self.pc < len(self.instructions):
+            ins = self.instructions[self.pc]
+            try:
+                progressed = self.execute(ins)
+            except AlpaError as err:
+                raise AlpaError(f"mesh @{self.mesh}, {ins}: {err}") from err
+            if not progressed:
+                return False
+            self.pc += 1
+        return True
+
+    def run(self, inputs: Mapping[Key, Any]) -> dict[str, Any]:
+        """A whole step with a blocking transport; the outputs living on this mesh."""
+        self.start(inputs)
+        if not self.advance():
+            raise AlpaError(f"mesh @{self.mesh}: the transport returned nothing for a RECV")
+        return self.outputs()
+
+    def outputs(self) -> dict[str, Any]:
+        return {v: self.read((v, None)) for v in self.program.mesh_outputs(self.mesh)}
+
+    def execute(self, ins: Instruction) -> bool:
+        mb = ins.micro_batch
+        if ins.kind == "run":
+            self._run(self.program.calls[ins.target], mb)
+        elif ins.kind == "send":
+            transfer = self.program.transfers[ins.target]
+            self.transport.send(transfer, mb, self.read((transfer.value, mb)))
+        elif ins.kind == "recv":
+            transfer = self.program.transfers[ins.target]
+            value = self.transport.recv(transfer, mb)
+            if value is None:
+                return False
+            self.buffers[(transfer.name, mb)] = self._place(transfer, value)
+        elif ins.kind == "free":
+            for name in ins.buffers:
+                self.buffers.pop((name, mb), None)
+                if mb is None:
+                    self.sums.pop(name, None)
+        return True
+
+    def _place(self, transfer: Transfer, value: Any) -> Any:
+        info = self.program.meshes[self.mesh]
+        return jax.device_put(value, sharding_of(info, self.jax_mesh, transfer.dst_dims))
+
+    def _run(self, call: Call, micro_batch: int | None) -> None:
+        compiled = self.functions[call.function]
+        args = [self.read(k) for k in self.program.operand_keys(call, micro_batch)]
+        placed = jax.device_put(args, list(compiled.in_shardings))
+        results = compiled.run(*placed)
+        program = self.program
+        for k, (value, result) in enumerate(zip(call.results, results, strict=True)):
+            if micro_batch is not None and value in program.accumulated:
+                self._accumulate(value, result, k in call.per_micro_batch)
+                if value not in program.read_per_micro_batch:
+                    continue
+            self.buffers[(value, micro_batch)] = result
+
+    def _accumulate(self, value: str, result: Any, varies: bool) -> None:
+        count = self.counts.get(value, 0)
+        if count == 0:
+            self.sums[value] = result
+        elif varies:
+            self.sums[value] = self.sums[value] + result
+        self.counts[value] = count + 1
+
+    def read(self, key: Key) -> Any:
+        if key in self.buffers:
+            return self.buffers[key]
+        value, micro_batch = key
+        if micro_batch is None and value in self.sums:
+            b = self.program.num_micro_batches
+            if self.counts[value] != b:
+                raise AlpaError(
+                    f"{value} is read once per step after {self.counts[value]} of {b} micro-batches"
+                )
+            producer = self.program.producer(value)
+            assert producer is not None
+            total = self.sums[value]
+            index = producer.results.index(value)
+            if b > 1 and index in producer.per_micro_batch:
+                total = (total / b).astype(total.dtype)
+            self.buffers[key] = total
+            return total
+        where = "" if micro_batch is None else f" of micro-batch {micro_batch}"
+        raise AlpaError(f"buffer {value}{where} is not on mesh @{self.mesh}")
+
+
+class LocalTransport:
+    """In one process: sent values wait in a mailbox until received."""
+
+    def __init__(self) -> None:
+        self.mailbox: dict[tuple[str, int | None], Any] = {}
+
+    def send(self, transfer: Transfer, micro_batch: int | None, value: Any) -> None:
+        self.mailbox[(transfer.name, micro_batch)] = value
+
+    def recv(self, transfer: Transfer, micro_batch: int | None) -> Any | None:
+        return self.mailbox.pop((transfer.name, micro_batch), None)
+
+
+def run_interleaved(
+    interpreters: Sequence[MeshInterpreter], inputs: Mapping[str, Mapping[Key, Any]]
+) -> dict[str, Any]:
+    """One step of all meshes in this process: each advances until it waits
+    for a value, round-robin, until all are done."""
+    for it in interpreters:
+        it.start(inputs.get(it.mesh, {}))
+    pending = list(interpreters)
+    while pending:
+        still = [it for it in pending if not it.advance()]
+        if len(still) == len(pending) and still:
+            waits = ", ".join(f"@{it.mesh} at {it.instructions[it.pc]}" for it in still)
+            raise AlpaError(f"the instruction lists deadlock: {waits}")
+        pending = still
+    outputs: dict[str, Any] = {}
+    for it in interpreters:
+        outputs.update(it.outputs())
+    return outputs
+
+
+def split_inputs(program: StepProgram, flat: Sequence[Any], mesh: str) -> dict[Key, Any]:
+    """The argument buffers of ``mesh``: batch arguments split into micro-batches."""
+    b = program.num_micro_batches
+    out: dict[Key, Any] = {}
+    for value, micro_batch in program.mesh_inputs(mesh):
+        x = flat[int(value.split(":")[1])]
+        if micro_batch is not None:
+            size = np.shape(x)[0] // b
+            x = x[micro_batch * size : (micro_batch + 1) * size]
+        out[(value, micro_batch)] = x
+    return out
+
+
+def gather_outputs(
+    program: StepProgram, flat: Sequence[Any], values: Mapping[str, Any]
+) -> list[Any]:
+    """``@main``'s results in order (an argument returned as is comes from ``flat``)."""
+    out = []
+    for v in program.outputs:
+        if v.startswith("main:"):
+            out.append(flat[int(v.split(":")[1])])
+        else:
+            out.append(values[v])
+    return out

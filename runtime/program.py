@@ -1,0 +1,374 @@
+"""The per-mesh programs of an outlined pipeline module, as plain picklable data.
+
+An outlined module (the pipeline IR contract, see :mod:`alpa_ir.stage_outline`)
+names its stage functions, their meshes and, after ``emit-instructions``, one
+``pipeline.program`` per mesh. :func:`step_program` reads all of that into a
+:class:`StepProgram`: the calls of ``@main`` with their operands named as in
+the contract (``"main:<k>"``, ``"<callee>:<k>"``), the transfers, and one
+instruction list per mesh. This is what a mesh worker is sent once, and what
+the instruction interpreter (:mod:`alpa_ir.runtime.interpreter`) executes.
+
+Buffers are named as ``emit-instructions`` names them: a value's name on
+the mesh that computes it (``"stage0_forward:1"``), a transfer's name on the
+mesh that receives it (``"t0"``), each with its micro-batch (None: per
+step; a forward/backward result needed once per step is accumulated into its
+per-step buffer). A module without ``pipeline.program`` ops gets the lists
+that ``emit-instructions`` would write (:func:`~alpa_ir.passes.emit_instructions.emit_programs`;
+it needs the ``pipeline.transfer`` ops of ``cross-mesh-resharding``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from xdsl.dialects import func
+from xdsl.dialects.builtin import DenseArrayBase, IntegerAttr, ModuleOp
+from xdsl.ir import Block, SSAValue
+
+from alpa_ir.dialects.mesh import MESH_ATTR, LogicalMeshOp
+from alpa_ir.dialects.pipeline import (
+    BroadcastOp,
+    FreeOp,
+    PlanOp,
+    ProgramOp,
+    RecvOp,
+    RunOp,
+    SendOp,
+    StageOp,
+    TransferOp,
+)
+from alpa_ir.dialects.sharding import SPEC_ATTR, ShardingSpec, ShardingSpecAttr
+from alpa_ir.errors import AlpaError
+from alpa_ir.module_utils import main_function, symbol_op, top_level_ops
+
+BATCH_ATTR = "alpa.batch_args"
+PER_MICRO_BATCH_ATTR = "pipeline.per_micro_batch"
+
+Kind = Literal["run", "send", "recv", "broadcast", "free"]
+Key = tuple[str, int | None]
+"""A buffer: its name and micro-batch (None: once per step)."""
+
+
+@dataclass(frozen=True)
+class Instruction:
+    """RUN ``target`` (a function), SEND/RECV/BROADCAST ``target`` (a
+    transfer), or FREE ``buffers``, for ``micro_batch`` (None: per step)."""
+
+    kind: Kind
+    target: str = ""
+    micro_batch: int | None = None
+    buffers: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        what = self.target or ",".join(self.buffers)
+        mb = "" if self.micro_batch is None else f" mb={self.micro_batch}"
+        return f"{self.kind.upper()} {what}{mb}"
+
+
+@dataclass(frozen=True)
+class Call:
+    """One ``func.call`` of ``@main``."""
+
+    function: str
+    mesh: str
+    operands: tuple[str, ...]
+    results: tuple[str, ...]
+    sources: tuple[str, ...]
+    """Per operand, the buffer it is read from on this mesh: the value's name
+    (an argument of ``@main`` or a result computed here) or the name of the
+    transfer that brings it from another mesh."""
+    per_step: bool
+    """Runs once per step (an apply-grad function), not once per micro-batch."""
+    per_micro_batch: frozenset[int]
+    """Result indices that depend on the batch: their accumulation is a mean;
+    the others are the same for every micro-batch and are taken once."""
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """A value crossing from ``src_mesh`` to ``dst_mesh``; ``dst_dims`` is the
+    destination spec (mesh axes per tensor axis)."""
+
+    name: str
+    value: str
+    src_mesh: str
+    dst_mesh: str
+    dst_dims: tuple[tuple[int, ...], ...]
+
+
+@dataclass(frozen=True)
+class MeshInfo:
+    name: str
+    shape: tuple[int, ...]
+    device_ids: tuple[int, ...]
+    axis_names: tuple[str, ...]
+
+    @property
+    def size(self) -> int:
+        return len(self.device_ids)
+
+
+@dataclass(frozen=True)
+class StepProgram:
+    """Everything a driver and its mesh workers need to run one step."""
+
+    meshes: dict[str, MeshInfo]
+    calls: dict[str, Call]
+    transfers: dict[str, Transfer]
+    instructions: dict[str, tuple[Instruction, ...]]
+    outputs: tuple[str, ...]
+    """The value names ``@main`` returns, in order."""
+    num_inputs: int
+    batch_args: frozenset[int]
+    num_micro_batches: int
+    accumulated: frozenset[str] = field(default_factory=frozenset)
+    """Forward/backward results needed once per step (by an apply-grad
+    function or as an output): accumulated into their per-step buffer."""
+    read_per_micro_batch: frozenset[str] = field(default_factory=frozenset)
+    """Accumulated results that are also read or sent per micro-batch."""
+
+    def producer(self, value: str) -> Call | None:
+        return self.calls.get(value.rsplit(":", 1)[0])
+
+    def mesh_of(self, value: str) -> str | None:
+        call = self.producer(value)
+        return call.mesh if call is not None else None
+
+    def operand_keys(self, call: Call, micro_batch: int | None) -> list[Key]:
+        """The buffers a RUN of ``call`` at ``micro_batch`` reads."""
+        keys: list[Key] = []
+        for source in call.sources:
+            if source.startswith("main:"):
+                keys.append(self.argument_key(source, micro_batch))
+            else:
+                keys.append((source, micro_batch))
+        return keys
+
+    def argument_key(self, value: str, micro_batch: int | None) -> Key:
+        index = int(value.split(":")[1])
+        if index in self.batch_args and self.num_micro_batches > 1:
+            return (value, 0 if micro_batch is None else micro_batch)
+        return (value, None)
+
+    def mesh_inputs(self, mesh: str) -> list[Key]:
+        """The argument buffers of ``@main`` the driver places on ``mesh``."""
+        keys: list[Key] = []
+        for ins in self.instructions[mesh]:
+            if ins.kind == "run":
+                call = self.calls[ins.target]
+                for key in self.operand_keys(call, ins.micro_batch):
+                    if key[0].startswith("main:") and key not in keys:
+                        keys.append(key)
+        return keys
+
+    def mesh_outputs(self, mesh: str) -> list[str]:
+        return [v for v in dict.fromkeys(self.outputs) if self.mesh_of(v) == mesh]
+
+
+def _ints(attr: object) -> list[int]:
+    return [int(x) for x in attr.get_values()] if isinstance(attr, DenseArrayBase) else []
+
+
+def _mesh_info(op: LogicalMeshOp) -> MeshInfo:
+    from alpa_ir.backends.xla import mesh_axis_names
+
+    return MeshInfo(op.sym_name.data, op.mesh_shape, op.device_ids, mesh_axis_names(op))
+
+
+def _function_mesh(function: func.FuncOp) -> str:
+    ref = function.attributes.get(MESH_ATTR)
+    if ref is None:
+        raise AlpaError(
+            f"@{function.sym_name.data} has no {MESH_ATTR} attribute; every stage function "
+            "needs a mesh"
+        )
+    return ref.root_reference.data  # type: ignore[attr-defined, no-any-return]
+
+
+def _arg_spec(function: func.FuncOp, index: int) -> ShardingSpec:
+    rank = len(function.function_type.inputs.data[index].get_shape())  # type: ignore[attr-defined]
+    if function.arg_attrs is not None:
+        entry = function.arg_attrs.data[index].data.get(SPEC_ATTR)  # type: ignore[attr-defined]
+        if isinstance(entry, ShardingSpecAttr):
+            return entry.spec
+    return ShardingSpec.replicated(rank)
+
+
+def _stage_phases(module: ModuleOp) -> dict[str, str]:
+    phases: dict[str, str] = {}
+    for stage in top_level_ops(module, StageOp):
+        assert isinstance(stage, StageOp)
+        for phase in ("forward", "backward", "apply_grad"):
+            ref = getattr(stage, phase)
+            if ref is not None:
+                phases[ref.root_reference.data] = phase
+    return phases
+
+
+def _source(
+    value: str,
+    mesh: str,
+    spec: ShardingSpec,
+    value_mesh: dict[str, str],
+    transfers: dict[tuple[str, str], list[TransferOp]],
+) -> str:
+    """Where a call on ``mesh`` reads ``value`` (emit-instructions' rule: the
+    transfer of the value to this mesh, the one with the argument's spec when
+    there are several)."""
+    src = value_mesh.get(value)
+    if src is None or src == mesh:
+        return value
+    candidates = transfers.get((value, mesh), [])
+    if len(candidates) > 1:
+        candidates = [t for t in candidates if t.dst_spec.spec == spec]
+    if len(candidates) != 1:
+        raise AlpaError(
+            f'value "{value}" crosses from @{src} to @{mesh} but {len(candidates)} '
+            "pipeline.transfer ops fit (run cross-mesh-resharding first)"
+        )
+    return candidates[0].sym_name.data
+
+
+def _calls(
+    module: ModuleOp, main: func.FuncOp, transfers: dict[tuple[str, str], list[TransferOp]]
+) -> tuple[dict[str, Call], list[str]]:
+    phases = _stage_phases(module)
+    block: Block = main.body.block
+    names: dict[SSAValue, str] = {a: f"main:{k}" for k, a in enumerate(block.args)}
+    value_mesh: dict[str, str] = {}
+    calls: dict[str, Call] = {}
+    for op in block.ops:
+        if isinstance(op, func.ReturnOp):
+            break
+        if not isinstance(op, func.CallOp):
+            raise AlpaError(
+                f"@main of a pipeline module may only call stage functions, not {op.name}"
+            )
+        callee = op.callee.root_reference.data
+        if callee in calls:
+            raise AlpaError(f"@main calls @{callee} twice; each stage function is called once")
+        if callee not in phases:
+            raise AlpaError(f"@main calls @{callee}, which no pipeline.stage names")
+        function = symbol_op(module, callee, func.FuncOp)
+        assert isinstance(function, func.FuncOp)
+        mesh = _function_mesh(function)
+        operands = tuple(names[v] for v in op.operands)
+        results = tuple(f"{callee}:{k}" for k in range(len(op.results)))
+        if PER_MICRO_BATCH_ATTR in function.attributes:
+            varying = frozenset(_ints(function.attributes[PER_MICRO_BATCH_ATTR]))
+        else:
+            varying = frozenset(range(len(results)))
+        sources = tuple(
+            _source(v, mesh, _arg_spec(function, k), value_mesh, transfers)
+            for k, v in enumerate(operands)
+        )
+        per_step = phases[callee] == "apply_grad"
+        calls[callee] = Call(callee, mesh, operands, results, sources, per_step, varying)
+        names.update(zip(op.results, results, strict=True))
+        value_mesh.update((r, mesh) for r in results)
+    returned = block.last_op
+    assert isinstance(returned, func.ReturnOp)
+    return calls, [names[v] for v in returned.operands]
+
+
+def _micro_batch(op: object) -> int | None:
+    attr = getattr(op, "micro_batch", None)
+    return int(attr.value.data) if isinstance(attr, IntegerAttr) else None
+
+
+def _read_programs(module: ModuleOp) -> dict[str, tuple[Instruction, ...]]:
+    kinds: dict[type, Kind] = {
+        RunOp: "run",
+        SendOp: "send",
+        RecvOp: "recv",
+        BroadcastOp: "broadcast",
+        FreeOp: "free",
+    }
+    programs: dict[str, tuple[Instruction, ...]] = {}
+    for program in top_level_ops(module, ProgramOp):
+        assert isinstance(program, ProgramOp)
+        mesh = program.mesh.root_reference.data
+        out: list[Instruction] = []
+        for op in program.body.block.ops:
+            kind = kinds.get(type(op))
+            if kind is None:
+                raise AlpaError(
+                    f"pipeline.program {{mesh = @{mesh}}}: unknown instruction {op.name}"
+                )
+            mb = _micro_batch(op)
+            if isinstance(op, RunOp):
+                out.append(Instruction(kind, op.function.root_reference.data, mb))
+            elif isinstance(op, FreeOp):
+                out.append(Instruction(kind, "", mb, tuple(s.data for s in op.buffers.data)))
+            else:
+                out.append(Instruction(kind, op.transfer.root_reference.data, mb))  # type: ignore[attr-defined]
+        programs[mesh] = tuple(out)
+    return programs
+
+
+def _emitted_programs(module: ModuleOp) -> dict[str, tuple[Instruction, ...]]:
+    """The lists ``emit-instructions`` would write, without touching the module."""
+    from alpa_ir.passes.emit_instructions import emit_programs
+
+    return {
+        mesh: tuple(Instruction(i.kind, i.target, i.micro_batch, i.buffers) for i in instrs)
+        for mesh, instrs in emit_programs(module).items()
+    }
+
+
+def step_program(module: ModuleOp) -> StepProgram:
+    """The step of an outlined pipeline module, with one instruction list per mesh."""
+    main = main_function(module)
+    plan = next(iter(top_level_ops(module, PlanOp)), None)
+    if not isinstance(plan, PlanOp):
+        raise AlpaError("the module has no pipeline.plan; outline its stages first")
+    b = int(plan.num_micro_batches.value.data)
+    transfer_ops: dict[tuple[str, str], list[TransferOp]] = {}
+    transfers: dict[str, Transfer] = {}
+    for op in top_level_ops(module, TransferOp):
+        assert isinstance(op, TransferOp)
+        dst = op.dst_mesh.root_reference.data
+        transfer_ops.setdefault((op.value.data, dst), []).append(op)
+        name = op.sym_name.data
+        src = op.src_mesh.root_reference.data
+        transfers[name] = Transfer(name, op.value.data, src, dst, op.dst_spec.spec.dims)
+    calls, outputs = _calls(module, main, transfer_ops)
+    meshes: dict[str, MeshInfo] = {}
+    for name in dict.fromkeys(c.mesh for c in calls.values()):
+        mesh_op = symbol_op(module, name, LogicalMeshOp)
+        assert isinstance(mesh_op, LogicalMeshOp)
+        meshes[name] = _mesh_info(mesh_op)
+    programs = _read_programs(module) or _emitted_programs(module)
+    for mesh in meshes:
+        if mesh not in programs:
+            raise AlpaError(f"no pipeline.program for mesh @{mesh}")
+    for instructions in programs.values():
+        for ins in instructions:
+            if ins.kind in ("send", "recv", "broadcast") and ins.target not in transfers:
+                raise AlpaError(f"instruction {ins} names no pipeline.transfer")
+            if ins.kind == "run" and ins.target not in calls:
+                raise AlpaError(f"instruction {ins} names no function that @main calls")
+    per_mb = [c for c in calls.values() if not c.per_step]
+    once = {v for c in calls.values() if c.per_step for v in c.operands} | set(outputs)
+    accumulated = frozenset(r for c in per_mb for r in c.results if r in once)
+    read_per_mb = {
+        v for c in per_mb for v, s in zip(c.operands, c.sources, strict=True) if v == s
+    } | {
+        transfers[i.target].value
+        for instrs in programs.values()
+        for i in instrs
+        if i.kind == "send" and i.micro_batch is not None
+    }
+    return StepProgram(
+        meshes,
+        calls,
+        transfers,
+        programs,
+        tuple(outputs),
+        len(main.body.block.args),
+        frozenset(_ints(main.attributes.get(BATCH_ATTR))),
+        b,
+        accumulated,
+        frozenset(accumulated & read_per_mb),
+    )

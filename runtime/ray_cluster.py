@@ -1,0 +1,164 @@
+"""Start, join and leave the Ray instance that the ``ray`` backend runs on.
+
+Devices are a Ray resource, so that Ray's scheduler puts each mesh worker
+where its devices are and the driver can tell, before placing anything,
+whether a plan fits:
+
+- GPU nodes offer ``GPU`` (NCCL transport: later work);
+- CPU workers use the custom resource ``alpa_cpu_device``: a local instance
+  started by :func:`start_or_join` offers ``num_devices`` of them (default:
+  as many as the driver's JAX sees); nodes of a real cluster declare theirs
+  with ``ray start --resources='{"alpa_cpu_device": N}'``, and a cluster that
+  declares none offers its CPUs.
+
+All state is Ray's own (``ray.is_initialized()``): nothing is kept here.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from alpa_ir.errors import AlpaError
+
+CPU_DEVICE_RESOURCE = "alpa_cpu_device"
+DEFAULT_TIMEOUT_S = 30.0
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError as err:  # pragma: no cover - ray is a dependency
+        raise AlpaError("the ray backend needs the 'ray' package (pip install ray)") from err
+    return ray
+
+
+def _one_line(err: BaseException) -> str:
+    """The first line of the error, and of its root cause when that differs."""
+    lines = []
+    cause: BaseException | None = err
+    while cause is not None:
+        text = str(cause).strip()
+        lines.append(text.splitlines()[0] if text else type(cause).__name__)
+        cause = cause.__cause__
+    return lines[0] if len(lines) == 1 else f"{lines[0]} ({lines[-1]})"
+
+
+def _probe(address: str, timeout_s: float) -> None:
+    """Fail fast when nothing listens at ``host:port`` (Ray itself retries for minutes)."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise AlpaError(f"Ray address '{address}' is not host:port")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as err:
+        reason = "timed out" if isinstance(err, TimeoutError) else (err.strerror or str(err))
+        raise AlpaError(f"no Ray cluster answers at {address} ({reason})") from err
+
+
+def start_or_join(
+    address: str | None = None,
+    num_devices: int | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> None:
+    """Start a local Ray instance (``address=None``) or join the cluster at
+    ``address`` (``host:port``, ``auto``, ``ray://...``); a no-op when this
+    process is already connected."""
+    ray = _ray()
+    if ray.is_initialized():
+        return
+    kwargs: dict[str, Any] = {
+        "include_dashboard": False,
+        "log_to_driver": False,
+        "configure_logging": False,
+    }
+    if address is None:
+        if num_devices is None:
+            import jax
+
+            num_devices = len(jax.devices())
+        if num_devices < 1:
+            raise AlpaError(f"num_devices must be at least 1, got {num_devices}")
+        kwargs |= {"address": "local", "resources": {CPU_DEVICE_RESOURCE: num_devices}}
+        try:
+            ray.init(**kwargs)
+        except Exception as err:
+            raise AlpaError(f"could not start a local Ray instance: {_one_line(err)}") from err
+        return
+    else:
+        if num_devices is not None:
+            raise AlpaError(
+                "num_devices applies to a local Ray instance; a cluster declares its own"
+            )
+        if address != "auto" and not address.startswith("ray://"):
+            _probe(address, timeout_s)
+        kwargs["address"] = address
+    _init_within(ray, kwargs, timeout_s, address)
+
+
+def _init_within(ray: Any, kwargs: dict[str, Any], timeout_s: float, where: str) -> None:
+    """``ray.init`` that gives up after ``timeout_s`` (it can otherwise wait for
+    minutes on an address that accepts connections but is no Ray cluster)."""
+    outcome: list[BaseException | None] = []
+
+    def target() -> None:
+        try:
+            ray.init(**kwargs)
+            outcome.append(None)
+        except BaseException as err:
+            outcome.append(err)
+
+    thread = threading.Thread(target=target, name="alpa-ray-init", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if not outcome:
+        raise AlpaError(f"could not connect to {where} within {timeout_s:.0f} s")
+    err = outcome[0]
+    if err is not None:
+        raise AlpaError(f"could not join the Ray cluster at {where}: {_one_line(err)}") from err
+
+
+def stop() -> None:
+    """Disconnect; a local instance this process started is shut down with all
+    its processes. Idempotent."""
+    try:
+        import ray
+    except ImportError:  # pragma: no cover
+        return
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+def require_ray() -> Any:
+    """The ``ray`` module, connected; a clear error otherwise."""
+    ray = _ray()
+    if not ray.is_initialized():
+        raise AlpaError(
+            "the ray backend needs a Ray instance: call alpa_ir.init(cluster='ray') first"
+        )
+    return ray
+
+
+@dataclass(frozen=True)
+class DeviceResource:
+    """The Ray resource that counts devices, and how many the cluster has."""
+
+    name: str
+    total: int
+
+    def actor_options(self, count: int) -> dict[str, Any]:
+        if self.name == "CPU":
+            return {"num_cpus": count}
+        if self.name == "GPU":
+            return {"num_gpus": count, "num_cpus": 0}
+        return {"resources": {self.name: count}, "num_cpus": 0}
+
+
+def device_resource() -> DeviceResource:
+    """CPU devices of the connected cluster (the GPU path is later work)."""
+    resources = require_ray().cluster_resources()
+    if CPU_DEVICE_RESOURCE in resources:
+        return DeviceResource(CPU_DEVICE_RESOURCE, int(resources[CPU_DEVICE_RESOURCE]))
+    return DeviceResource("CPU", int(resources.get("CPU", 0)))
