@@ -57,14 +57,24 @@ class PipeshardExecutable:
             )
         return jax.tree.unflatten(self.out_tree, self.driver(flat))
 
-    def plan_text(self) -> str:
-        """The plan in a few lines: stages, their layers, meshes and devices."""
+    def plan_text(self, max_specs: int = 4) -> str:
+        """The plan: stages, their layers, meshes and devices, and the
+        shardings of each stage's largest forward inputs."""
+        from alpa_ir.dialects.sharding import spec_of_value
+        from alpa_ir.ir_types import nbytes_of, shape_of
+
         lines = [f"pipeline: {len(self.placements)} stages, {self.num_micro_batches} micro-batches"]
         for k, p in enumerate(self.placements):
             lines.append(
                 f"  stage {k}: layers {p.first}..{p.last} on mesh {list(p.mesh.shape)} "
                 f"devices {list(p.mesh.devices or ())}"
             )
+            forward = symbol_op(self.module, f"stage{k}_forward", func.FuncOp)
+            assert isinstance(forward, func.FuncOp)
+            args = sorted(forward.args, key=lambda a: -nbytes_of(a.type))[:max_specs]
+            for a in args:
+                spec = spec_of_value(a, forward)
+                lines.append(f"    input {list(shape_of(a.type))}: {spec}")
         return "\n".join(lines)
 
 
