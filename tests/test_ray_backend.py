@@ -1,0 +1,189 @@
+"""The ``ray`` backend on a local Ray instance (shared by this module's tests):
+one actor per mesh equals the single-device step, a dead worker or a bad
+address is an AlpaError within 30 s, a plan too big for the cluster names
+both numbers, and shutdown leaves no process behind."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+import numpy as np
+import pytest
+from two_mesh_fixture import example_inputs, reference, two_mesh_module
+
+import alpa_ir
+from alpa_ir.errors import AlpaError
+
+pytestmark = pytest.mark.ray
+
+ray = pytest.importorskip("ray")
+
+
+@pytest.fixture(scope="module")
+def ray_instance() -> Iterator[None]:
+    yield
+    alpa_ir.shutdown()
+
+
+@pytest.fixture
+def cluster(ray_instance: None) -> None:
+    """A local Ray instance with this process's 8 devices (started once; again
+    only after the shutdown test)."""
+    alpa_ir.init(cluster="ray")
+
+
+def _compile(module: Any) -> Any:
+    return alpa_ir.compile_module(module, backend="ray")
+
+
+def test_two_meshes_on_ray_equal_one_device(cluster: None) -> None:
+    executable = _compile(two_mesh_module())
+    try:
+        pids = ray.get([w.ready.remote() for w in executable.workers.values()])
+        assert len(set(pids)) == 2 and os.getpid() not in pids
+        for seed in (0, 1):  # the program is loaded once; steps repeat
+            x, w = example_inputs(seed=seed)
+            new_w, y = executable(x, jax.numpy.asarray(w))
+            assert isinstance(new_w, np.ndarray) and isinstance(y, np.ndarray)
+            want_w, want_y = reference(x, w)
+            np.testing.assert_allclose(y, want_y, rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(new_w, want_w, rtol=1e-5, atol=1e-6)
+    finally:
+        executable.close()
+
+
+def test_workers_own_exactly_their_devices(cluster: None) -> None:
+    executable = _compile(two_mesh_module(mesh0=(0, 1, 2), mesh1=(3,)))
+    try:
+        counts = ray.get(
+            [
+                w.__ray_call__.remote(lambda self: len(self.devices))
+                for w in executable.workers.values()
+            ]
+        )
+        assert counts == [3, 1]
+        x, w = example_inputs()
+        np.testing.assert_allclose(executable(x, w)[0], reference(x, w)[0], rtol=1e-5, atol=1e-6)
+    finally:
+        executable.close()
+
+
+def test_pipeshard_step_on_ray_equals_one_device(cluster: None) -> None:
+    """An outlined, auto-sharded step on meshes 1x4 and 2x2, 2 micro-batches, 1F1B."""
+    from test_pipeshard import _example, _step
+
+    from alpa_ir.pass_manager import PassManager
+    from alpa_ir.pipeshard import ManualStageOption, PipeshardParallel
+    from alpa_ir.plugins.registry import default_registry
+
+    state, batch = _example()
+    method = PipeshardParallel(
+        num_micro_batches=2, stage_option=ManualStageOption([[0], [1, 2]], [(1, 4), (2, 2)])
+    )
+    module = alpa_ir.parallelize(_step, method=method).get_executable(state, batch).module.clone()
+    PassManager(default_registry(), "builtin.module(cross-mesh-resharding,emit-instructions)").run(
+        module
+    )
+    executable = _compile(module)
+    try:
+        ours, theirs = state, state
+        for _ in range(2):
+            ours, our_loss = executable(ours, batch)
+            theirs, loss = jax.jit(_step)(theirs, batch)
+            np.testing.assert_allclose(our_loss, loss, rtol=1e-4)
+            for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs), strict=True):
+                np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    finally:
+        executable.close()
+
+
+def test_a_dead_worker_fails_the_step_within_30_s(cluster: None) -> None:
+    executable = _compile(two_mesh_module())
+    x, w = example_inputs()
+    executable(x, w)
+    # mesh1 will wait mid-step for a tensor that mesh0, now dead, never sends
+    ray.kill(executable.workers["mesh0"])
+    start = time.monotonic()
+    with pytest.raises(AlpaError, match=r"mesh worker of @mesh0 died"):
+        executable(x, w)
+    assert time.monotonic() - start < 30
+    assert executable.workers == {}  # the waiting peer was stopped too
+    with pytest.raises(AlpaError, match="stopped after an error"):
+        executable(x, w)
+
+
+def test_a_plan_for_more_devices_than_the_cluster_has(cluster: None) -> None:
+    module = two_mesh_module(mesh0=range(0, 8), mesh1=range(8, 16))
+    start = time.monotonic()
+    with pytest.raises(AlpaError, match=r"the plan needs 16 devices but the Ray cluster .* has 8"):
+        _compile(module)
+    assert time.monotonic() - start < 30
+
+
+def test_without_init_the_backend_says_what_to_do(cluster: None) -> None:
+    with pytest.raises(AlpaError, match=r"unknown cluster 'gpu'"):
+        alpa_ir.init(cluster="gpu")  # type: ignore[arg-type]
+    alpa_ir.init(cluster="local")  # the xla backend's: nothing to start
+    alpa_ir.init(cluster="ray")  # idempotent
+
+
+_BAD_ADDRESSES = """
+import time, alpa_ir
+from alpa_ir.errors import AlpaError
+for address, timeout in (("127.0.0.1:1", 30.0), ("192.0.2.123:6379", 3.0)):
+    start = time.monotonic()
+    try:
+        alpa_ir.init(cluster="ray", address=address, timeout_s=timeout)
+    except AlpaError as err:
+        print(f"{time.monotonic() - start:.1f} {err}")
+alpa_ir.shutdown()
+try:
+    alpa_ir.compile_module(alpa_ir.parse_module("builtin.module {}"), backend="ray")
+except AlpaError as err:
+    print(err)
+"""
+
+
+def test_an_address_that_does_not_answer_fails_within_30_s() -> None:
+    """A refused port, and an address that swallows packets (TEST-NET-1)."""
+    out = subprocess.run(
+        [sys.executable, "-c", _BAD_ADDRESSES],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 3, out.stdout + out.stderr
+    for line, address in zip(lines, ("127.0.0.1:1", "192.0.2.123:6379"), strict=False):
+        seconds, message = line.split(" ", 1)
+        assert float(seconds) < 30
+        assert message.startswith(f"no Ray cluster answers at {address}")
+    assert "call alpa_ir.init(cluster='ray') first" in lines[2]
+
+
+def _descendants() -> list[Any]:
+    """This process's children: the local Ray instance's processes and its workers."""
+    psutil = pytest.importorskip("psutil")
+    return list(psutil.Process().children(recursive=True))
+
+
+def test_shutdown_leaves_no_process_behind(cluster: None) -> None:
+    psutil = pytest.importorskip("psutil")
+    executable = _compile(two_mesh_module())
+    x, w = example_inputs()
+    executable(x, w)
+    before = _descendants()
+    names = " ".join(" ".join(p.cmdline()) for p in before)
+    assert "raylet" in names and "gcs_server" in names and "MeshWorker" in names
+    alpa_ir.shutdown()
+    alpa_ir.shutdown()  # idempotent
+    _gone, alive = psutil.wait_procs(before, timeout=15)
+    assert alive == [], [" ".join(p.cmdline())[:80] for p in alive]
+    assert not ray.is_initialized()
