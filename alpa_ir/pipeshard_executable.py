@@ -84,9 +84,51 @@ def _placements(
     option = method.stage_option
     if isinstance(option, ManualStageOption):
         return manual_placements(num_layers, devices, option)
-    if isinstance(option, AutoStageOption):
-        raise AlpaError("AutoStageOption needs the construct-stages pass (not available yet)")
+    assert not isinstance(option, AutoStageOption)  # planned by _auto_placements
     return uniform_placements(num_layers, devices, option)
+
+
+def _auto_placements(
+    module: ModuleOp, method: PipeshardParallel, devices: tuple[int, ...]
+) -> list[StagePlacement]:
+    """Run ``construct-stages`` on the ``local-cpu`` cluster (restricted to
+    ``devices``' count), outline the module, and map its meshes to ``devices``."""
+    import dataclasses
+
+    from alpa_ir.clusters import ClusterLevel, local_cpu
+    from alpa_ir.passes.construct_stages import construct_stages
+
+    option = method.stage_option
+    assert isinstance(option, AutoStageOption)
+    base = local_cpu()
+    level = base.levels[-1]
+    cluster = dataclasses.replace(
+        base,
+        levels=(ClusterLevel(level.name, len(devices), level.bandwidth, level.latency),),
+    )
+    space = option.submesh_logical_shape_space.replace("_", "-")
+    plan = construct_stages(
+        module,
+        cluster,
+        num_micro_batches=method.num_micro_batches,
+        schedule=method.pipeline_schedule,
+        submesh_space=space,
+        progress=False,
+    )
+    return [
+        StagePlacement(
+            s.first,
+            s.last,
+            LogicalDeviceMesh(
+                s.mesh.shape,
+                s.mesh.alpha,
+                s.mesh.beta,
+                tuple(devices[d] for d in s.mesh.devices or ()),
+                s.mesh.axis_names,
+            ),
+        )
+        for s in plan.stages
+    ]
 
 
 def _calls(module: ModuleOp, compiled: dict[str, Any]) -> tuple[list[StageCall], list[Ref]]:
@@ -186,11 +228,14 @@ def compile_pipeshard(
     main = main_function(module)
     in_tree = decode_treedef(main.attributes["alpa.in_tree"].data)  # type: ignore[attr-defined]
     out_tree = decode_treedef(main.attributes["alpa.out_tree"].data)  # type: ignore[attr-defined]
-    placements = _placements(method, count_layers(main), devices)
-    for k, p in enumerate(placements):
-        module.body.block.insert_op_before(p.mesh.to_op(f"mesh{k}"), main)
-    slices = [StageSlice(p.first, p.last, f"mesh{k}") for k, p in enumerate(placements)]
-    outline_stages(module, slices, b, method.pipeline_schedule)
+    if isinstance(method.stage_option, AutoStageOption):
+        placements = _auto_placements(module, method, devices)
+    else:
+        placements = _placements(method, count_layers(main), devices)
+        for k, p in enumerate(placements):
+            module.body.block.insert_op_before(p.mesh.to_op(f"mesh{k}"), main)
+        slices = [StageSlice(p.first, p.last, f"mesh{k}") for k, p in enumerate(placements)]
+        outline_stages(module, slices, b, method.pipeline_schedule)
     compiled: dict[str, Any] = {}
     for op in list(module.body.block.ops):
         if isinstance(op, func.FuncOp) and op.sym_name.data != "main":

@@ -366,3 +366,114 @@ def outline_stages(
     )
     top.insert_ops_before([plan, *stage_ops, *functions.values(), new_main], main)
     top.erase_op(main)
+
+
+@dataclass(frozen=True)
+class LayerRangeFunction:
+    """The forward+backward ops of layers ``first..last`` as one function (a
+    stage candidate for ``construct-stages``). ``param_args``: its arguments
+    that are non-batch arguments of ``@main`` (parameters); ``cross_bytes``:
+    bytes of the other arguments computed by other layers (activations in,
+    gradients back), i.e. what crosses into the stage per micro-batch."""
+
+    function: func.FuncOp
+    param_args: tuple[int, ...]
+    cross_bytes: float
+
+
+class LayerRanges:
+    """Extract the forward+backward computation of any layer range of a marked
+    step (``@main`` with ``L`` layers, see :func:`count_layers`) without
+    outlining: the ops are grouped per layer once, each range is then cut out
+    and cloned into a new function."""
+
+    def __init__(self, function: func.FuncOp) -> None:
+        from alpa_ir.ir_types import nbytes_of
+
+        self.num_layers = count_layers(function)
+        slices = [StageSlice(k, k, "") for k in range(self.num_layers)]
+        self._assignment = _Assignment(function, slices)
+        self._block = function.body.block
+        batch = set(_batch_args(function))
+        self._params = {a for k, a in enumerate(self._block.args) if k not in batch}
+        self._batch = {a for k, a in enumerate(self._block.args) if k in batch}
+        self._nbytes = nbytes_of
+        a = self._assignment
+        self._layer = {
+            op: key[0] for op, key in a.group.items() if key[1] in ("forward", "backward")
+        }
+        # For every produced value: the layers that use it (through markers);
+        # -1 stands for a use outside any layer (apply-grad or the return).
+        outside = -1
+        self._user_layers: dict[SSAValue, set[int]] = {}
+        for op in a.ops:
+            if op in a.floating or is_layer_marker(op) or is_grad_marker(op):
+                continue
+            for operand in op.operands:
+                value = a.resolve(operand)
+                self._user_layers.setdefault(value, set()).add(self._layer.get(op, outside))
+        for operand in self._block.last_op.operands:  # type: ignore[union-attr]
+            self._user_layers.setdefault(a.resolve(operand), set()).add(outside)
+        # Bytes of the values layer l receives from layer k (k != l), each value once per l.
+        self._edges = [[0.0] * self.num_layers for _ in range(self.num_layers)]
+        received: set[tuple[int, SSAValue]] = set()
+        for op, layer in self._layer.items():
+            for operand in op.operands:
+                value = a.resolve(operand)
+                producer = (
+                    self._layer.get(value.owner) if isinstance(value.owner, Operation) else None
+                )
+                if producer is None or producer == layer or (layer, value) in received:
+                    continue
+                received.add((layer, value))
+                self._edges[layer][producer] += float(nbytes_of(value.type))
+
+    def internal_bytes(self, first: int, last: int) -> float:
+        """Bytes that layers ``first..last`` pass to each other (the sum over the
+        layers of what each receives from another layer of the range)."""
+        return sum(
+            self._edges[dst][src]
+            for dst in range(first, last + 1)
+            for src in range(first, last + 1)
+        )
+
+    def function(self, first: int, last: int, name: str = "main") -> LayerRangeFunction:
+        """Layers ``first..last`` (inclusive), forward and backward ops in program order."""
+        if not 0 <= first <= last < self.num_layers:
+            raise AlpaError(
+                f"layer range {first}..{last} is outside the step's layers 0..{self.num_layers - 1}"
+            )
+        a = self._assignment
+        ops = [op for op in a.ops if first <= self._layer.get(op, -1) <= last]
+        inside = set(ops)
+        inputs: list[SSAValue] = []
+        seen: set[SSAValue] = set()
+        for op in ops:
+            for operand in op.operands:
+                value = a.resolve(operand)
+                owner = value.owner
+                if isinstance(owner, Operation) and (owner in a.floating or owner in inside):
+                    continue
+                if value not in seen:
+                    seen.add(value)
+                    inputs.append(value)
+        outputs = [
+            r
+            for op in ops
+            for r in op.results
+            if any(not first <= u <= last for u in self._user_layers.get(r, ()))
+        ]
+        g = _Group((0, "forward"), ops, inputs, outputs)
+        built = _build_function(g, a, "", self._batch)
+        built.sym_name = StringAttr(name)
+        built.attributes.pop(MESH_ATTR, None)
+        built.attributes.pop(PER_MICRO_BATCH_ATTR, None)
+        params = tuple(k for k, v in enumerate(inputs) if v in self._params)
+        cross = float(
+            sum(
+                self._nbytes(v.type)
+                for v in inputs
+                if v not in self._params and v not in self._batch
+            )
+        )
+        return LayerRangeFunction(built, params, cross)

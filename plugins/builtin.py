@@ -26,6 +26,7 @@ def alpa_ir_dialects() -> Sequence[Any]:
 def alpa_ir_passes() -> Sequence[type]:
     from alpa_ir.passes.auto_sharding import AutoSharding
     from alpa_ir.passes.cluster_operators import ClusterOperators
+    from alpa_ir.passes.construct_stages import ConstructStages
     from alpa_ir.passes.cross_mesh_resharding import CrossMeshResharding
     from alpa_ir.passes.emit_instructions import EmitInstructions
     from alpa_ir.passes.merge_trivial_ops import MergeTrivialOps
@@ -38,6 +39,7 @@ def alpa_ir_passes() -> Sequence[type]:
         AutoSharding,
         ReduceScatterRewrite,
         ClusterOperators,
+        ConstructStages,
         SynthesizePlacement,
         SynthesizeReductions,
         CrossMeshResharding,

@@ -1,0 +1,443 @@
+"""``construct-stages``: Alpa's stage construction (OSDI'22 §5.2, AutoStageOption).
+
+Input: a module whose ``@main`` is a marked training step with ``L`` layers
+(:func:`alpa_ir.stage_outline.count_layers`), traced at the micro-batch shape.
+
+1. **Costing.** For every layer range ``i..j`` the forward+backward ops of the
+   range become one function (:class:`alpa_ir.stage_outline.LayerRanges`); the
+   stage cost model (:mod:`alpa_ir.stage_cost`, cached by structural
+   fingerprint, so identical ranges such as GPT's repeated layers are planned
+   once) prices it on every logical mesh view ``(dp, mp)`` of every submesh of
+   Alpa's space; the best view per submesh (the fastest that fits in memory)
+   gives ``costs[i, j, m]`` and Eq. 5's ``max_stages_after[i, j, m]``.
+   ``cost-mode=layer-sum`` prices single layers only and adds them up per view
+   (latency, parameters, activations): ``L`` functions instead of ``L(L+1)/2``,
+   exact up to the resharding between layers of one stage, which the
+   per-layer plans cannot see (each layer's boundary shardings are chosen
+   independently). It is what makes paper-size planning take seconds.
+2. **DP.** :func:`alpa_ir.algorithms.stage_dp` (Eq. 2–5, exact; ``epsilon`` as
+   there, in seconds).
+3. **Placement.** Submeshes are laid out on the device ids largest first (so
+   every ``(1, 2^k)`` block and every whole-node block stays aligned), stages
+   of one size in pipeline order (neighbouring stages on neighbouring
+   devices). Each stage gets a ``mesh.logical_mesh @meshK`` of its chosen view
+   with α/β re-derived on its real devices, then :func:`outline_stages`
+   writes the pipeline IR.
+
+Beyond Alpa: ``cross-stage-comm`` adds to a stage's latency the time to
+receive what crosses into it per micro-batch (activations from the previous
+layers, gradients from the next), ``α + β·bytes / links``, priced on the
+link that joins nodes (the slowest link neighbouring stages may cross; a
+one-node cluster: its device link); ``links`` is the number of parallel
+links the submesh has on that level (one per node if the level is a shared
+NIC, one per device otherwise). The approximation: transfers are not
+overlapped with compute and every stage pays its input at the slowest link,
+also the first (its "input" from outside the pipeline is the batch, not
+counted). The number of micro-batches cannot be searched inside a pass (the
+step is traced at one micro-batch shape); :func:`alpa_ir.stage_planning`
+helpers do it by re-tracing (``micro-batches=auto`` of ``alpa-bench``).
+
+Progress (stage-mesh pairs costed) goes to stderr; ``pipeline.plan`` gets the
+DP's latency (``construct_stages.latency``, seconds per iteration by Eq. 2).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from xdsl.context import Context
+from xdsl.dialects.builtin import FloatAttr, ModuleOp, f64
+from xdsl.passes import ModulePass
+
+from alpa_ir.algorithms.stage_dp import StageDPResult, stage_dp
+from alpa_ir.clusters import Cluster
+from alpa_ir.device_mesh import LogicalDeviceMesh
+from alpa_ir.dialects.mesh import ClusterOp, LogicalMeshOp
+from alpa_ir.dialects.pipeline import PlanOp
+from alpa_ir.errors import AlpaError, PlanError
+from alpa_ir.module_utils import main_function, top_level_ops
+from alpa_ir.stage_cost import AnalyticalStageCostModel, StageCost, StageCostModel
+from alpa_ir.stage_outline import LayerRanges, StageSlice, outline_stages
+
+SUBMESH_SPACES = ("all", "single-node-model-parallel", "one-dimensional")
+COST_MODES = ("range", "layer-sum")
+LATENCY_ATTR = "construct_stages.latency"
+
+
+@dataclass(frozen=True)
+class ViewCost:
+    """A layer range on one logical mesh view: seconds per micro-batch and bytes per device."""
+
+    latency: float
+    persistent: float
+    activations: float
+    cross_bytes: float
+
+    def max_stages_after(self, device_memory: float) -> float:
+        free = device_memory - self.persistent - self.activations
+        if free < 0:
+            return -1.0
+        return math.inf if self.activations <= 0 else float(math.floor(free / self.activations))
+
+    def peak(self, in_flight: int) -> float:
+        return self.persistent + in_flight * self.activations
+
+
+def _view_cost(cost: StageCost, cross_bytes: float) -> ViewCost:
+    return ViewCost(cost.latency, cost.memory.persistent, cost.memory.activations, cross_bytes)
+
+
+def _add(a: ViewCost, b: ViewCost) -> ViewCost:
+    return ViewCost(
+        a.latency + b.latency,
+        a.persistent + b.persistent,
+        a.activations + b.activations,
+        a.cross_bytes + b.cross_bytes,
+    )
+
+
+@dataclass
+class Timings:
+    """Seconds spent per part (the paper's Table 5 columns, minus clustering)."""
+
+    costing: float = 0.0
+    dp: float = 0.0
+    other: float = 0.0
+
+
+@dataclass
+class StageCostTable:
+    """Costs of every layer range on every view of every submesh of a cluster."""
+
+    cluster: Cluster
+    submeshes: tuple[tuple[int, int], ...]
+    views: dict[tuple[int, int], tuple[LogicalDeviceMesh, ...]]
+    num_layers: int
+    costs: dict[tuple[int, int, tuple[int, ...]], ViewCost] = field(default_factory=dict)
+    pairs_costed: int = 0
+
+    def cost(self, first: int, last: int, view_shape: tuple[int, ...]) -> ViewCost:
+        return self.costs[(first, last, tuple(view_shape))]
+
+    def comm_time(self, cost: ViewCost, submesh: tuple[int, int]) -> float:
+        """Cross-stage communication estimate (module docstring)."""
+        if cost.cross_bytes <= 0:
+            return 0.0
+        c = self.cluster
+        if c.num_nodes > 1:
+            link = c.logical_mesh((2,), (0, c.devices_per_node))
+            shared = c.levels[0].shared
+            links = max(1, submesh[0]) if shared else submesh[0] * submesh[1]
+        else:
+            link = c.logical_mesh((2,), (0, 1)) if c.num_devices > 1 else None
+            links = submesh[0] * submesh[1]
+        if link is None:
+            return 0.0
+        assert link.alpha is not None and link.beta is not None
+        return link.alpha[0] + link.beta[0] * cost.cross_bytes / links
+
+    def best(
+        self, first: int, last: int, submesh: tuple[int, int], cross_stage_comm: bool = False
+    ) -> tuple[LogicalDeviceMesh, ViewCost, float]:
+        """The best view of ``submesh`` for the range: the fastest one that fits
+        (one micro-batch in flight), else the fastest; with its latency."""
+        memory = self.cluster.device_memory
+        options = []
+        for view in self.views[submesh]:
+            cost = self.cost(first, last, view.shape)
+            latency = cost.latency + (self.comm_time(cost, submesh) if cross_stage_comm else 0.0)
+            options.append((cost.peak(1) > memory, latency, view, cost))
+        _, latency, view, cost = min(options, key=lambda o: (o[0], o[1]))
+        return view, cost, latency
+
+
+def submesh_views(
+    cluster: Cluster, space: str
+) -> dict[tuple[int, int], tuple[LogicalDeviceMesh, ...]]:
+    """The submeshes of Alpa's space and the logical mesh views kept for each."""
+    if space not in SUBMESH_SPACES:
+        raise AlpaError(
+            f"construct-stages: unknown submesh space '{space}'; expected {SUBMESH_SPACES}"
+        )
+    out: dict[tuple[int, int], tuple[LogicalDeviceMesh, ...]] = {}
+    for submesh in cluster.submesh_shapes():
+        views = cluster.submesh_logical_meshes(submesh)
+        size = submesh[0] * submesh[1]
+        if space == "single-node-model-parallel":
+            mp = min(size, cluster.devices_per_node)
+            views = tuple(v for v in views if v.shape == (size // mp, mp))
+        elif space == "one-dimensional":
+            views = tuple(v for v in views if 1 in v.shape)
+        out[submesh] = views
+    return out
+
+
+def cost_table(
+    ranges: LayerRanges,
+    cluster: Cluster,
+    model: StageCostModel,
+    *,
+    space: str = "all",
+    cost_mode: str = "range",
+    progress: bool = True,
+) -> StageCostTable:
+    """Price every layer range on every view (module docstring, step 1)."""
+    if cost_mode not in COST_MODES:
+        raise AlpaError(f"construct-stages: unknown cost mode '{cost_mode}'; expected {COST_MODES}")
+    views = submesh_views(cluster, space)
+    num = ranges.num_layers
+    table = StageCostTable(cluster, tuple(views), views, num)
+    all_views = [v for vs in views.values() for v in vs]
+    spans = (
+        [(i, i) for i in range(num)]
+        if cost_mode == "layer-sum"
+        else [(i, j) for i in range(num) for j in range(i, num)]
+    )
+    total = len(spans) * len(all_views)
+    last_report = 0.0
+    for first, last in spans:
+        extracted = ranges.function(first, last)
+        for view in all_views:
+            cost = model.stage_cost(extracted.function, view, cluster, extracted.param_args)
+            table.costs[(first, last, view.shape)] = _view_cost(cost, extracted.cross_bytes)
+            table.pairs_costed += 1
+            now = time.monotonic()
+            if progress and (now - last_report > 2.0 or table.pairs_costed == total):
+                last_report = now
+                print(
+                    f"construct-stages: costed {table.pairs_costed}/{total} stage-mesh pairs",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    if cost_mode == "layer-sum":
+        for view in all_views:
+            for first in range(num):
+                acc = table.costs[(first, first, view.shape)]
+                for last in range(first + 1, num):
+                    acc = _add(acc, table.costs[(last, last, view.shape)])
+                    # layers inside one stage do not cross stages
+                    inner = ranges.internal_bytes(first, last)
+                    table.costs[(first, last, view.shape)] = ViewCost(
+                        acc.latency, acc.persistent, acc.activations, acc.cross_bytes - inner
+                    )
+    return table
+
+
+@dataclass(frozen=True)
+class StageChoice:
+    """One stage of a plan: layers, submesh, logical mesh (on its real devices), cost."""
+
+    first: int
+    last: int
+    submesh: tuple[int, int]
+    mesh: LogicalDeviceMesh
+    cost: ViewCost
+    latency: float
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    stages: tuple[StageChoice, ...]
+    latency: float
+    """Eq. 2 of the DP's stage latencies, seconds per iteration."""
+    dp_solves: int = 0
+
+
+def solve_stages(
+    table: StageCostTable,
+    num_micro_batches: int,
+    *,
+    epsilon: float = 0.0,
+    cross_stage_comm: bool = False,
+    submeshes: Sequence[tuple[int, int]] | None = None,
+) -> StagePlan:
+    """The DP over the table (step 2) and the placement (step 3)."""
+    cluster = table.cluster
+    chosen = list(submeshes or table.submeshes)
+    num = table.num_layers
+    devices = cluster.num_devices
+    largest = max(a * b for a, b in chosen)
+    if largest * num < devices:
+        need = -(-devices // largest)
+        raise AlpaError(
+            f"construct-stages: the {devices} devices need at least {need} stages of at most "
+            f"{largest} devices but the step has only {num} layers"
+        )
+    costs = np.full((num, num, len(chosen)), np.inf)
+    limit = np.full((num, num, len(chosen)), -1.0)
+    best: dict[tuple[int, int, int], tuple[LogicalDeviceMesh, ViewCost, float]] = {}
+    for i in range(num):
+        for j in range(i, num):
+            for m, submesh in enumerate(chosen):
+                view, cost, latency = table.best(i, j, submesh, cross_stage_comm)
+                best[(i, j, m)] = (view, cost, latency)
+                costs[i, j, m] = latency
+                limit[i, j, m] = cost.max_stages_after(cluster.device_memory)
+    sizes = [a * b for a, b in chosen]
+    try:
+        result: StageDPResult = stage_dp(
+            costs, sizes, devices, num_micro_batches, limit, epsilon=epsilon
+        )
+    except PlanError as error:
+        whole = [m for m, s in enumerate(sizes) if s == devices]
+        if not whole:
+            raise
+        one_stage = min(best[(0, num - 1, m)][1].peak(1) for m in whole)
+        raise PlanError(
+            f"construct-stages: no pipeline plan fits in {cluster.device_memory / 2**30:.1f} GiB "
+            f"per device; the best one-stage plan on all {devices} devices needs "
+            f"{one_stage / 2**30:.1f} GiB"
+        ) from error
+    stages = _place(cluster, [(i, j, chosen[m]) for i, j, m in result.stages])
+    out = []
+    for (i, j, m), (submesh, devices_of) in zip(result.stages, stages, strict=True):
+        view, cost, latency = best[(i, j, m)]
+        mesh = cluster.logical_mesh(view.shape, devices_of)
+        out.append(StageChoice(i, j, submesh, mesh, cost, latency))
+    return StagePlan(tuple(out), result.total_latency, result.dp_solves)
+
+
+def _place(
+    cluster: Cluster, stages: Sequence[tuple[int, int, tuple[int, int]]]
+) -> list[tuple[tuple[int, int], tuple[int, ...]]]:
+    """Device ids per stage: largest submeshes first, stages of one size in order."""
+    order = sorted(range(len(stages)), key=lambda k: (-stages[k][2][0] * stages[k][2][1], k))
+    start = 0
+    devices: dict[int, tuple[int, ...]] = {}
+    for k in order:
+        n, m = stages[k][2]
+        devices[k] = tuple(range(start, start + n * m))
+        start += n * m
+    return [(stages[k][2], devices[k]) for k in range(len(stages))]
+
+
+def write_plan(module: ModuleOp, plan: StagePlan, num_micro_batches: int, schedule: str) -> None:
+    """``mesh.logical_mesh @meshK`` per stage, then the outlined pipeline IR."""
+    main = main_function(module)
+    taken = {op.sym_name.data for op in top_level_ops(module, LogicalMeshOp)}  # type: ignore[attr-defined]
+    names = []
+    k = 0
+    for stage in plan.stages:
+        while f"mesh{k}" in taken:
+            k += 1
+        name = f"mesh{k}"
+        taken.add(name)
+        names.append(name)
+        module.body.block.insert_op_before(stage.mesh.to_op(name), main)
+    slices = [StageSlice(s.first, s.last, n) for s, n in zip(plan.stages, names, strict=True)]
+    outline_stages(module, slices, num_micro_batches, schedule)
+    for op in top_level_ops(module, PlanOp):
+        op.attributes[LATENCY_ATTR] = FloatAttr(plan.latency, f64)
+
+
+def module_cluster(module: ModuleOp, preset: str) -> Cluster:
+    """The cluster: preset ``preset`` (as many nodes as it has by default), else
+    the module's ``mesh.cluster``."""
+    if preset:
+        from alpa_ir.clusters import get_cluster
+
+        return get_cluster(preset)
+    ops = list(top_level_ops(module, ClusterOp))
+    if not ops:
+        raise AlpaError(
+            "construct-stages: the module has no mesh.cluster; give the option cluster=<preset>"
+        )
+    assert isinstance(ops[0], ClusterOp)
+    return Cluster.from_op(ops[0])
+
+
+@dataclass(frozen=True)
+class ConstructStages(ModulePass):
+    """Slice the layers into stages on submeshes (module docstring)."""
+
+    name = "construct-stages"
+
+    cluster: str = ""
+    """Cluster preset; empty: the module's ``mesh.cluster``."""
+    num_micro_batches: int = 1
+    schedule: str = "1f1b"
+    submesh_space: str = "all"
+    epsilon: float = 0.0
+    cost_mode: str = "range"
+    cross_stage_comm: bool = False
+    progress: bool = True
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        del ctx
+        construct_stages(
+            op,
+            module_cluster(op, self.cluster),
+            num_micro_batches=self.num_micro_batches,
+            schedule=self.schedule,
+            submesh_space=self.submesh_space,
+            epsilon=self.epsilon,
+            cost_mode=self.cost_mode,
+            cross_stage_comm=self.cross_stage_comm,
+            progress=self.progress,
+        )
+
+
+def construct_stages(
+    module: ModuleOp,
+    cluster: Cluster,
+    *,
+    num_micro_batches: int = 1,
+    schedule: str = "1f1b",
+    submesh_space: str = "all",
+    epsilon: float = 0.0,
+    cost_mode: str = "range",
+    cross_stage_comm: bool = False,
+    model: StageCostModel | None = None,
+    progress: bool = True,
+    timings: Timings | None = None,
+) -> StagePlan:
+    """The pass as a function: plan, write the plan into ``module``, return it."""
+    timings = timings if timings is not None else Timings()
+    if num_micro_batches < 1:
+        raise AlpaError(
+            f"construct-stages: num-micro-batches must be >= 1, got {num_micro_batches}"
+        )
+    if not list(top_level_ops(module, ClusterOp)):
+        module.body.block.insert_op_before(cluster.to_op(), main_function(module))
+    t0 = time.perf_counter()
+    ranges = LayerRanges(main_function(module))
+    t1 = time.perf_counter()
+    table = cost_table(
+        ranges,
+        cluster,
+        model or AnalyticalStageCostModel(),
+        space=submesh_space,
+        cost_mode=cost_mode,
+        progress=progress,
+    )
+    t2 = time.perf_counter()
+    plan = solve_stages(
+        table, num_micro_batches, epsilon=epsilon, cross_stage_comm=cross_stage_comm
+    )
+    t3 = time.perf_counter()
+    write_plan(module, plan, num_micro_batches, schedule)
+    t4 = time.perf_counter()
+    timings.costing += t2 - t1
+    timings.dp += t3 - t2
+    timings.other += (t1 - t0) + (t4 - t3)
+    return plan
+
+
+__all__ = [
+    "ConstructStages",
+    "StageChoice",
+    "StageCostTable",
+    "StagePlan",
+    "Timings",
+    "ViewCost",
+    "construct_stages",
+    "cost_table",
+    "solve_stages",
+    "submesh_views",
+    "write_plan",
+]
