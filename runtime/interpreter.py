@@ -40,6 +40,7 @@ from typing import Any, Protocol
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from xdsl.dialects.builtin import ModuleOp
 
 from alpa_ir.errors import AlpaError
 from alpa_ir.runtime.program import Call, Instruction, Key, MeshInfo, StepProgram, Transfer
@@ -64,7 +65,7 @@ class CompiledFunction:
 
 
 def compile_mesh_functions(
-    module: Any, program: StepProgram, mesh: str, devices: Sequence[Any]
+    module: ModuleOp, program: StepProgram, mesh: str, devices: Sequence[Any]
 ) -> tuple[Mesh, dict[str, CompiledFunction]]:
     """Compile the functions ``mesh`` runs as SPMD programs on ``devices``
     (the mesh's device ids remapped to these devices in row-major order)."""
