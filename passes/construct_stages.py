@@ -34,8 +34,8 @@ NIC, one per device otherwise). The approximation: transfers are not
 overlapped with compute and every stage pays its input at the slowest link,
 also the first (its "input" from outside the pipeline is the batch, not
 counted). The number of micro-batches cannot be searched inside a pass (the
-step is traced at one micro-batch shape); :func:`alpa_ir.stage_planning`
-helpers do it by re-tracing (``micro-batches=auto`` of ``alpa-bench``).
+step is traced at one micro-batch shape); ``alpa-bench --micro-batches auto``
+does it by re-tracing per candidate (:func:`alpa_ir.tools.alpa_bench.auto_micro_batches`).
 
 Progress (stage-mesh pairs costed) goes to stderr; ``pipeline.plan`` gets the
 DP's latency (``construct_stages.latency``, seconds per iteration by Eq. 2).

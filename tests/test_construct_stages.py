@@ -1,0 +1,124 @@
+"""construct-stages: AutoStageOption on the 8 CPU devices equals one device; the
+cost table (range and layer-sum modes, cache hits on identical layers); errors;
+the cross-stage communication option."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import pytest
+from test_pipeshard import _assert_same_steps, _example, _step
+from xdsl.dialects.builtin import ModuleOp
+
+import alpa_ir
+from alpa_ir.clusters import Cluster, ClusterLevel
+from alpa_ir.dialects.pipeline import PlanOp
+from alpa_ir.errors import AlpaError, PlanError
+from alpa_ir.frontend.jaxpr_import import import_jax
+from alpa_ir.module_utils import main_function, top_level_ops
+from alpa_ir.pass_manager import PassManager
+from alpa_ir.passes.construct_stages import (
+    LATENCY_ATTR,
+    construct_stages,
+    cost_table,
+    solve_stages,
+)
+from alpa_ir.pipeshard import AutoStageOption, PipeshardParallel
+from alpa_ir.plugins.registry import default_registry
+from alpa_ir.stage_cost import AnalyticalStageCostModel
+from alpa_ir.stage_outline import LayerRanges
+
+
+def _cluster(devices: int = 2, memory: float = 2**30, bandwidth: float = 10e9) -> Cluster:
+    return Cluster("test", (ClusterLevel("device", devices, bandwidth, 1e-5),), memory, 1e11, 20e9)
+
+
+def _deep_loss(p: dict[str, Any], x: jax.Array) -> jax.Array:
+    h = x
+    for k in range(4):  # four identical layers
+        h = jnp.tanh(h @ p[f"w{k}"])
+        if k < 3:
+            h = alpa_ir.mark_pipeline_boundary(h)
+    return jnp.mean(h**2)
+
+
+def _deep_step(p: dict[str, Any], x: jax.Array) -> tuple[dict[str, Any], jax.Array]:
+    loss, grads = alpa_ir.value_and_grad(_deep_loss)(p, x)
+    return jax.tree.map(lambda a, g: a - 0.1 * g, p, grads), loss
+
+
+def _deep_module() -> ModuleOp:
+    p = {f"w{k}": jax.ShapeDtypeStruct((16, 16), jnp.float32) for k in range(4)}
+    x = jax.ShapeDtypeStruct((8, 16), jnp.float32)
+    return import_jax(_deep_step, p, x, batch_argnums=(1,))
+
+
+def test_auto_stages_equal_one_device() -> None:
+    state, batch = _example()
+    method = PipeshardParallel(num_micro_batches=2, stage_option=AutoStageOption())
+    _assert_same_steps(_step, method, state, batch)
+
+
+def test_identical_layers_hit_the_cost_cache() -> None:
+    model = AnalyticalStageCostModel()
+    ranges = LayerRanges(main_function(_deep_module()))
+    table = cost_table(ranges, _cluster(), model, progress=False)
+    assert table.pairs_costed == 10 * 3  # 10 ranges x views of (1,1), (1,2), (2,1)
+    # the middle layers 1 and 2 are the same ops on the same shapes: 2..2 is a
+    # cache hit on each of the 3 views
+    assert model.stats.hits == 3
+    assert model.stats.misses == table.pairs_costed - 3
+
+
+def test_layer_sum_adds_single_layers() -> None:
+    ranges = LayerRanges(main_function(_deep_module()))
+    model = AnalyticalStageCostModel()
+    exact = cost_table(ranges, _cluster(), model, progress=False)
+    summed = cost_table(ranges, _cluster(), model, cost_mode="layer-sum", progress=False)
+    for shape in [(1, 1), (1, 2)]:
+        one = [exact.cost(k, k, shape) for k in range(4)]
+        assert summed.cost(1, 3, shape).latency == pytest.approx(sum(c.latency for c in one[1:]))
+        assert summed.cost(0, 0, shape) == exact.cost(0, 0, shape)
+        # the middle activations cross no stage inside a range
+        assert summed.cost(1, 2, shape).cross_bytes == pytest.approx(
+            exact.cost(1, 2, shape).cross_bytes
+        )
+
+
+def test_the_pass_writes_meshes_and_the_plan() -> None:
+    module = _deep_module()
+    module.body.block.insert_op_before(_cluster(4).to_op(), main_function(module))
+    PassManager(
+        default_registry(), "builtin.module(construct-stages{num-micro-batches=2 progress=false})"
+    ).run(module)
+    plans = list(top_level_ops(module, PlanOp))
+    assert len(plans) == 1 and LATENCY_ATTR in plans[0].attributes
+    text = str(module)
+    assert "mesh.logical_mesh @mesh0" in text and "stage0_forward" in text
+
+
+def test_no_plan_fits_names_the_memory_needed() -> None:
+    with pytest.raises(PlanError, match=r"no pipeline plan fits in .* needs [0-9.]+ GiB"):
+        construct_stages(_deep_module(), _cluster(memory=1000.0), progress=False)
+
+
+def test_more_stages_than_layers() -> None:
+    ranges = LayerRanges(main_function(_deep_module()))
+    table = cost_table(ranges, _cluster(8), AnalyticalStageCostModel(), progress=False)
+    with pytest.raises(AlpaError, match=r"need at least 8 stages .* only 4 layers"):
+        solve_stages(table, 2, submeshes=[(1, 1)])
+
+
+def test_cross_stage_comm_prices_what_crosses_into_a_stage() -> None:
+    ranges = LayerRanges(main_function(_deep_module()))
+    slow = _cluster(2, bandwidth=1e3)
+    table = cost_table(ranges, slow, AnalyticalStageCostModel(), progress=False)
+    inter_only = solve_stages(table, 4, submeshes=[(1, 1)])
+    with_comm = solve_stages(table, 4, submeshes=[(1, 1)], cross_stage_comm=True)
+    assert with_comm.latency > inter_only.latency
+    assert all(s.latency > s.cost.latency for s in with_comm.stages if s.cost.cross_bytes > 0)
+    fewer = solve_stages(table, 4, cross_stage_comm=True)
+    plain = solve_stages(table, 4)
+    assert len(fewer.stages) <= len(plain.stages)

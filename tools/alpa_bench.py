@@ -1,0 +1,405 @@
+"""alpa-bench: Alpa's weak-scaling benchmark (§8.1) under the simulator.
+
+For each paper size of a suite at its GPU count (or ``--gpus``), the step is
+traced abstractly (shapes only) at the micro-batch shape with automatic
+layers (``cluster-operators``), every layer range is priced on every logical
+mesh view (``construct-stages``' cost table), the stage DP picks the plan and
+the plan is outlined. Every plan, Alpa's and the baselines', is then
+simulated from the same cost table (:func:`alpa_ir.backends.simulate.simulate`):
+a stage's forward takes one third of its forward+backward latency and its
+backward two thirds (backward matmuls are twice the forward FLOPs); its
+apply-grad reads and writes its persistent state once at HBM speed; the
+transfer between consecutive stages is ``construct-stages``' cross-stage
+estimate of what the later stage receives. (Re-pricing the outlined functions
+with ``plan_from_module`` would auto-shard every forward, backward and
+apply-grad function again; the table already holds their sum.)
+
+Baselines under the same simulator: ``intra-op`` (one stage on all devices),
+``inter-op`` (the DP restricted to 1x1 submeshes; needs at least as many
+layers as devices), ``megatron`` (GPT: dp x op x pp grid, equal layer counts
+per stage, every stage on a (dp, op) view) and ``pp-dp`` (Wide-ResNet: the
+same grid with op = 1). Not done: DeepSpeed-style expert parallelism + ZeRO
+for MoE.
+
+Compile time is broken down like the paper's Table 5: clustering (tracing,
+import and operator clustering), intra-op costing, DP, other (extraction,
+outlining, simulation).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+
+from alpa_ir.backends.simulate import SimPlan, SimStage, simulate
+from alpa_ir.clusters import Cluster, ClusterLevel, get_cluster
+from alpa_ir.errors import AlpaError, PlanError
+from alpa_ir.passes.construct_stages import (
+    StageChoice,
+    StageCostTable,
+    StagePlan,
+    cost_table,
+    solve_stages,
+    write_plan,
+)
+from alpa_ir.stage_cost import AnalyticalStageCostModel, StageCostOptions
+
+SUITES = {
+    "gpt3": ("gpt3-350m", "gpt3-1.3b", "gpt3-2.6b", "gpt3-6.7b", "gpt3-15b", "gpt3-39b"),
+    "moe": ("moe-380m", "moe-1.3b", "moe-2.4b", "moe-10b", "moe-27b", "moe-70b"),
+    "wresnet": (
+        "wresnet-250m",
+        "wresnet-1b",
+        "wresnet-2b",
+        "wresnet-4b",
+        "wresnet-6.8b",
+        "wresnet-13b",
+    ),
+}
+BACKWARD_SHARE = 2.0 / 3.0
+MEMORY_EFFICIENCY = 0.8
+
+
+@dataclass
+class Breakdown:
+    clustering: float = 0.0
+    costing: float = 0.0
+    dp: float = 0.0
+    other: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.clustering + self.costing + self.dp + self.other
+
+
+@dataclass
+class Outcome:
+    method: str
+    stages: list[dict[str, Any]] = field(default_factory=list)
+    iteration_time: float = math.inf
+    pflops: float = 0.0
+    peak_memory_gib: float = 0.0
+    error: str = ""
+
+
+def bench_cluster(preset: str, gpus: int) -> Cluster:
+    """The preset with ``gpus`` devices; fewer than a node: one node of ``gpus``."""
+    base = get_cluster(preset)
+    if gpus >= base.devices_per_node:
+        return get_cluster(preset, num_devices=gpus)
+    inner = base.levels[-1]
+    return Cluster(
+        base.name,
+        (ClusterLevel(inner.name, gpus, inner.bandwidth, inner.latency, inner.shared),),
+        base.device_memory,
+        base.peak_flops,
+        base.hbm_bandwidth,
+        base.device_name,
+    )
+
+
+def trace(name: str, num_micro_batches: int, layers: int) -> Any:
+    from alpa_ir.frontend.jaxpr_import import import_jax
+    from alpa_ir.markers import AutomaticLayers, automatic_layers
+    from alpa_ir.models.train_step import make_train_step
+    from alpa_ir.parallel import _micro_batch_args
+
+    step, args = make_train_step(name, abstract=True)
+    micro = _micro_batch_args(tuple(args), (1,), num_micro_batches)
+    with automatic_layers(AutomaticLayers(layers, 0.5)):
+        # a fresh function object: JAX's trace cache must not reuse an unmarked trace
+        return import_jax(lambda *a: step(*a), *micro, batch_argnums=(1,))
+
+
+def sim_plan(
+    table: StageCostTable, stages: Sequence[StageChoice], num_micro_batches: int
+) -> SimPlan:
+    cluster = table.cluster
+    hbm = cluster.hbm_bandwidth * MEMORY_EFFICIENCY
+    sim = []
+    transfers = []
+    for k, s in enumerate(stages):
+        t = s.cost.latency
+        sim.append(
+            SimStage(
+                forward=t * (1 - BACKWARD_SHARE),
+                backward=t * BACKWARD_SHARE,
+                apply_grad=2 * s.cost.persistent / hbm if hbm > 0 else 0.0,
+                persistent_memory=s.cost.persistent,
+                activation_memory=s.cost.activations,
+                device_memory=cluster.device_memory,
+                num_devices=s.mesh.size,
+            )
+        )
+        if k:
+            transfers.append(table.comm_time(s.cost, s.submesh))
+    return SimPlan(tuple(sim), num_micro_batches, "1f1b", tuple(transfers))
+
+
+def outcome(
+    method: str,
+    table: StageCostTable,
+    stages: Sequence[StageChoice],
+    num_micro_batches: int,
+    model_flops: float,
+) -> Outcome:
+    out = Outcome(method)
+    out.stages = [
+        {
+            "layers": [s.first, s.last],
+            "submesh": list(s.submesh),
+            "logical_mesh": list(s.mesh.shape),
+            "devices": [min(s.mesh.devices or (0,)), max(s.mesh.devices or (0,))],
+        }
+        for s in stages
+    ]
+    plan = sim_plan(table, stages, num_micro_batches)
+    unchecked = simulate(plan, check_memory=False)
+    out.peak_memory_gib = max(unchecked.peak_memory) / 2**30
+    try:
+        result = simulate(plan)
+    except PlanError as error:
+        out.error = f"out of memory ({error})"
+        return out
+    out.iteration_time = result.iteration_time
+    out.pflops = model_flops / result.iteration_time / 1e15
+    return out
+
+
+def uniform_grid(
+    table: StageCostTable, num_micro_batches: int, model_flops: float, op_max: int | None
+) -> Outcome:
+    """Megatron-style dp x op x pp: equal layer counts, every stage on (dp, op)."""
+    cluster = table.cluster
+    devices = cluster.num_devices
+    num = table.num_layers
+    best = Outcome("megatron" if op_max is None else "pp-dp", error="no grid point fits")
+    for pp in range(1, num + 1):
+        if devices % pp:
+            continue
+        size = devices // pp
+        submesh = next((s for s in table.submeshes if s[0] * s[1] == size), None)
+        if submesh is None:
+            continue
+        bounds = [round(k * num / pp) for k in range(pp + 1)]
+        if any(bounds[k + 1] <= bounds[k] for k in range(pp)):
+            continue
+        for view in table.views[submesh]:
+            if op_max is not None and view.shape[1] > op_max:
+                continue
+            stages = []
+            for k in range(pp):
+                cost = table.cost(bounds[k], bounds[k + 1] - 1, view.shape)
+                devs = tuple(range(k * size, (k + 1) * size))
+                mesh = cluster.logical_mesh(view.shape, devs)
+                stages.append(
+                    StageChoice(bounds[k], bounds[k + 1] - 1, submesh, mesh, cost, cost.latency)
+                )
+            candidate = outcome(best.method, table, stages, num_micro_batches, model_flops)
+            if candidate.iteration_time < best.iteration_time:
+                best = candidate
+    return best
+
+
+def restricted(
+    method: str,
+    table: StageCostTable,
+    submeshes: list[tuple[int, int]],
+    num_micro_batches: int,
+    model_flops: float,
+) -> Outcome:
+    try:
+        plan = solve_stages(table, num_micro_batches, submeshes=submeshes)
+    except (AlpaError, PlanError) as error:
+        return Outcome(method, error=str(error).split(";")[0])
+    return outcome(method, table, plan.stages, num_micro_batches, model_flops)
+
+
+def bench_model(
+    name: str,
+    cluster: Cluster,
+    *,
+    num_micro_batches: int,
+    layers: int,
+    cost_mode: str,
+    submesh_space: str,
+    cross_stage_comm: bool,
+    epsilon: float,
+    time_limit: float,
+) -> dict[str, Any]:
+    from alpa_ir.models.train_step import train_step_flops
+    from alpa_ir.module_utils import main_function
+    from alpa_ir.stage_outline import LayerRanges, count_layers
+
+    times = Breakdown()
+    t0 = time.perf_counter()
+    module = trace(name, num_micro_batches, layers)
+    t1 = time.perf_counter()
+    times.clustering = t1 - t0
+    ranges = LayerRanges(main_function(module))
+    t2 = time.perf_counter()
+    model = AnalyticalStageCostModel(StageCostOptions(time_limit=time_limit))
+    table = cost_table(ranges, cluster, model, space=submesh_space, cost_mode=cost_mode)
+    t3 = time.perf_counter()
+    times.costing = t3 - t2
+    flops = train_step_flops(name)
+    result: dict[str, Any] = {
+        "model": name,
+        "gpus": cluster.num_devices,
+        "cluster": cluster.name,
+        "num_micro_batches": num_micro_batches,
+        "layers": count_layers(main_function(module)),
+        "cost_mode": cost_mode,
+        "submesh_space": submesh_space,
+        "cross_stage_comm": cross_stage_comm,
+        "cache": {"hits": model.stats.hits, "misses": model.stats.misses},
+    }
+    plan: StagePlan | None = None
+    try:
+        plan = solve_stages(
+            table, num_micro_batches, epsilon=epsilon, cross_stage_comm=cross_stage_comm
+        )
+        alpa = outcome("alpa", table, plan.stages, num_micro_batches, flops)
+    except (AlpaError, PlanError) as error:
+        alpa = Outcome("alpa", error=str(error))
+    t4 = time.perf_counter()
+    times.dp = t4 - t3
+    if plan is not None:
+        write_plan(module, plan, num_micro_batches, "1f1b")
+    times.other = (t2 - t1) + (time.perf_counter() - t4)
+    whole = max(table.submeshes, key=lambda s: s[0] * s[1])
+    outcomes = [
+        alpa,
+        restricted("intra-op", table, [whole], num_micro_batches, flops),
+        restricted("inter-op", table, [(1, 1)], num_micro_batches, flops),
+    ]
+    if name.startswith("gpt"):
+        outcomes.append(uniform_grid(table, num_micro_batches, flops, None))
+    if name.startswith("wresnet"):
+        outcomes.append(uniform_grid(table, num_micro_batches, flops, 1))
+    result["outcomes"] = [o.__dict__ for o in outcomes]
+    result["compile_time"] = {**times.__dict__, "total": times.total}
+    return result
+
+
+def auto_micro_batches(name: str, candidates: Sequence[int], **kwargs: Any) -> dict[str, Any]:
+    """Option ``micro-batches=auto``: the best simulated Alpa plan over ``candidates``."""
+    best: dict[str, Any] | None = None
+    tried = []
+    for b in candidates:
+        result = bench_model(name, num_micro_batches=b, **kwargs)
+        time_b = result["outcomes"][0]["iteration_time"]
+        tried.append({"num_micro_batches": b, "iteration_time": time_b})
+        if best is None or time_b < best["outcomes"][0]["iteration_time"]:
+            best = result
+    assert best is not None
+    best["micro_batch_search"] = tried
+    return best
+
+
+def batch_divisors(batch: int, limit: int) -> list[int]:
+    return [
+        1 << k for k in range(limit.bit_length()) if (1 << k) <= limit and batch % (1 << k) == 0
+    ]
+
+
+def format_result(result: dict[str, Any]) -> str:
+    lines = [
+        f"{result['model']} on {result['gpus']} GPUs ({result['cluster']}), "
+        f"B={result['num_micro_batches']}, {result['layers']} layers, "
+        f"cost cache {result['cache']['hits']} hits / {result['cache']['misses']} misses"
+    ]
+    lines.append(f"  {'method':<10} {'PFLOPS':>8} {'iter s':>9} {'peak GiB':>9}  plan")
+    for o in result["outcomes"]:
+        plan = " | ".join(
+            f"L{s['layers'][0]}-{s['layers'][1]} {s['submesh'][0]}x{s['submesh'][1]}"
+            f"->{s['logical_mesh'][0]}x{s['logical_mesh'][1]}"
+            for s in o["stages"]
+        )
+        if o["error"]:
+            plan = f"{o['error'][:90]}  {plan}"[:160]
+        lines.append(
+            f"  {o['method']:<10} {o['pflops']:8.4g} {o['iteration_time']:9.4g} "
+            f"{o['peak_memory_gib']:9.2f}  {plan}"
+        )
+    c = result["compile_time"]
+    lines.append(
+        f"  compile time {c['total']:.1f} s: clustering {c['clustering']:.1f}, "
+        f"intra-op costing {c['costing']:.1f}, DP {c['dp']:.2f}, other {c['other']:.1f}"
+    )
+    if "micro_batch_search" in result:
+        tried = ", ".join(
+            f"B={t['num_micro_batches']}: {t['iteration_time']:.3f} s"
+            for t in result["micro_batch_search"]
+        )
+        lines.append(f"  micro-batch search: {tried}")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="alpa-bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--suite", choices=sorted(SUITES), default="gpt3")
+    parser.add_argument(
+        "--models", default="", help="comma-separated config names (default: the suite)"
+    )
+    parser.add_argument("--cluster", default="alpa-testbed")
+    parser.add_argument("--gpus", type=int, default=None, help="default: each size's GPU count")
+    parser.add_argument("--micro-batches", default="16", help="an integer or 'auto'")
+    parser.add_argument("--max-micro-batches", type=int, default=64)
+    parser.add_argument("--layers", type=int, default=8, help="automatic layers")
+    parser.add_argument("--cost-mode", choices=("range", "layer-sum"), default="layer-sum")
+    parser.add_argument(
+        "--submesh-space",
+        choices=("all", "single-node-model-parallel", "one-dimensional"),
+        default="all",
+    )
+    parser.add_argument("--cross-stage-comm", action="store_true")
+    parser.add_argument("--epsilon", type=float, default=0.0)
+    parser.add_argument("--time-limit", type=float, default=60.0, help="ILP time limit (s)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    from alpa_ir.models.registry import get_config
+
+    names = [n for n in args.models.split(",") if n] or list(SUITES[args.suite])
+    results = []
+    try:
+        for name in names:
+            config = get_config(name)
+            gpus = args.gpus or config.num_gpus
+            cluster = bench_cluster(args.cluster, gpus)
+            common = {
+                "cluster": cluster,
+                "layers": args.layers,
+                "cost_mode": args.cost_mode,
+                "submesh_space": args.submesh_space,
+                "cross_stage_comm": args.cross_stage_comm,
+                "epsilon": args.epsilon,
+                "time_limit": args.time_limit,
+            }
+            if args.micro_batches == "auto":
+                candidates = batch_divisors(config.batch_size, args.max_micro_batches)
+                result = auto_micro_batches(name, candidates, **common)
+            else:
+                result = bench_model(name, num_micro_batches=int(args.micro_batches), **common)
+            results.append(result)
+            if not args.json:
+                print(format_result(result), flush=True)
+    except AlpaError as error:
+        print(f"alpa-bench: error: {error}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(results, indent=1, default=float))
+    return 0
+
+
+if __name__ == "__main__":
+    jax.config.update("jax_platforms", "cpu")
+    sys.exit(main())
