@@ -337,7 +337,7 @@ def format_result(result: dict[str, Any]) -> str:
     )
     if "micro_batch_search" in result:
         tried = ", ".join(
-            f"B={t['num_micro_batches']}: {t['iteration_time']:.3f} s"
+            f"B={t['num_micro_batches']}: {t['iteration_time']:.4g} s"
             for t in result["micro_batch_search"]
         )
         lines.append(f"  micro-batch search: {tried}")
