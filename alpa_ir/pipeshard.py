@@ -86,6 +86,9 @@ class PipeshardParallel:
     layer_option: LayerOption = field(default_factory=ManualLayerOption)
     stage_option: StageOption = field(default_factory=UniformStageOption)
     pipeline_schedule: Literal["1f1b", "gpipe"] = "1f1b"
+    backend: Literal["xla", "ray"] = "xla"
+    """``xla``: the stages run in this process on the local devices; ``ray``:
+    one Ray actor per mesh (after ``alpa_ir.init(cluster="ray")``)."""
     auto_sharding_option: AutoShardingOption = field(
         default_factory=lambda: AutoShardingOption(reduce_scatter="none")
     )

@@ -44,6 +44,8 @@ class PipeshardExecutable:
         self.placements = tuple(placements)
         self.driver = driver
         self.in_tree, self.out_tree = in_tree, out_tree
+        self.remote: Any = None
+        """The Ray executable when the step runs on the ray backend."""
 
     @property
     def num_micro_batches(self) -> int:
@@ -55,7 +57,14 @@ class PipeshardExecutable:
             raise AlpaError(
                 f"arguments have structure {tree}, the step was compiled for {self.in_tree}"
             )
+        if self.remote is not None:
+            return self.remote(*args)
         return jax.tree.unflatten(self.out_tree, self.driver(flat))
+
+    def close(self) -> None:
+        """Stop the Ray workers of a step on the ray backend."""
+        if self.remote is not None:
+            self.remote.close()
 
     def plan_text(self, max_specs: int = 4) -> str:
         """The plan: stages, their layers, meshes and devices, and the
@@ -252,4 +261,19 @@ def compile_pipeshard(
         b,
         order=schedule_order(calls, len(placements), b, method.pipeline_schedule),
     )
-    return PipeshardExecutable(module, placements, driver, in_tree, out_tree)
+    executable = PipeshardExecutable(module, placements, driver, in_tree, out_tree)
+    if method.backend == "ray":
+        executable.remote = _ray_executable(module, registry)
+    return executable
+
+
+def _ray_executable(module: ModuleOp, registry: PluginRegistry) -> Any:
+    """The step's transfers and instruction lists, run by one Ray actor per mesh."""
+    from alpa_ir.backends.ray import RayExecutable
+    from alpa_ir.pass_manager import PassManager
+
+    with_programs = module.clone()
+    PassManager(registry, "builtin.module(cross-mesh-resharding,emit-instructions)").run(
+        with_programs
+    )
+    return RayExecutable(with_programs)
