@@ -52,8 +52,7 @@ from xdsl.dialects.builtin import (
 )
 from xdsl.ir import Block, SSAValue
 
-from alpa_ir.autosharding.cost_model import collective_bytes_on_wire
-from alpa_ir.autosharding.plan_bytes import program_collectives
+from alpa_ir.autosharding.plan_bytes import op_collectives
 from alpa_ir.clusters import Cluster
 from alpa_ir.device_mesh import LogicalDeviceMesh
 from alpa_ir.dialects.lax import LaxOp
@@ -61,12 +60,7 @@ from alpa_ir.dialects.lax_params import ints_of
 from alpa_ir.dialects.mesh import MESH_ATTR
 from alpa_ir.dialects.sharding import (
     SPEC_ATTR,
-    AllGatherOp,
-    AllReduceOp,
-    AllReduceProgramOp,
-    AllToAllOp,
     CollectiveOp,
-    ReduceScatterOp,
     spec_of_value,
 )
 from alpa_ir.errors import AlpaError
@@ -77,13 +71,6 @@ from alpa_ir.module_utils import main_function
 BATCH_ATTR = "alpa.batch_args"
 ILP_TIME_UNIT = 1e6
 """α/β are given to the ILP in microseconds (see the module docstring)."""
-
-_COLLECTIVE_KINDS: dict[type, str] = {
-    AllReduceOp: "all-reduce",
-    AllGatherOp: "all-gather",
-    ReduceScatterOp: "reduce-scatter",
-    AllToAllOp: "all-to-all",
-}
 
 
 @dataclass(frozen=True)
@@ -342,25 +329,9 @@ def collective_time(function: func.FuncOp, mesh: LogicalDeviceMesh) -> tuple[flo
             continue  # a reshard that only slices locally
         alpha = max(mesh.alpha[a] for a in axes)
         beta = max(mesh.beta[a] for a in axes)
-        if isinstance(op, AllReduceProgramOp):
-            steps = program_collectives(op, function, mesh.shape, 1)
-            for step in steps:
-                total += alpha + beta * collective_bytes_on_wire(
-                    step.kind, step.bytes, step.group_size
-                )
-            count += len(steps)
-            continue
-        kind = _COLLECTIVE_KINDS.get(type(op))
-        n = mesh.axes_size(axes)
-        if kind is None or n <= 1:
-            continue
-        value = op.output if kind == "all-gather" else op.input
-        nbytes = math.prod(
-            spec_of_value(value, function).local_shape(shape_of(value.type), mesh.shape)
-        )
-        nbytes *= dtype_of(value.type).itemsize
-        total += alpha + beta * collective_bytes_on_wire(kind, nbytes, n)
-        count += 1
+        for collective in op_collectives(op, function, mesh.shape):
+            total += alpha + beta * collective.wire_bytes
+            count += 1
     return total, count
 
 

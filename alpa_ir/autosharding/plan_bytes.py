@@ -71,21 +71,26 @@ def predicted_collectives(
     per-micro-batch part of the step) count ``num_micro_batches`` times."""
     out = []
     for op in function.body.block.ops:
-        if isinstance(op, AllReduceProgramOp):
-            count = num_micro_batches if op in repeated else 1
-            out += program_collectives(op, function, mesh_shape, count)
-            continue
-        kind = _KINDS.get(type(op))
-        if kind is None or not isinstance(op, CollectiveOp):
-            continue
-        n = math.prod(mesh_shape[a] for a in op.mesh_axes)
-        if n <= 1:
-            continue
-        value = op.output if kind == "all-gather" else op.input
-        nbytes = value_local_bytes(value, spec_of_value(value, function), mesh_shape)
-        count = num_micro_batches if op in repeated else 1
-        out.append(PredictedCollective(kind, nbytes, n, count))
+        out += op_collectives(op, function, mesh_shape, num_micro_batches if op in repeated else 1)
     return out
+
+
+def op_collectives(
+    op: object, function: func.FuncOp, mesh_shape: Sequence[int], count: int = 1
+) -> list[PredictedCollective]:
+    """The collectives one op of a planned ``function`` runs ``count`` times
+    (none for ops that are no collective or span one device)."""
+    if isinstance(op, AllReduceProgramOp):
+        return program_collectives(op, function, mesh_shape, count)
+    kind = _KINDS.get(type(op))
+    if kind is None or not isinstance(op, CollectiveOp):
+        return []
+    n = math.prod(mesh_shape[a] for a in op.mesh_axes)
+    if n <= 1:
+        return []
+    value = op.output if kind == "all-gather" else op.input
+    nbytes = value_local_bytes(value, spec_of_value(value, function), mesh_shape)
+    return [PredictedCollective(kind, nbytes, n, count)]
 
 
 _STEP_KINDS = {
