@@ -6,9 +6,12 @@ inserts for :class:`AutoLayerOption`), slice the layers into stages on
 submeshes of the devices (uniform or manual slicing here; the
 ``construct-stages`` DP for :class:`AutoStageOption`), outline the stages
 (:mod:`alpa_ir.stage_outline`), auto-shard every stage function on its
-submesh's logical mesh, and compile each as one SPMD program. The resulting
-:class:`PipeshardExecutable` runs the step with the local driver
-(:mod:`alpa_ir.runtime.local_driver`).
+submesh's logical mesh, and compile each as one SPMD program; then
+``cross-mesh-resharding`` plans the tensors crossing meshes and
+``emit-instructions`` writes each mesh's instruction list. The resulting
+:class:`PipeshardExecutable` runs those lists with the instruction
+interpreter (:mod:`alpa_ir.runtime.interpreter`): in this process on the
+xla backend, on one Ray actor per mesh on the ray backend.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.sharding import Mesh
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 
@@ -21,35 +22,68 @@ from alpa_ir.pipeshard import (
     StagePlacement,
     _device_ids,
     manual_placements,
-    per_micro_batch,
     shard_stage_function,
     uniform_placements,
 )
 from alpa_ir.plugins.registry import PluginRegistry, default_registry
-from alpa_ir.runtime.local_driver import LocalPipelineDriver, Ref, StageCall
+from alpa_ir.runtime.interpreter import (
+    CompiledFunction,
+    MeshInterpreter,
+    gather_outputs,
+    run_interleaved,
+    split_inputs,
+)
+from alpa_ir.runtime.program import StepProgram, step_program
+from alpa_ir.runtime.transfers import TilePlanTransport
 
 
 class PipeshardExecutable:
-    """A step compiled into pipeline stages on submeshes of the local devices."""
+    """A step compiled into pipeline stages on submeshes of the local devices.
+
+    ``module`` carries the plan after ``cross-mesh-resharding`` and
+    ``emit-instructions``; ``program`` is its per-mesh instruction lists. On
+    the xla backend one :class:`~alpa_ir.runtime.interpreter.MeshInterpreter`
+    per mesh runs them in this process (round-robin, each until it waits for
+    a transfer), moving tensors by their tile plans
+    (:class:`~alpa_ir.runtime.transfers.TilePlanTransport`); on the ray
+    backend ``remote`` runs them on one actor per mesh.
+    """
 
     def __init__(
         self,
         module: ModuleOp,
         placements: Sequence[StagePlacement],
-        driver: LocalPipelineDriver,
+        program: StepProgram,
+        functions: dict[str, CompiledFunction],
         in_tree: Any,
         out_tree: Any,
     ) -> None:
+        from alpa_ir.backends.xla import local_devices_for
+
         self.module = module
         self.placements = tuple(placements)
-        self.driver = driver
+        self.program = program
         self.in_tree, self.out_tree = in_tree, out_tree
+        self.transport = TilePlanTransport(program)
+        self.interpreters = []
+        for name, info in program.meshes.items():
+            devices = np.array(local_devices_for(info.device_ids), dtype=object)
+            mesh = Mesh(devices.reshape(info.shape), info.axis_names)
+            names = {i.target for i in program.instructions[name] if i.kind == "run"}
+            mesh_functions = {f: functions[f] for f in names}
+            self.interpreters.append(
+                MeshInterpreter(program, name, mesh, mesh_functions, self.transport)
+            )
         self.remote: Any = None
         """The Ray executable when the step runs on the ray backend."""
 
     @property
     def num_micro_batches(self) -> int:
-        return self.driver.num_micro_batches
+        return self.program.num_micro_batches
+
+    @property
+    def num_instructions(self) -> int:
+        return sum(len(v) for v in self.program.instructions.values())
 
     def __call__(self, *args: Any) -> Any:
         flat, tree = jax.tree.flatten(args)
@@ -59,7 +93,9 @@ class PipeshardExecutable:
             )
         if self.remote is not None:
             return self.remote(*args)
-        return jax.tree.unflatten(self.out_tree, self.driver(flat))
+        inputs = {m: split_inputs(self.program, flat, m) for m in self.program.meshes}
+        values = run_interleaved(self.interpreters, inputs)
+        return jax.tree.unflatten(self.out_tree, gather_outputs(self.program, flat, values))
 
     def close(self) -> None:
         """Stop the Ray workers of a step on the ray backend."""
@@ -124,6 +160,7 @@ def _auto_placements(
         submesh_space=space,
         progress=False,
     )
+    _map_mesh_devices(module, devices)
     return [
         StagePlacement(
             s.first,
@@ -140,53 +177,16 @@ def _auto_placements(
     ]
 
 
-def _calls(module: ModuleOp, compiled: dict[str, Any]) -> tuple[list[StageCall], list[Ref]]:
-    from alpa_ir.stage_outline import PHASES
+def _map_mesh_devices(module: ModuleOp, devices: tuple[int, ...]) -> None:
+    """Rewrite the device ids of the module's meshes (planned on a cluster of
+    ``len(devices)`` devices, ids 0..n-1) to the ids of ``devices``."""
+    from alpa_ir.dialects.lax_params import ints_attr
+    from alpa_ir.dialects.mesh import LogicalMeshOp
+    from alpa_ir.module_utils import top_level_ops
 
-    main = main_function(module)
-    block = main.body.block
-    refs: dict[Any, Ref] = {a: ("arg", k, 0) for k, a in enumerate(block.args)}
-    calls: list[StageCall] = []
-    for op in block.ops:
-        if not isinstance(op, func.CallOp):
-            continue
-        name = op.callee.string_value()
-        stage_name, phase = name.split("_", 1)
-        assert phase in PHASES
-        target = symbol_op(module, name, func.FuncOp)
-        entry = compiled[name]
-        calls.append(
-            StageCall(
-                name=name,
-                stage=int(stage_name.removeprefix("stage")),
-                phase=phase,
-                operands=tuple(refs[v] for v in op.operands),
-                run=entry.run,
-                in_shardings=entry.in_shardings,
-                per_micro_batch=per_micro_batch(target),
-            )
-        )
-        for r, result in enumerate(op.results):
-            refs[result] = ("call", len(calls) - 1, r)
-    results = [refs[v] for v in block.last_op.operands]  # type: ignore[union-attr]
-    return calls, results
-
-
-def schedule_order(
-    calls: Sequence[StageCall], num_stages: int, num_micro_batches: int, kind: str
-) -> list[tuple[int, int]]:
-    """(call index, micro-batch) of the forward/backward calls in the clock
-    order of the GPipe or 1F1B schedule (within a clock, by stage)."""
-    from alpa_ir.pipeline_schedule import schedule_clocks
-
-    index = {(c.stage, c.phase): k for k, c in enumerate(calls) if not c.per_step}
-    order = []
-    for clock in schedule_clocks(num_stages, num_micro_batches, kind):  # type: ignore[arg-type]
-        for task in sorted(clock, key=lambda t: t.stage):
-            k = index.get((task.stage, task.phase))
-            if k is not None and task.micro_batch is not None:
-                order.append((k, task.micro_batch))
-    return order
+    for op in top_level_ops(module, LogicalMeshOp):
+        assert isinstance(op, LogicalMeshOp)
+        op.properties["devices"] = ints_attr(tuple(devices[d] for d in op.device_ids))
 
 
 def _import_step(
@@ -222,7 +222,8 @@ def compile_pipeshard(
 ) -> PipeshardExecutable:
     """Plan and compile ``fn`` for ``args`` with ``method``."""
     from alpa_ir.frontend.pytree_codec import decode_treedef
-    from alpa_ir.parallel import _leaf_indices, _micro_batch_args
+    from alpa_ir.parallel import _micro_batch_args
+    from alpa_ir.pass_manager import PassManager
     from alpa_ir.stage_outline import StageSlice, count_layers, outline_stages
 
     del donate_argnums  # buffers of a pipeline step are not donated yet
@@ -253,27 +254,13 @@ def compile_pipeshard(
             compiled[op.sym_name.data] = shard_stage_function(
                 module, op.sym_name.data, mesh, method.auto_sharding_option, registry
             )
-    calls, results = _calls(module, compiled)
-    driver = LocalPipelineDriver(
-        calls,
-        results,
-        frozenset(_leaf_indices(args, batch_argnums)),
-        b,
-        order=schedule_order(calls, len(placements), b, method.pipeline_schedule),
+    PassManager(registry, "builtin.module(cross-mesh-resharding,emit-instructions)").run(module)
+    functions = {name: CompiledFunction(c.run, c.in_shardings) for name, c in compiled.items()}
+    executable = PipeshardExecutable(
+        module, placements, step_program(module), functions, in_tree, out_tree
     )
-    executable = PipeshardExecutable(module, placements, driver, in_tree, out_tree)
     if method.backend == "ray":
-        executable.remote = _ray_executable(module, registry)
+        from alpa_ir.backends.ray import RayExecutable
+
+        executable.remote = RayExecutable(module)
     return executable
-
-
-def _ray_executable(module: ModuleOp, registry: PluginRegistry) -> Any:
-    """The step's transfers and instruction lists, run by one Ray actor per mesh."""
-    from alpa_ir.backends.ray import RayExecutable
-    from alpa_ir.pass_manager import PassManager
-
-    with_programs = module.clone()
-    PassManager(registry, "builtin.module(cross-mesh-resharding,emit-instructions)").run(
-        with_programs
-    )
-    return RayExecutable(with_programs)

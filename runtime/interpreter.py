@@ -23,11 +23,15 @@ Semantics:
   the mean over the micro-batches for a result that depends on the batch,
   else the first micro-batch's value.
 - SEND t at m hands the buffer of t's value at m to the transport.
-- RECV t at m takes it from the transport and places it on this mesh with t's
-  destination spec, as buffer t at m.
-- BROADCAST is a no-op here: every transport so far delivers the whole tensor
-  to RECV, which places it with the destination spec (a tile-wise transport
-  would all-gather here).
+- RECV t at m takes it from the transport and places it on this mesh with
+  the spec t arrives in (the receive spec of the local all-gather rewrite
+  when t has a tile plan, else its destination spec), as buffer t at m. The
+  tile-plan transport (:class:`alpa_ir.runtime.transfers.TilePlanTransport`)
+  delivers exactly that layout; a transport that moves whole tensors gets it
+  placed.
+- BROADCAST t at m all-gathers buffer t over the plan's (tensor dim, mesh
+  axes) on this mesh, an XLA collective (a jitted ``shard_map``), into t's
+  destination spec; a transfer without a gather has nothing to do.
 - FREE drops buffers.
 """
 
@@ -120,6 +124,7 @@ class MeshInterpreter:
         self.sums: dict[str, Any] = {}
         self.counts: dict[str, int] = {}
         self.pc = 0
+        self.gathers: dict[str, Callable[[Any], Any]] = {}
 
     def start(self, inputs: Mapping[Key, Any]) -> None:
         """Begin a step with these argument buffers of ``@main``."""
@@ -167,6 +172,11 @@ class MeshInterpreter:
             if value is None:
                 return False
             self.buffers[(transfer.name, mb)] = self._place(transfer, value)
+        elif ins.kind == "broadcast":
+            transfer = self.program.transfers[ins.target]
+            if transfer.gather:
+                key = (transfer.name, mb)
+                self.buffers[key] = self._gather(transfer)(self.buffers[key])
         elif ins.kind == "free":
             for name in ins.buffers:
                 self.buffers.pop((name, mb), None)
@@ -176,7 +186,23 @@ class MeshInterpreter:
 
     def _place(self, transfer: Transfer, value: Any) -> Any:
         info = self.program.meshes[self.mesh]
-        return jax.device_put(value, sharding_of(info, self.jax_mesh, transfer.dst_dims))
+        return jax.device_put(value, sharding_of(info, self.jax_mesh, transfer.arrival_dims))
+
+    def _gather(self, transfer: Transfer) -> Callable[[Any], Any]:
+        """The compiled all-gather of ``transfer`` on this mesh (built once)."""
+        from alpa_ir.dialects.sharding import ShardingSpec
+        from alpa_ir.runtime.transfers import all_gather_program
+
+        program = self.gathers.get(transfer.name)
+        if program is None:
+            program = all_gather_program(
+                self.jax_mesh,
+                ShardingSpec(transfer.arrival_dims),
+                ShardingSpec(transfer.dst_dims),
+                transfer.gather,
+            )
+            self.gathers[transfer.name] = program
+        return program
 
     def _run(self, call: Call, micro_batch: int | None) -> None:
         compiled = self.functions[call.function]
@@ -243,8 +269,10 @@ def run_interleaved(
         it.start(inputs.get(it.mesh, {}))
     pending = list(interpreters)
     while pending:
+        before = [it.pc for it in pending]
         still = [it for it in pending if not it.advance()]
-        if len(still) == len(pending) and still:
+        # a deadlock: a whole round in which no mesh executed an instruction
+        if still and [it.pc for it in pending] == before:
             waits = ", ".join(f"@{it.mesh} at {it.instructions[it.pc]}" for it in still)
             raise AlpaError(f"the instruction lists deadlock: {waits}")
         pending = still

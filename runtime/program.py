@@ -26,6 +26,7 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import DenseArrayBase, IntegerAttr, ModuleOp
 from xdsl.ir import Block, SSAValue
 
+from alpa_ir.cross_mesh import TransferPlan
 from alpa_ir.dialects.mesh import MESH_ATTR, LogicalMeshOp
 from alpa_ir.dialects.pipeline import (
     BroadcastOp,
@@ -88,13 +89,26 @@ class Call:
 @dataclass(frozen=True)
 class Transfer:
     """A value crossing from ``src_mesh`` to ``dst_mesh``; ``dst_dims`` is the
-    destination spec (mesh axes per tensor axis)."""
+    destination spec (mesh axes per tensor axis).
+
+    With a tile plan (``cross-mesh-resharding``'s ``tiles``): ``plan`` is it,
+    the value arrives in ``recv_dims`` (the receive spec of the local
+    all-gather rewrite) and BROADCAST all-gathers it over ``gather`` ((tensor
+    dim, mesh axes) pairs) into ``dst_dims``. Without one it arrives whole."""
 
     name: str
     value: str
     src_mesh: str
     dst_mesh: str
     dst_dims: tuple[tuple[int, ...], ...]
+    recv_dims: tuple[tuple[int, ...], ...] | None = None
+    gather: tuple[tuple[int, tuple[int, ...]], ...] = ()
+    plan: TransferPlan | None = None
+
+    @property
+    def arrival_dims(self) -> tuple[tuple[int, ...], ...]:
+        """The spec the value has on the destination mesh after RECV."""
+        return self.dst_dims if self.recv_dims is None else self.recv_dims
 
 
 @dataclass(frozen=True)
@@ -230,6 +244,19 @@ def _source(
     return candidates[0].sym_name.data
 
 
+def _transfer(module: ModuleOp, op: TransferOp) -> Transfer:
+    from alpa_ir.passes.cross_mesh_resharding import plan_of_transfer
+
+    name, value = op.sym_name.data, op.value.data
+    src, dst = op.src_mesh.root_reference.data, op.dst_mesh.root_reference.data
+    if op.tiles is None:
+        return Transfer(name, value, src, dst, op.dst_spec.spec.dims)
+    plan = plan_of_transfer(module, op)
+    return Transfer(
+        name, value, src, dst, op.dst_spec.spec.dims, plan.recv_spec.dims, plan.gather, plan
+    )
+
+
 def _calls(
     module: ModuleOp, main: func.FuncOp, transfers: dict[tuple[str, str], list[TransferOp]]
 ) -> tuple[dict[str, Call], list[str]]:
@@ -330,9 +357,7 @@ def step_program(module: ModuleOp) -> StepProgram:
         assert isinstance(op, TransferOp)
         dst = op.dst_mesh.root_reference.data
         transfer_ops.setdefault((op.value.data, dst), []).append(op)
-        name = op.sym_name.data
-        src = op.src_mesh.root_reference.data
-        transfers[name] = Transfer(name, op.value.data, src, dst, op.dst_spec.spec.dims)
+        transfers[op.sym_name.data] = _transfer(module, op)
     calls, outputs = _calls(module, main, transfer_ops)
     meshes: dict[str, MeshInfo] = {}
     for name in dict.fromkeys(c.mesh for c in calls.values()):

@@ -31,6 +31,7 @@ from alpa_ir.backends.xla import local_devices_for, partition_spec
 from alpa_ir.cross_mesh import MeshLayout, TransferPlan, assemble, device_tiles, relative
 from alpa_ir.dialects.sharding import ShardingSpec
 from alpa_ir.errors import AlpaError
+from alpa_ir.runtime.program import StepProgram, Transfer
 
 
 def default_axis_names(rank: int) -> tuple[str, ...]:
@@ -116,11 +117,15 @@ def execute_transfer(
     plan: TransferPlan,
     axis_names: Sequence[str] | None = None,
     gather_program: Callable[[jax.Array], jax.Array] | None = None,
+    *,
+    all_gather: bool = True,
 ) -> jax.Array:
     """Move ``x`` (sharded on the plan's source mesh as its source spec says)
     to the destination mesh, returning an array with the destination
     ``NamedSharding``. ``gather_program`` may pass a compiled
-    :func:`all_gather_program` to reuse across calls."""
+    :func:`all_gather_program` to reuse across calls. With ``all_gather=False``
+    the result stays in the plan's receive spec (a driver's BROADCAST does
+    the all-gather)."""
     shards = _source_shards(x, plan)
     src_tiles = device_tiles(plan.shape, plan.src)
     recv = plan.recv_layout
@@ -139,9 +144,38 @@ def execute_transfer(
     received = jax.make_array_from_single_device_arrays(
         plan.shape, layout_sharding(recv, axis_names), tiles
     )
-    if not plan.gather:
+    if not plan.gather or not all_gather:
         return received
     if gather_program is None:
         mesh = layout_mesh(plan.dst, axis_names)
         gather_program = all_gather_program(mesh, plan.recv_spec, plan.dst.spec, plan.gather)
     return gather_program(received)
+
+
+class TilePlanTransport:
+    """The in-process transport of the instruction interpreter
+    (:mod:`alpa_ir.runtime.interpreter`) that honours the tile plans: SEND
+    moves the tiles of a transfer's plan point-to-point onto the destination
+    devices (its receive spec; the interpreter's BROADCAST all-gathers);
+    RECV takes the array from the mailbox (None until sent). A transfer
+    without a plan moves whole. Device ids of the plans index ``jax.devices()``."""
+
+    def __init__(self, program: StepProgram) -> None:
+        self.program = program
+        self.mailbox: dict[tuple[str, int | None], Any] = {}
+        self.bytes_moved = 0
+
+    def send(self, transfer: Transfer, micro_batch: int | None, value: Any) -> None:
+        plan = transfer.plan
+        if plan is not None:
+            src_names = self.program.meshes[transfer.src_mesh].axis_names
+            dst_names = self.program.meshes[transfer.dst_mesh].axis_names
+            # a value computed with another layout on its own mesh is first
+            # laid out as the plan's source spec there (a no-op when it is)
+            value = jax.device_put(value, layout_sharding(plan.src, src_names))
+            value = execute_transfer(value, plan, dst_names, all_gather=False)
+            self.bytes_moved += plan.cross_bytes
+        self.mailbox[(transfer.name, micro_batch)] = value
+
+    def recv(self, transfer: Transfer, micro_batch: int | None) -> Any | None:
+        return self.mailbox.pop((transfer.name, micro_batch), None)

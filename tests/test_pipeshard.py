@@ -94,6 +94,40 @@ def test_manual_stages_on_meshes_of_different_shapes() -> None:
     assert "stage 1: layers 1..2 on mesh [2, 2] devices [4, 5, 6, 7]" in text
 
 
+def test_transfers_follow_their_tile_plans_with_a_local_all_gather() -> None:
+    """Values cross meshes as the plans of cross-mesh-resharding say: each
+    tile once, then an all-gather on the destination mesh (BROADCAST)."""
+    state, batch = _example()
+    method = PipeshardParallel(
+        num_micro_batches=2,
+        stage_option=UniformStageOption(num_stages=3, submesh_logical_shape=(1, 2)),
+        devices=range(6),
+    )
+    _assert_same_steps(_step, method, state, batch)
+    executable = alpa_ir.parallelize(_step, method=method).get_executable(state, batch)
+    program = executable.program
+    gathered = [t for t in program.transfers.values() if t.gather]
+    assert gathered, "no transfer of this plan uses the local all-gather"
+    assert all(t.plan is not None for t in program.transfers.values())
+    executable.transport.bytes_moved = 0
+    executable(state, batch)
+    sends = [
+        program.transfers[i.target]
+        for instructions in program.instructions.values()
+        for i in instructions
+        if i.kind == "send"
+    ]
+    planned = sum(t.plan.cross_bytes for t in sends if t.plan is not None)
+    assert executable.transport.bytes_moved == planned
+    # without the rewrite every destination replica would get the whole tile
+    whole = sum(
+        t.plan.tensor_bytes * len(t.plan.dst.devices)
+        for t in sends
+        if t.plan is not None and t.gather
+    )
+    assert sum(t.plan.cross_bytes for t in sends if t.plan is not None and t.gather) < whole
+
+
 def test_the_module_holds_the_pipeline_plan() -> None:
     state, batch = _example()
     method = PipeshardParallel(num_micro_batches=2, stage_option=UniformStageOption(num_stages=2))
@@ -181,7 +215,7 @@ def test_plan_for_more_devices_than_exist() -> None:
         alpa_ir.parallelize(_step, method=method).get_executable(state, batch)
 
 
-def test_driver_follows_the_schedule() -> None:
+def test_instruction_lists_follow_the_schedule() -> None:
     state, batch = _example()
     orders = {}
     for schedule in ("gpipe", "1f1b"):
@@ -191,8 +225,10 @@ def test_driver_follows_the_schedule() -> None:
             devices=range(6),
             pipeline_schedule=schedule,  # type: ignore[arg-type]
         )
-        driver = alpa_ir.parallelize(_step, method=method).get_executable(state, batch).driver
-        orders[schedule] = [(driver.calls[k].name, b) for k, b in driver.order]
+        program = alpa_ir.parallelize(_step, method=method).get_executable(state, batch).program
+        orders[schedule] = [
+            (i.target, i.micro_batch) for i in program.instructions["mesh0"] if i.kind == "run"
+        ]
     # GPipe: every forward of stage 0 before any backward; 1F1B: stage 0 runs
     # its first backward before its last forward (at most 3 in flight).
     gpipe, one_f = orders["gpipe"], orders["1f1b"]

@@ -84,8 +84,10 @@ def test_programs_read_from_the_ir_equal_the_emitted_ones() -> None:
     np.testing.assert_allclose(new_w, reference(x, w)[0], rtol=1e-5, atol=1e-6)
 
 
-def test_a_pipeshard_step_runs_like_the_local_driver() -> None:
-    """A real outlined, auto-sharded step (meshes 1x4 and 2x2, 2 micro-batches)."""
+def test_whole_tensor_and_tile_plan_transports_agree() -> None:
+    """A real outlined, auto-sharded step (meshes 1x4 and 2x2, 2 micro-batches):
+    the interpreters with whole-tensor transfers (LocalTransport) compute what
+    the executable's tile-plan transfers do, and what one device does."""
     from test_pipeshard import _example, _step
 
     import alpa_ir

@@ -10,7 +10,8 @@ so with ``B > 1`` it is compared with one device accumulating the same way
 ("acc" in the table).
 
 ``time``: median iteration time of the tiny GPT on 8 CPU devices under
-ShardParallel and PipeshardParallel, and the driver's time per stage call.
+ShardParallel and PipeshardParallel on the xla and ray backends, with the
+number of stage calls and instructions per step.
 
 Run: ``python -m alpa_ir.tools.bench_pipeshard oracle`` (``--help`` for options).
 """
@@ -45,7 +46,7 @@ def _run_steps(step: Any, state: Any, batch: Any) -> list[Any]:
     return outs
 
 
-def _method(stages: int, micro: int, schedule: str) -> Any:
+def _method(stages: int, micro: int, schedule: str, backend: str = "xla") -> Any:
     from alpa_ir.pipeshard import AutoLayerOption, PipeshardParallel, UniformStageOption
 
     return PipeshardParallel(
@@ -53,6 +54,7 @@ def _method(stages: int, micro: int, schedule: str) -> Any:
         layer_option=AutoLayerOption(layer_num=stages),
         stage_option=UniformStageOption(num_stages=stages),
         pipeline_schedule=schedule,  # type: ignore[arg-type]
+        backend=backend,  # type: ignore[arg-type]
     )
 
 
@@ -123,16 +125,27 @@ def _time(args: argparse.Namespace) -> int:
     )
     t_shard = _median_time(shard, state, batch, args.repeat)
     print(f"ShardParallel (1x8), B={micro}: {t_shard * 1e3:.1f} ms / step", flush=True)
-    for stages in args.stages:
-        pipe = alpa_ir.parallelize(fn, method=_method(stages, micro, "1f1b"), donate_argnums=())
-        t_pipe = _median_time(pipe, state, batch, args.repeat)
-        driver = pipe.get_executable(state, batch).driver
-        calls = len(driver.order) + sum(c.per_step for c in driver.calls)
-        print(
-            f"PipeshardParallel {stages} stages, B={micro}: {t_pipe * 1e3:.1f} ms / step, "
-            f"{calls} stage calls, {t_pipe / calls * 1e3:.2f} ms per call",
-            flush=True,
-        )
+    if "ray" in args.backends:
+        alpa_ir.init(cluster="ray")
+    try:
+        for backend in args.backends:
+            for stages in args.stages:
+                method = _method(stages, micro, "1f1b", backend)
+                pipe = alpa_ir.parallelize(fn, method=method, donate_argnums=())
+                t_pipe = _median_time(pipe, state, batch, args.repeat)
+                executable = pipe.get_executable(state, batch)
+                program = executable.program
+                runs = sum(i.kind == "run" for ins in program.instructions.values() for i in ins)
+                total = sum(len(ins) for ins in program.instructions.values())
+                print(
+                    f"PipeshardParallel ({backend}) {stages} stages, B={micro}: "
+                    f"{t_pipe * 1e3:.1f} ms / step, {runs} stage calls, {total} instructions",
+                    flush=True,
+                )
+                executable.close()
+    finally:
+        if "ray" in args.backends:
+            alpa_ir.shutdown()
     return 0
 
 
@@ -150,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     timing.add_argument("--stages", nargs="+", type=int, default=[2, 4])
     timing.add_argument("--micro-batches", type=int, default=2)
     timing.add_argument("--repeat", type=int, default=10)
+    timing.add_argument("--backends", nargs="+", default=["xla", "ray"])
     timing.set_defaults(run=_time)
     args = parser.parse_args(argv)
     return int(args.run(args))
