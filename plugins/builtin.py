@@ -74,8 +74,9 @@ def alpa_ir_solvers() -> Mapping[str, Callable[[], Any]]:
 @hookimpl
 def alpa_ir_stage_cost_models() -> Mapping[str, Callable[[], Any]]:
     from alpa_ir.stage_cost import AnalyticalStageCostModel
+    from alpa_ir.stage_profile import ProfilingStageCostModel
 
-    return {"analytical": AnalyticalStageCostModel}
+    return {"analytical": AnalyticalStageCostModel, "profile": ProfilingStageCostModel}
 
 
 @hookimpl
