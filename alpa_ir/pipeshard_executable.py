@@ -35,6 +35,7 @@ from alpa_ir.runtime.interpreter import (
 )
 from alpa_ir.runtime.program import StepProgram, step_program
 from alpa_ir.runtime.transfers import TilePlanTransport
+from alpa_ir.stage_specs import shard_in_call_order
 
 
 class PipeshardExecutable:
@@ -247,13 +248,15 @@ def compile_pipeshard(
         slices = [StageSlice(p.first, p.last, f"mesh{k}") for k, p in enumerate(placements)]
         outline_stages(module, slices, b, method.pipeline_schedule)
     compiled: dict[str, Any] = {}
-    for op in list(module.body.block.ops):
-        if isinstance(op, func.FuncOp) and op.sym_name.data != "main":
-            stage = int(op.sym_name.data.split("_", 1)[0].removeprefix("stage"))
-            mesh: LogicalDeviceMesh = placements[stage].mesh
-            compiled[op.sym_name.data] = shard_stage_function(
-                module, op.sym_name.data, mesh, method.auto_sharding_option, registry
-            )
+
+    def shard(name: str) -> None:
+        stage = int(name.split("_", 1)[0].removeprefix("stage"))
+        mesh: LogicalDeviceMesh = placements[stage].mesh
+        compiled[name] = shard_stage_function(
+            module, name, mesh, method.auto_sharding_option, registry
+        )
+
+    shard_in_call_order(module, shard)
     PassManager(registry, "builtin.module(cross-mesh-resharding,emit-instructions)").run(module)
     functions = {name: CompiledFunction(c.run, c.in_shardings) for name, c in compiled.items()}
     executable = PipeshardExecutable(

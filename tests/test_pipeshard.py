@@ -235,3 +235,44 @@ def test_instruction_lists_follow_the_schedule() -> None:
     assert gpipe.index(("stage0_backward", 0)) > gpipe.index(("stage0_forward", 3))
     assert one_f.index(("stage0_backward", 0)) < one_f.index(("stage0_forward", 3))
     assert sorted(gpipe) == sorted(one_f)
+
+
+def _same_mesh_layout_mismatches(module: Any) -> list[str]:
+    """Values of @main read on the mesh that produced them (or an argument
+    read by several functions of one mesh) with another spec than they have."""
+    from xdsl.dialects import func
+
+    from alpa_ir.dialects.sharding import SPEC_ATTR
+    from alpa_ir.module_utils import symbol_op
+
+    def spec(attrs: Any, k: int) -> Any:
+        return None if attrs is None else attrs.data[k].data.get(SPEC_ATTR)
+
+    layout: dict[Any, Any] = {}
+    bad = []
+    for call in main_function(module).body.block.ops:
+        if not isinstance(call, func.CallOp):
+            continue
+        f = symbol_op(module, call.callee.root_reference.data, func.FuncOp)
+        mesh = f.attributes["mesh.mesh"].root_reference.data
+        for k, v in enumerate(call.operands):
+            have = layout.setdefault((v, mesh), spec(f.arg_attrs, k))
+            if have != spec(f.arg_attrs, k):
+                bad.append(f"{f.sym_name.data} arg {k}")
+        for r, v in enumerate(call.results):
+            layout[(v, mesh)] = spec(f.res_attrs, r)
+    return bad
+
+
+def test_functions_of_one_mesh_agree_on_the_layouts_they_share() -> None:
+    from alpa_ir.models.train_step import make_train_step
+
+    step, (state, batch) = make_train_step("gpt-tiny")
+    method = PipeshardParallel(
+        num_micro_batches=2,
+        layer_option=AutoLayerOption(layer_num=2),
+        stage_option=UniformStageOption(num_stages=2),
+    )
+    executable = alpa_ir.parallelize(step, method=method).get_executable(state, batch)
+    assert _same_mesh_layout_mismatches(executable.module) == []
+    _assert_same_steps(step, method, state, batch)
