@@ -276,3 +276,14 @@ def test_functions_of_one_mesh_agree_on_the_layouts_they_share() -> None:
     executable = alpa_ir.parallelize(step, method=method).get_executable(state, batch)
     assert _same_mesh_layout_mismatches(executable.module) == []
     _assert_same_steps(step, method, state, batch)
+
+
+def test_bench_pipeshard_overhead_reports_time_per_instruction(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from alpa_ir.tools.bench_pipeshard import main
+
+    argv = ["overhead", "--stages", "2", "--micro-batches", "2", "--repeat", "2"]
+    assert main([*argv, "--backends", "xla"]) == 0
+    out = capsys.readouterr().out
+    assert "xla: 2 stages of 1 device, B=2:" in out and "ms per instruction" in out

@@ -13,6 +13,9 @@ so with ``B > 1`` it is compared with one device accumulating the same way
 ShardParallel and PipeshardParallel on the xla and ray backends, with the
 number of stage calls and instructions per step.
 
+``overhead``: the driver's time per instruction, on a chain of 8x8 layers
+whose compute is negligible (each stage on one device).
+
 Run: ``python -m alpa_ir.tools.bench_pipeshard oracle`` (``--help`` for options).
 """
 
@@ -149,6 +152,63 @@ def _time(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tiny_chain(num_layers: int) -> tuple[Any, Any, Any]:
+    """A step of ``num_layers`` 8x8 tanh layers (one pipeline boundary
+    between each): compute is negligible, so a step's time is the driver's."""
+    import jax.numpy as jnp
+
+    import alpa_ir
+
+    def loss(p: list[Any], x: Any) -> Any:
+        h = x
+        for k, w in enumerate(p):
+            if k:
+                h = alpa_ir.mark_pipeline_boundary(h)
+            h = jnp.tanh(h @ w)
+        return jnp.mean(h**2)
+
+    def step(p: list[Any], x: Any) -> tuple[list[Any], Any]:
+        value, grads = alpa_ir.value_and_grad(loss)(p, x)
+        return [w - 0.1 * g for w, g in zip(p, grads, strict=True)], value
+
+    params = [jnp.eye(8) * 0.5 for _ in range(num_layers)]
+    return step, params, jnp.ones((64, 8))
+
+
+def _overhead(args: argparse.Namespace) -> int:
+    import alpa_ir
+    from alpa_ir.pipeshard import PipeshardParallel, UniformStageOption
+
+    step, params, x = _tiny_chain(args.stages)
+    if "ray" in args.backends:
+        alpa_ir.init(cluster="ray")
+    try:
+        for backend in args.backends:
+            method = PipeshardParallel(
+                num_micro_batches=args.micro_batches,
+                stage_option=UniformStageOption(
+                    num_stages=args.stages, submesh_logical_shape=(1, 1)
+                ),
+                devices=range(args.stages),
+                backend=backend,  # type: ignore[arg-type]
+            )
+            parallel = alpa_ir.parallelize(step, method=method, donate_argnums=())
+            seconds = _median_time(parallel, params, x, args.repeat)
+            executable = parallel.get_executable(params, x)
+            count = executable.num_instructions
+            print(
+                f"{backend}: {args.stages} stages of 1 device, B={args.micro_batches}: "
+                f"{seconds * 1e3:.2f} ms / step, {count} instructions, "
+                f"{seconds / count * 1e3:.3f} ms per instruction",
+                flush=True,
+            )
+            executable.close()
+    finally:
+        if "ray" in args.backends:
+            alpa_ir.shutdown()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench_pipeshard", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -165,6 +225,12 @@ def main(argv: list[str] | None = None) -> int:
     timing.add_argument("--repeat", type=int, default=10)
     timing.add_argument("--backends", nargs="+", default=["xla", "ray"])
     timing.set_defaults(run=_time)
+    overhead = sub.add_parser("overhead", help="driver time per instruction (negligible compute)")
+    overhead.add_argument("--stages", type=int, default=4)
+    overhead.add_argument("--micro-batches", type=int, default=8)
+    overhead.add_argument("--repeat", type=int, default=20)
+    overhead.add_argument("--backends", nargs="+", default=["xla", "ray"])
+    overhead.set_defaults(run=_overhead)
     args = parser.parse_args(argv)
     return int(args.run(args))
 
