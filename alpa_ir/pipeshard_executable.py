@@ -58,6 +58,7 @@ class PipeshardExecutable:
         functions: dict[str, CompiledFunction],
         in_tree: Any,
         out_tree: Any,
+        input_avals: Sequence[jax.ShapeDtypeStruct],
     ) -> None:
         from alpa_ir.backends.xla import local_devices_for
 
@@ -65,6 +66,9 @@ class PipeshardExecutable:
         self.placements = tuple(placements)
         self.program = program
         self.in_tree, self.out_tree = in_tree, out_tree
+        self.functions = functions
+        self.input_avals = tuple(input_avals)
+        """Shape and dtype of each flat input (whole batch)."""
         self.transport = TilePlanTransport(program)
         self.interpreters = []
         for name, info in program.meshes.items():
@@ -97,6 +101,36 @@ class PipeshardExecutable:
         inputs = {m: split_inputs(self.program, flat, m) for m in self.program.meshes}
         values = run_interleaved(self.interpreters, inputs)
         return jax.tree.unflatten(self.out_tree, gather_outputs(self.program, flat, values))
+
+    def get_input_shardings(self) -> Any:
+        """Where each input array lives, as a pytree like the arguments: the
+        ``NamedSharding`` of the first stage function that reads it (the
+        whole batch, not a micro-batch); an input no stage reads stays on the
+        first device. ``restore_checkpoint(path, target=executable)`` places
+        the state (argument 0) by it."""
+        from jax.sharding import SingleDeviceSharding
+
+        first: dict[str, Any] = {}
+        for call in self.program.calls.values():
+            shardings = self.functions[call.function].in_shardings
+            for value, sharding in zip(call.operands, shardings, strict=True):
+                if value.startswith("main:"):
+                    first.setdefault(value, sharding)
+        default = SingleDeviceSharding(jax.devices()[0])
+        leaves = [first.get(f"main:{k}", default) for k in range(len(self.input_avals))]
+        return jax.tree.unflatten(self.in_tree, leaves)
+
+    def get_input_avals(self) -> Any:
+        """A ``jax.ShapeDtypeStruct`` (shape, dtype and sharding) per input
+        array, as a pytree like the arguments."""
+        shardings = jax.tree.leaves(
+            self.get_input_shardings(), is_leaf=lambda x: isinstance(x, jax.sharding.Sharding)
+        )
+        avals = [
+            jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s)
+            for a, s in zip(self.input_avals, shardings, strict=True)
+        ]
+        return jax.tree.unflatten(self.in_tree, avals)
 
     def close(self) -> None:
         """Stop the Ray workers of a step on the ray backend."""
@@ -259,8 +293,12 @@ def compile_pipeshard(
     shard_in_call_order(module, shard)
     PassManager(registry, "builtin.module(cross-mesh-resharding,emit-instructions)").run(module)
     functions = {name: CompiledFunction(c.run, c.in_shardings) for name, c in compiled.items()}
+    input_avals = [
+        jax.ShapeDtypeStruct(np.shape(x), getattr(x, "dtype", None) or np.result_type(x))
+        for x in jax.tree.leaves(args)
+    ]
     executable = PipeshardExecutable(
-        module, placements, step_program(module), functions, in_tree, out_tree
+        module, placements, step_program(module), functions, in_tree, out_tree, input_avals
     )
     if method.backend == "ray":
         from alpa_ir.backends.ray import RayExecutable

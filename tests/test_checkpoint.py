@@ -272,3 +272,44 @@ def test_deleted_state_is_refused_and_nothing_is_written(tmp_path: Path) -> None
     with pytest.raises(AlpaError, match=r"leaf state\.params\.w was deleted"):
         alpa_ir.save_checkpoint(tmp_path / "ckpt", state)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_restore_into_a_pipeline_plan_matches_one_device(tmp_path: Path) -> None:
+    """Saved under ShardParallel on 2x2, restored into the placement of a
+    2-stage PipeshardParallel step, trained on like one device."""
+    from alpa_ir.pipeshard import AutoLayerOption, PipeshardParallel, UniformStageOption
+
+    fn, (state, batch) = make_train_step("mlp-tiny")
+    ref_state, ref_losses = _host(state), []
+    for _ in range(3):
+        ref_state, loss = jax.jit(fn)(ref_state, batch)
+        ref_losses.append(float(loss))
+    state, loss = parallelize(fn, method=ShardParallel(LogicalDeviceMesh((2, 2))))(state, batch)
+    losses = [float(loss)]
+    alpa_ir.save_checkpoint(tmp_path / "ckpt", state, step=1)
+    saved = _host(state)
+
+    method = PipeshardParallel(
+        num_micro_batches=2,
+        layer_option=AutoLayerOption(layer_num=2),
+        stage_option=UniformStageOption(num_stages=2),
+    )
+    step = parallelize(fn, method=method, donate_argnums=())
+    executable = step.get_executable(saved, batch)
+    restored = alpa_ir.restore_checkpoint(tmp_path / "ckpt", target=executable)
+    want = executable.get_input_shardings()[0]
+    meshes = {frozenset(s.device_set) for s in jax.tree.leaves(want)}
+    assert len(meshes) == 2, "the state should live on both stages' meshes"
+    for x, s, v in zip(
+        jax.tree.leaves(restored), jax.tree.leaves(want), jax.tree.leaves(saved), strict=True
+    ):
+        assert x.sharding.is_equivalent_to(s, x.ndim)
+        np.testing.assert_array_equal(np.asarray(x), v)
+    avals = jax.tree.leaves(executable.get_input_avals())
+    assert [a.shape for a in avals] == [np.shape(x) for x in jax.tree.leaves((saved, batch))]
+    state = restored
+    for _ in range(2):
+        state, loss = step(state, batch)
+        losses.append(float(loss))
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-4)
+    _assert_close(state, ref_state)
