@@ -11,13 +11,27 @@ step with ``L`` layers has ``2(L − 1)`` layer markers in program order:
 segment ``s`` (the ops after ``s`` markers) is the forward of layer ``s`` for
 ``s < L − 1``, the last layer's forward *and* backward for ``s = L − 1``, and
 the backward of layer ``2(L − 1) − s`` after that. The backward ops of a layer
-thus land with its forward ops (Alpa §5.1, constraint 1). Ops after the
-gradient marker (the optimizer, ``apply``) go to the stage of the gradient or
-parameter they update: the first operand computed by a forward/backward
-function, else one computed by an earlier apply op; an op with neither (a
-step counter) goes to the stage of its first user. Markers are identities and
-disappear; operand-free ops (constants, iota) are copied into every function
-that uses them.
+thus land with its forward ops (Alpa §5.1, constraint 1).
+
+Ops after the gradient marker that depend on the gradients, or that depend on
+neither the batch nor the gradients and are used only by such ops or the
+return (the optimizer, ``apply``), run once per step in apply-grad functions:
+
+- an apply op that depends on no forward/backward result, only on ``@main``
+  arguments, constants and other such ops (Adam's step counter ``count + 1``,
+  the bias corrections ``1 - b**count``, the decay ``b1 * mu`` of optimizer
+  state), is *duplicated*: every apply-grad function that uses it, directly
+  or through its own ops, computes its own copy, so no value crosses from one
+  apply-grad function to another (``emit-instructions`` runs each stage's
+  apply-grad on its own mesh once all gradients are there). A step result
+  that is such a value (the new count) is returned by the lowest stage whose
+  apply-grad function uses it (stage 0 when none does);
+- any other apply op goes to the stage of the gradient or parameter it
+  updates: that of its first operand computed by a forward/backward
+  function, else of one computed by an earlier apply op.
+
+Markers are identities and disappear; operand-free ops (constants, iota) are
+copied into every function that uses them.
 
 Output, written into the module (the pipeline IR contract):
 ``pipeline.plan``, one ``pipeline.stage`` per stage, functions
@@ -123,7 +137,10 @@ def _check_slices(slices: Sequence[StageSlice], num_layers: int) -> None:
 
 
 class _Assignment:
-    """Which (stage, phase) group every op of ``@main`` belongs to."""
+    """Which (stage, phase) group every op of ``@main`` belongs to. Operand-free
+    ops (``floating``) and apply ops computed from ``@main`` arguments and
+    constants only (``shared``) belong to none: every function that uses
+    them computes its own copy."""
 
     def __init__(self, function: func.FuncOp, slices: Sequence[StageSlice]) -> None:
         block = function.body.block
@@ -132,23 +149,34 @@ class _Assignment:
         _check_slices(slices, num_layers)
         stage_of_layer = [k for k, s in enumerate(slices) for _ in range(s.first, s.last + 1)]
         partition = partition_step(function, _batch_args(function))
-        apply_ops = set(partition.apply)
+        grad_dependent = set(partition.apply)
         self.batch_dependent = set(partition.compute)
         self.alias: dict[SSAValue, SSAValue] = {}
         self.floating: set[Operation] = set()
+        self.shared: set[Operation] = set()
         self.group: dict[Operation, tuple[int, str]] = {}
-        last = num_layers - 1
+        segments: dict[Operation, int] = {}
+        after_grad: set[Operation] = set()
         segment = 0
         for op in self.ops:
             if is_layer_marker(op) or is_grad_marker(op):
                 for result, operand in zip(op.results, op.operands, strict=True):
                     self.alias[result] = operand
                 segment += is_layer_marker(op)
+                if is_grad_marker(op):
+                    after_grad.clear()  # only the ops after the last gradient marker
             elif not op.operands and not op.regions:
                 self.floating.add(op)
-            elif op not in apply_ops:
-                layer = segment if segment <= last else 2 * last - segment
-                phase = "forward" if segment <= last else "backward"
+            else:
+                segments[op] = segment
+                if op not in self.batch_dependent and op not in grad_dependent:
+                    after_grad.add(op)
+        apply_ops = _apply_phase(self.ops, grad_dependent, after_grad, block.last_op)
+        last = num_layers - 1
+        for op, s in segments.items():
+            if op not in apply_ops:
+                layer = s if s <= last else 2 * last - s
+                phase = "forward" if s <= last else "backward"
                 self.group[op] = (stage_of_layer[layer], phase)
         self._assign_apply([op for op in self.ops if op in apply_ops])
 
@@ -161,28 +189,45 @@ class _Assignment:
         owner = self.resolve(value).owner
         return owner if isinstance(owner, Operation) else None
 
+    def copied(self, value: SSAValue) -> Operation | None:
+        """The producer of ``value`` when functions copy it rather than receive it."""
+        producer = self.producer(value)
+        if producer is not None and (producer in self.floating or producer in self.shared):
+            return producer
+        return None
+
     def _assign_apply(self, apply_ops: list[Operation]) -> None:
-        deferred: list[Operation] = []
         for op in apply_ops:
-            if op in self.floating:
-                continue
             producers = [self.producer(v) for v in op.operands]
             groups = [self.group[p] for p in producers if p is not None and p in self.group]
+            if not groups:  # only @main arguments, constants and other shared ops
+                self.shared.add(op)
+                continue
             computed = [g for g in groups if g[1] != "apply_grad"]
-            chosen = computed[0] if computed else (groups[0] if groups else None)
-            if chosen is None:
-                deferred.append(op)
-            else:
-                self.group[op] = (chosen[0], "apply_grad")
-        for op in reversed(deferred):
-            users = [
-                use.operation
-                for result in op.results
-                for use in result.uses
-                if use.operation in self.group
-            ]
-            stage = min((self.group[u][0] for u in users), default=0)
-            self.group[op] = (stage, "apply_grad")
+            chosen = computed[0] if computed else groups[0]
+            self.group[op] = (chosen[0], "apply_grad")
+
+
+def _apply_phase(
+    ops: Sequence[Operation],
+    grad_dependent: set[Operation],
+    after_grad: set[Operation],
+    terminator: Operation,
+) -> set[Operation]:
+    """The ops that run once per step after the gradients (``apply``): those
+    that depend on the gradients, and the ops of ``after_grad`` (after the
+    gradient marker, depending on neither the batch nor the gradients) whose
+    users all are apply ops or the return. Users come later in program
+    order, so one backward sweep decides every op after its users."""
+    phase = set(grad_dependent)
+    for op in reversed(ops):
+        if op in after_grad and all(
+            use.operation in phase or use.operation is terminator
+            for result in op.results
+            for use in result.uses
+        ):
+            phase.add(op)
+    return phase
 
 
 @dataclass
@@ -191,6 +236,39 @@ class _Group:
     ops: list[Operation]
     inputs: list[SSAValue]
     outputs: list[SSAValue]
+
+
+class _Inputs:
+    """The values one group receives: operands of its ops (and of the copies
+    it computes) that no op of its own or copy defines."""
+
+    def __init__(
+        self,
+        assignment: _Assignment,
+        key: tuple[int, str],
+        owner: dict[SSAValue, tuple[int, str]],
+        needed: dict[tuple[int, str], list[SSAValue]],
+    ) -> None:
+        self.assignment, self.key, self.owner, self.needed = assignment, key, owner, needed
+        self.values: list[SSAValue] = []
+        self.copies: set[Operation] = set()
+        self._seen: set[SSAValue] = set()
+
+    def visit(self, operand: SSAValue) -> None:
+        value = self.assignment.resolve(operand)
+        copied = self.assignment.copied(value)
+        if copied is not None:
+            if copied not in self.copies:
+                self.copies.add(copied)
+                for inner in copied.operands:
+                    self.visit(inner)
+            return
+        if self.owner.get(value) == self.key or value in self._seen:
+            return
+        self._seen.add(value)
+        self.values.append(value)
+        if value in self.owner:
+            self.needed[self.owner[value]].append(value)
 
 
 def _collect_groups(assignment: _Assignment, returned: Sequence[SSAValue]) -> list[_Group]:
@@ -203,25 +281,32 @@ def _collect_groups(assignment: _Assignment, returned: Sequence[SSAValue]) -> li
         r: key for key, g in groups.items() for op in g.ops for r in op.results
     }
     needed: dict[tuple[int, str], list[SSAValue]] = {k: [] for k in groups}
+    inputs = {key: _Inputs(assignment, key, owner, needed) for key in groups}
     for key, g in groups.items():
-        seen: set[SSAValue] = set()
         for op in g.ops:
             for operand in op.operands:
-                value = assignment.resolve(operand)
-                producer = value.owner
-                if isinstance(producer, Operation) and producer in assignment.floating:
-                    continue
-                if owner.get(value) == key or value in seen:
-                    continue
-                seen.add(value)
-                g.inputs.append(value)
-                if value in owner:
-                    needed[owner[value]].append(value)
+                inputs[key].visit(operand)
     for value in returned:
         value = assignment.resolve(value)
+        copied = assignment.copied(value)
         if value in owner:
             needed[owner[value]].append(value)
+        elif copied is not None:
+            # A copied value the step returns: the lowest stage computing it
+            # for its apply-grad returns it (stage 0 when none computes it).
+            stage = min(
+                (k[0] for k, c in inputs.items() if k[1] == "apply_grad" and copied in c.copies),
+                default=0,
+            )
+            key = (stage, "apply_grad")
+            if key not in groups:
+                groups[key] = _Group(key, [], [], [])
+                needed[key] = []
+                inputs[key] = _Inputs(assignment, key, owner, needed)
+            inputs[key].visit(value)
+            needed[key].append(value)
     for key, g in groups.items():
+        g.inputs = inputs[key].values
         g.outputs = list(dict.fromkeys(needed[key]))
     return list(groups.values())
 
@@ -268,20 +353,22 @@ def _build_function(
     block = Block(arg_types=[v.type for v in g.inputs])
     mapping: dict[SSAValue, SSAValue] = dict(zip(g.inputs, block.args, strict=True))
     copied: set[Operation] = set()
-    for op in g.ops:
-        for operand in op.operands:
-            value = assignment.resolve(operand)
-            producer = value.owner
-            if (
-                isinstance(producer, Operation)
-                and producer in assignment.floating
-                and producer not in copied
-            ):
-                block.add_op(producer.clone(mapping))
+
+    def bind(operands: Sequence[SSAValue]) -> None:
+        """Map ``operands`` into the function, computing the copied ones first."""
+        for operand in operands:
+            producer = assignment.copied(operand)
+            if producer is not None and producer not in copied:
                 copied.add(producer)
-        for operand in op.operands:
+                bind(producer.operands)
+                block.add_op(producer.clone(mapping))
+        for operand in operands:
             mapping.setdefault(operand, mapping.get(assignment.resolve(operand), operand))
+
+    for op in g.ops:
+        bind(op.operands)
         block.add_op(op.clone(mapping))
+    bind(g.outputs)
     block.add_op(func.ReturnOp(*[mapping[v] for v in g.outputs]))
     function = func.FuncOp(
         function_name(*g.key),

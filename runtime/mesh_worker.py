@@ -82,22 +82,35 @@ class RayTransport:
         self.inbox = inbox
         self.timeout_s = timeout_s
         self.step = 0
-        self.deliveries: list[Any] = []
+        self.deliveries: list[tuple[str, Any]] = []
 
     def send(self, transfer: Transfer, micro_batch: int | None, value: Any) -> None:
         peer = self.peers[transfer.dst_mesh]
-        self.deliveries.append(
-            peer.deliver.remote(self.step, transfer.name, micro_batch, np.asarray(value))
-        )
+        ref = peer.deliver.remote(self.step, transfer.name, micro_batch, np.asarray(value))
+        self.deliveries.append((transfer.dst_mesh, ref))
 
     def recv(self, transfer: Transfer, micro_batch: int | None) -> Any:
         return self.inbox.take((self.step, transfer.name, micro_batch), self.timeout_s)
 
     def finish(self) -> None:
-        """Wait until every delivery of this step has been accepted."""
+        """Wait until every delivery of this step has been accepted; a peer
+        that died meanwhile is an AlpaError naming its mesh."""
+        from ray.exceptions import GetTimeoutError, RayActorError
+
         pending, self.deliveries = self.deliveries, []
-        if pending:
-            self.ray.get(pending, timeout=self.timeout_s)
+        deadline = time.monotonic() + self.timeout_s
+        for mesh, ref in pending:
+            try:
+                self.ray.get(ref, timeout=max(deadline - time.monotonic(), 0.0))
+            except RayActorError as err:
+                raise AlpaError(
+                    f"the mesh worker of @{mesh} died before taking transfer(s) of step {self.step}"
+                ) from err
+            except GetTimeoutError as err:
+                raise AlpaError(
+                    f"the mesh worker of @{mesh} did not take its transfers within "
+                    f"{self.timeout_s:.0f} s"
+                ) from err
 
 
 class MeshWorker:

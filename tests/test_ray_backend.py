@@ -14,6 +14,7 @@ from typing import Any
 
 import jax
 import numpy as np
+import optax
 import pytest
 from two_mesh_fixture import example_inputs, reference, two_mesh_module
 
@@ -105,13 +106,14 @@ def test_pipeshard_step_on_ray_equals_one_device(cluster: None) -> None:
 
 def test_tiny_gpt_with_two_stages_of_four_devices_on_ray(cluster: None) -> None:
     """PipeshardParallel(backend="ray"): automatic layers, 2 stages on 1x4 meshes,
-    2 micro-batches; three steps equal the single-device steps. SGD: Adam's step
-    counter is shared by the apply-grad functions of both stages, which
-    emit-instructions does not support yet."""
+    2 micro-batches, the model's default optimizer (Adam, whose step counter
+    and bias corrections every stage's apply-grad computes for itself); three
+    steps equal the single-device steps."""
     from alpa_ir.models.train_step import make_train_step
     from alpa_ir.pipeshard import AutoLayerOption, PipeshardParallel, UniformStageOption
 
-    step, (state, batch) = make_train_step("gpt-tiny", optimizer="sgd")
+    step, (state, batch) = make_train_step("gpt-tiny")
+    assert isinstance(state["opt_state"][0], optax.ScaleByAdamState)
     method = PipeshardParallel(
         num_micro_batches=2,
         layer_option=AutoLayerOption(layer_num=2),
@@ -145,6 +147,116 @@ def test_a_dead_worker_fails_the_step_within_30_s(cluster: None) -> None:
     assert executable.workers == {}  # the waiting peer was stopped too
     with pytest.raises(AlpaError, match="stopped after an error"):
         executable(x, w)
+
+
+def _stall(worker: Any, where: str) -> None:
+    """Make the worker block (until it dies) at its next ``transfer`` (a SEND
+    or RECV of its step) or its next ``delivery`` (taking a peer's tensor),
+    recording that it got there."""
+
+    def patch(self: Any) -> None:
+        import threading
+
+        self.stalled = threading.Event()
+
+        def stall(*_args: Any) -> None:
+            self.stalled.set()
+            threading.Event().wait(600)
+
+        if where == "transfer":
+            self.transport.send = stall
+            self.transport.recv = stall
+        else:
+            self.inbox.put = stall
+
+    ray.get(worker.__ray_call__.remote(patch))
+
+
+def _stalled(worker: Any) -> bool:
+    return bool(ray.get(worker.__ray_call__.remote(lambda self: self.stalled.is_set())))
+
+
+@pytest.mark.parametrize(
+    ("victim", "where"),
+    [("mesh0", "transfer"), ("mesh1", "transfer"), ("mesh0", "delivery")],
+)
+def test_killing_a_worker_during_a_step_fails_it_within_30_s(
+    cluster: None, victim: str, where: str
+) -> None:
+    """The step runs in a thread and the victim blocks mid-step: at its first
+    transfer (mesh0 sending the activation, mesh1 receiving it; the peer
+    waits for the victim), or taking the tensor its peer sends (mesh1 then
+    waits for that delivery to be accepted). The test kills the victim's
+    process there; the call fails within 30 s naming the victim."""
+    import signal
+    import threading
+
+    executable = _compile(two_mesh_module())
+    x, w = example_inputs()
+    executable(x, w)  # one full step first: programs loaded, functions compiled
+    worker = executable.workers[victim]
+    pid = ray.get(worker.ready.remote())
+    _stall(worker, where)
+    outcome: list[BaseException | None] = []
+
+    def step() -> None:
+        try:
+            executable(x, w)
+            outcome.append(None)
+        except BaseException as err:
+            outcome.append(err)
+
+    thread = threading.Thread(target=step, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not _stalled(worker):
+        assert time.monotonic() < deadline, f"the step never reached the victim's {where}"
+        time.sleep(0.05)
+    assert thread.is_alive() and not outcome
+    start = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+    thread.join(30)
+    assert not thread.is_alive(), "the step hangs after its worker was killed"
+    assert time.monotonic() - start < 30
+    (error,) = outcome
+    assert isinstance(error, AlpaError), repr(error)
+    # the victim's death, or the peer's failed delivery to it (whichever Ray reports first)
+    assert f"mesh worker of @{victim} died" in str(error), str(error)
+    assert executable.workers == {}  # the peer, waiting for the victim, was stopped too
+    with pytest.raises(AlpaError, match="stopped after an error"):
+        executable(x, w)
+
+
+def test_a_transfer_to_a_dead_or_stuck_peer_names_the_peer(cluster: None) -> None:
+    """A worker whose step sent to a peer that then died, or that does not
+    take the tensor in time, fails naming the peer."""
+    from alpa_ir.runtime.mesh_worker import Inbox, RayTransport
+    from alpa_ir.runtime.program import Transfer
+
+    class Peer:
+        def deliver(self, *_args: Any) -> None:
+            pass
+
+    class StuckPeer:
+        def deliver(self, *_args: Any) -> None:
+            time.sleep(60)
+
+    alive, dead = (ray.remote(num_cpus=0)(Peer).remote() for _ in range(2))
+    stuck = ray.remote(num_cpus=0)(StuckPeer).remote()
+    ray.kill(dead)
+    peers = {"mesh1": alive, "mesh2": dead, "mesh3": stuck}
+    transport = RayTransport(peers, Inbox(), timeout_s=2)
+    value = np.ones(2, np.float32)
+    for k, mesh in enumerate(peers):
+        transport.send(Transfer(f"t{k}", "stage0_forward:0", "mesh0", mesh, ((),)), 0, value)
+        if mesh == "mesh1":
+            transport.finish()  # accepted
+            continue
+        message = "died before taking" if mesh == "mesh2" else "did not take its transfers"
+        with pytest.raises(AlpaError, match=rf"^the mesh worker of @{mesh} {message}"):
+            transport.finish()
+    ray.kill(alive)
+    ray.kill(stuck)
 
 
 def test_a_plan_for_more_devices_than_the_cluster_has(cluster: None) -> None:
