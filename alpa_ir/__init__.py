@@ -14,6 +14,8 @@ that need no JAX):
   plan-independent checkpoints of (sharded) training states.
 - ``hlo_collectives(text)``: the collectives of compiled HLO text.
 - ``mark_pipeline_boundary``, ``grad``, ``value_and_grad``: markers for steps.
+- ``get_3d_parallel_method(num_micro_batches, dp, op, pp)``: Megatron-style 3-D
+  parallelism (a ``PipeshardParallel``, or ``ShardParallel`` when pp = 1).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ _EXPORTS: dict[str, str] = {
     "HeuristicParallel": "alpa_ir.parallel",
     "ManualShardParallel": "alpa_ir.parallel",
     "AutoShardingOption": "alpa_ir.parallel",
+    "get_3d_parallel_method": "alpa_ir.three_d",
     "LogicalDeviceMesh": "alpa_ir.device_mesh",
     "init": "alpa_ir.runtime_api",
     "shutdown": "alpa_ir.runtime_api",

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import jax
@@ -214,6 +214,10 @@ def shard_stage_function(
     from alpa_ir.pass_manager import PassManager
 
     single = function_module(module, name, mesh)
+    if option.force_batch_dim_to_mesh_dim is not None and "alpa.batch_args" not in (
+        main_function(single).attributes
+    ):  # a function without batch arguments (apply-grad): nothing to force
+        option = replace(option, force_batch_dim_to_mesh_dim=None)
     PassManager(registry, option.pipeline(1)).run(single)
     sharded = main_function(single)
     original = symbol_op(module, name, func.FuncOp)

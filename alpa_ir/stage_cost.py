@@ -25,7 +25,38 @@ Alpa compiles and profiles every stage-mesh pair; this model predicts instead:
   intermediate values in program order (results live to the end), which for a
   forward+backward function is the stash between forward and backward.
   A stage with ``s`` stages after it holds ``s + 1`` micro-batches under 1F1B,
-  so ``max_stages_after = ⌊(memory − persistent − act) / act⌋`` (Eq. 5).
+  so ``max_stages_after = ⌊(memory − persistent − transient − act) / act⌋``
+  (Eq. 5; the transient is 0 without rematerialization).
+* **Rematerialization** (option ``remat``; Alpa's benchmarks checkpoint every
+  layer): a stage keeps per in-flight micro-batch only its layer inputs, here
+  the function's non-parameter arguments (the batch and the boundary tensors
+  from other layers; this counts the gradient arriving from the next layer
+  too, an over-estimate by at most the size of the layer's outputs), local
+  bytes on the plan. Recomputing the forward when its backward runs brings
+  back the whole stash once: ``transient = peak live bytes − kept``, counted
+  once per stage, not per in-flight micro-batch (with one micro-batch in
+  flight the peak is the one without remat). The function is one remat
+  segment: a one-layer function (``construct-stages`` in ``layer-sum`` mode)
+  is exactly per-layer checkpointing, and summing layers adds their kept
+  inputs while the transient is the largest layer's (``ViewCost``); a
+  multi-layer function (``range`` mode) is checkpointed at its inputs only
+  (the inner layer boundaries are not visible in it), which keeps less and
+  recomputes more at once. The time: one more forward pass,
+  ``recompute_time = FORWARD_SHARE × (compute + memory traffic)``, the
+  forward's share of the work when backward matmuls cost twice the forward
+  ones (the same 1:2 split ``alpa-bench`` uses to give the simulator forward
+  and backward times). The forward's collectives are not counted again (a
+  recomputed Megatron-style forward would repeat its all-reduces; a data
+  parallel one has none).
+* **ZeRO** (option ``zero``, ZeRO-2): the gradients and optimizer state of a
+  parameter that the plan replicates over mesh axes are partitioned over those
+  axes (a reduce-scatter and an all-gather instead of the all-reduce: the same
+  bytes on the wire, so no time is added); parameters stay whole.
+* **Fixed argument shardings** (option ``keep_argument_specs``): the
+  function's argument annotations (``sharding.spec`` in ``arg_attrs``) are
+  kept as constraints of the ILP (a baseline's hand-written strategy, e.g.
+  ``alpa-bench``'s DeepSpeed-style expert parallelism); otherwise they are
+  dropped and the ILP chooses.
 
 Results are cached per (structural fingerprint of the function, mesh shape
 and α/β, device figures, options, parameter arguments): identical layer ranges
@@ -61,6 +92,7 @@ from alpa_ir.dialects.mesh import MESH_ATTR
 from alpa_ir.dialects.sharding import (
     SPEC_ATTR,
     CollectiveOp,
+    ShardingSpec,
     spec_of_value,
 )
 from alpa_ir.errors import AlpaError
@@ -71,6 +103,9 @@ from alpa_ir.module_utils import main_function
 BATCH_ATTR = "alpa.batch_args"
 ILP_TIME_UNIT = 1e6
 """α/β are given to the ILP in microseconds (see the module docstring)."""
+FORWARD_SHARE = 1.0 / 3.0
+"""The forward pass's share of a forward+backward function's work (backward
+matmuls: the gradients of both operands, twice the forward FLOPs)."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +124,14 @@ class StageCostOptions:
     time_limit: float = 60.0
     memory_budget: float = 0.0
     """Passed to auto-sharding (bytes per device; 0 = none)."""
+    remat: bool = False
+    """Rematerialize every layer (module docstring): keep layer inputs only."""
+    zero: bool = False
+    """ZeRO-2: gradients and optimizer state partitioned where parameters are replicated."""
+    keep_argument_specs: bool = False
+    """Keep the function's argument sharding annotations as ILP constraints."""
+    allow_all_gather: bool = True
+    """Passed to auto-sharding: may the plan all-gather (e.g. a split weight)?"""
 
     def __post_init__(self) -> None:
         for name in ("compute_efficiency", "memory_efficiency"):
@@ -109,6 +152,9 @@ class StageMemory:
     optimizer_state: float
     activations: float
     """Kept per in-flight micro-batch."""
+    transient: float = 0.0
+    """Held once at the peak, not per micro-batch: with remat, the stash of the
+    layer being recomputed beyond its kept inputs."""
 
     @property
     def persistent(self) -> float:
@@ -117,13 +163,13 @@ class StageMemory:
 
     def peak(self, in_flight: int) -> float:
         """Peak bytes per device with ``in_flight`` micro-batches' activations kept."""
-        return self.persistent + in_flight * self.activations
+        return self.persistent + self.transient + in_flight * self.activations
 
     def max_stages_after(self, device_memory: float) -> float:
         """Eq. 5: the most later stages (1F1B keeps ``s + 1`` micro-batches) that
         fit in ``device_memory``; ``-1`` if not even one micro-batch fits,
         ``inf`` if activations take no memory."""
-        free = device_memory - self.persistent - self.activations
+        free = device_memory - self.persistent - self.transient - self.activations
         if free < 0:
             return -1
         if self.activations <= 0:
@@ -146,6 +192,8 @@ class StageCost:
     objective: float = 0.0
     """The auto-sharding ILP objective (reference only)."""
     num_collectives: int = 0
+    recompute_time: float = 0.0
+    """With remat: the extra forward pass (part of ``latency``)."""
 
     def max_stages_after(self, device_memory: float) -> float:
         return self.memory.max_stages_after(device_memory)
@@ -201,6 +249,7 @@ class AnalyticalStageCostModel:
             cluster.hbm_bandwidth,
             self.options,
             params,
+            _argument_specs(function) if self.options.keep_argument_specs else (),
         )
         cached = self._cache.get(key)
         if cached is not None:
@@ -230,10 +279,11 @@ class AnalyticalStageCostModel:
         hbm = cluster.hbm_bandwidth * self.options.memory_efficiency
         memory_time = traffic / hbm if hbm > 0 else 0.0
         comm, count = collective_time(planned, mesh)
-        memory = self._memory(planned, local, params)
+        memory = self._memory(planned, local, params, shape)
         objective = planned.attributes.get("sharding.objective")
+        recompute = FORWARD_SHARE * (compute + memory_time) if self.options.remat else 0.0
         return StageCost(
-            latency=compute + memory_time + comm,
+            latency=compute + memory_time + comm + recompute,
             compute_time=compute,
             memory_time=memory_time,
             communication_time=comm,
@@ -241,9 +291,16 @@ class AnalyticalStageCostModel:
             memory=memory,
             objective=float(objective.value.data) if isinstance(objective, FloatAttr) else 0.0,
             num_collectives=count,
+            recompute_time=recompute,
         )
 
-    def _memory(self, planned: func.FuncOp, local: object, params: tuple[int, ...]) -> StageMemory:
+    def _memory(
+        self,
+        planned: func.FuncOp,
+        local: object,
+        params: tuple[int, ...],
+        mesh_shape: tuple[int, ...],
+    ) -> StageMemory:
         assert callable(local)
 
         def nbytes(value: SSAValue) -> float:
@@ -251,13 +308,64 @@ class AnalyticalStageCostModel:
 
         block = planned.body.block
         parameters = sum(nbytes(block.args[k]) for k in params)
-        activations = peak_live_bytes(block, set(params), nbytes)
+        # ZeRO partitions what a parameter's replicas would each hold.
+        partitioned = (
+            sum(
+                nbytes(block.args[k]) / replication(block.args[k], planned, mesh_shape)
+                for k in params
+            )
+            if self.options.zero
+            else parameters
+        )
+        full = peak_live_bytes(block, set(params), nbytes)
+        activations, transient = full, 0.0
+        if self.options.remat:
+            kept = sum(nbytes(a) for k, a in enumerate(block.args) if k not in params and a.uses)
+            activations, transient = min(kept, full), max(full - kept, 0.0)
         return StageMemory(
             parameters=parameters,
-            gradients=parameters * self.options.gradient_factor,
-            optimizer_state=parameters * self.options.optimizer_state_factor,
+            gradients=partitioned * self.options.gradient_factor,
+            optimizer_state=partitioned * self.options.optimizer_state_factor,
             activations=activations,
+            transient=transient,
         )
+
+
+def replication(value: SSAValue, planned: func.FuncOp, mesh_shape: tuple[int, ...]) -> int:
+    """On how many devices of the mesh each block of ``value`` lives (1: fully sharded)."""
+    spec = spec_of_value(value, planned)
+    shape = shape_of(value.type)
+    shards = math.prod(spec.num_shards(mesh_shape, d) for d in range(len(shape)))
+    return max(1, math.prod(mesh_shape) // max(shards, 1))
+
+
+def with_argument_specs(function: func.FuncOp, specs: dict[int, ShardingSpec]) -> func.FuncOp:
+    """A copy of ``function`` whose arguments ``specs`` names carry those
+    shardings (``sharding.spec`` in ``arg_attrs``), for ``keep_argument_specs``."""
+    clone = function.clone()
+    num = len(clone.body.block.args)
+    bad = [k for k in specs if not 0 <= k < num]
+    if bad:
+        raise AlpaError(
+            f"stage cost: argument {bad[0]} of @{function.sym_name.data} does not exist "
+            f"(it has {num} arguments)"
+        )
+    old = clone.arg_attrs.data if clone.arg_attrs is not None else [DictionaryAttr({})] * num
+    attrs = []
+    for k, entry in enumerate(old):
+        entries = dict(entry.data)  # type: ignore[attr-defined]
+        if k in specs:
+            entries[SPEC_ATTR] = specs[k].to_attr()
+        attrs.append(DictionaryAttr(entries))
+    clone.arg_attrs = ArrayAttr(attrs)
+    return clone
+
+
+def _argument_specs(function: func.FuncOp) -> tuple[str, ...]:
+    attrs = function.arg_attrs
+    if attrs is None:
+        return ()
+    return tuple(str(d.data.get(SPEC_ATTR, "")) for d in attrs)  # type: ignore[attr-defined]
 
 
 def _param_args(function: func.FuncOp, param_args: Sequence[int] | None) -> tuple[int, ...]:
@@ -286,7 +394,8 @@ def plan_function(
     clone = function.clone()
     clone.sym_name = StringAttr("main")
     clone.attributes.pop(MESH_ATTR, None)
-    for field_name in ("arg_attrs", "res_attrs"):
+    kept_fields = ("res_attrs",) if options.keep_argument_specs else ("arg_attrs", "res_attrs")
+    for field_name in kept_fields:
         attrs = getattr(clone, field_name)
         if attrs is not None:
             setattr(
@@ -311,7 +420,10 @@ def plan_function(
     clone.attributes[MESH_ATTR] = FlatSymbolRefAttr("mesh")
     module = ModuleOp([mesh_op, clone])
     AutoSharding(
-        solver=options.solver, time_limit=options.time_limit, memory_budget=options.memory_budget
+        solver=options.solver,
+        time_limit=options.time_limit,
+        memory_budget=options.memory_budget,
+        allow_all_gather=options.allow_all_gather,
     ).apply(make_context(), module)
     return main_function(module)
 
@@ -407,6 +519,7 @@ def function_fingerprint(function: func.FuncOp) -> str:
 
 
 __all__ = [
+    "FORWARD_SHARE",
     "AnalyticalStageCostModel",
     "StageCost",
     "StageCostModel",
@@ -416,4 +529,6 @@ __all__ = [
     "function_fingerprint",
     "peak_live_bytes",
     "plan_function",
+    "replication",
+    "with_argument_specs",
 ]

@@ -77,19 +77,22 @@ class ViewCost:
     persistent: float
     activations: float
     cross_bytes: float
+    transient: float = 0.0
+    """Held once, not per micro-batch (remat: the largest layer's recomputed stash)."""
 
     def max_stages_after(self, device_memory: float) -> float:
-        free = device_memory - self.persistent - self.activations
+        free = device_memory - self.persistent - self.transient - self.activations
         if free < 0:
             return -1.0
         return math.inf if self.activations <= 0 else float(math.floor(free / self.activations))
 
     def peak(self, in_flight: int) -> float:
-        return self.persistent + in_flight * self.activations
+        return self.persistent + self.transient + in_flight * self.activations
 
 
 def _view_cost(cost: StageCost, cross_bytes: float) -> ViewCost:
-    return ViewCost(cost.latency, cost.memory.persistent, cost.memory.activations, cross_bytes)
+    m = cost.memory
+    return ViewCost(cost.latency, m.persistent, m.activations, cross_bytes, m.transient)
 
 
 def _add(a: ViewCost, b: ViewCost) -> ViewCost:
@@ -98,6 +101,7 @@ def _add(a: ViewCost, b: ViewCost) -> ViewCost:
         a.persistent + b.persistent,
         a.activations + b.activations,
         a.cross_bytes + b.cross_bytes,
+        max(a.transient, b.transient),
     )
 
 
@@ -223,7 +227,11 @@ def cost_table(
                     # layers inside one stage do not cross stages
                     inner = ranges.internal_bytes(first, last)
                     table.costs[(first, last, view.shape)] = ViewCost(
-                        acc.latency, acc.persistent, acc.activations, acc.cross_bytes - inner
+                        acc.latency,
+                        acc.persistent,
+                        acc.activations,
+                        acc.cross_bytes - inner,
+                        acc.transient,
                     )
     return table
 

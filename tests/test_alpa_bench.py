@@ -1,12 +1,23 @@
-"""alpa-bench on a tiny model and cluster: the plan, baselines, timings, JSON."""
+"""alpa-bench on a tiny model and cluster: the plan, baselines, timings, JSON;
+remat, the DeepSpeed-style MoE baseline (grid, argument shardings)."""
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
-from alpa_ir.tools.alpa_bench import batch_divisors, bench_cluster, main
+from alpa_ir.ir_types import shape_of
+from alpa_ir.tools.alpa_bench import (
+    batch_divisors,
+    bench_cluster,
+    deepspeed_specs,
+    deepspeed_views,
+    forward_share,
+    main,
+    trace,
+)
 
 
 def test_bench_cluster_below_one_node() -> None:
@@ -60,3 +71,83 @@ def test_tiny_bench_table(capsys: pytest.CaptureFixture[str]) -> None:
     )
     out = capsys.readouterr().out
     assert "mlp-tiny on 2 GPUs" in out and "intra-op" in out and "compile time" in out
+
+
+def _bench_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
+    assert main([*argv, "--json"]) == 0
+    (result,) = json.loads(capsys.readouterr().out)
+    return result  # type: ignore[no-any-return]
+
+
+def test_remat_lowers_memory_and_raises_time(capsys: pytest.CaptureFixture[str]) -> None:
+    common = ("--models=mlp-tiny", "--cluster=local-cpu", "--gpus=2", "--layers=2")
+    runs = {
+        flag: _bench_json(capsys, *common, "--micro-batches=4", flag)
+        for flag in ("--remat", "--no-remat")
+    }
+    assert runs["--remat"]["remat"] and not runs["--no-remat"]["remat"]
+    # inter-op: two 1x1 stages, the first holds 2 micro-batches in flight under 1F1B
+    on, off = ({o["method"]: o for o in runs[f]["outcomes"]}["inter-op"] for f in runs)
+    assert on["stages"] == off["stages"]
+    assert on["peak_memory_gib"] < off["peak_memory_gib"]
+    assert on["iteration_time"] > off["iteration_time"]
+
+
+def test_forward_share_with_and_without_remat() -> None:
+    assert forward_share(False) == pytest.approx(1 / 3)
+    assert forward_share(True) == pytest.approx(1 / 4)  # f / (f + 2f + f)
+
+
+def test_moe_has_the_deepspeed_baseline(capsys: pytest.CaptureFixture[str]) -> None:
+    result = _bench_json(
+        capsys,
+        "--models=moe-tiny",
+        "--cluster=local-cpu",
+        "--gpus=2",
+        "--layers=2",
+        "--micro-batches=2",
+        "--time-limit=5",
+    )
+    methods = {o["method"]: o for o in result["outcomes"]}
+    assert set(methods) == {"alpa", "intra-op", "inter-op", "deepspeed"}
+    ds = methods["deepspeed"]
+    assert not ds["error"] and ds["iteration_time"] > 0 and ds["pflops"] > 0
+    (stage,) = ds["stages"]  # no pipeline: one stage on every device
+    assert stage["layers"] == [0, 1] and stage["submesh"] == [1, 2]
+    assert stage["logical_mesh"] == [1, 2]
+
+
+def test_deepspeed_specs_split_experts_and_tokens() -> None:
+    from alpa_ir.module_utils import main_function
+    from alpa_ir.stage_outline import LayerRanges
+
+    ranges = LayerRanges(main_function(trace("moe-tiny", 2, 2)))
+    experts = 8
+    seen_expert = False
+    for k in range(ranges.num_layers):
+        extracted = ranges.function(k, k)
+        specs = deepspeed_specs(extracted.function, extracted.param_args, experts, (2, 4))
+        for index, arg in enumerate(extracted.function.body.block.args):
+            shape = tuple(shape_of(arg.type))
+            spec = specs.get(index)
+            if index in extracted.param_args:
+                assert spec is not None
+                if len(shape) >= 2 and shape[0] == experts:
+                    seen_expert = True
+                    assert spec.dims[0] == (1,) and all(not d for d in spec.dims[1:])
+                else:
+                    assert spec.is_replicated()
+            elif shape and shape[0] % 8 == 0:
+                assert spec is not None and spec.dims[0] == (0, 1)
+    assert seen_expert
+
+
+def test_deepspeed_grid_is_the_views_whose_minor_axis_divides_the_experts() -> None:
+    from alpa_ir.passes.construct_stages import StageCostTable, submesh_views
+
+    cluster = bench_cluster("alpa-testbed", 32)
+    views = submesh_views(cluster, "all")
+    table = StageCostTable(cluster, tuple(views), views, 1)
+    shapes = {v.shape for v in deepspeed_views(table, 48)}
+    assert shapes == {(4, 8), (2, 16)}  # ep 32 does not divide 48 experts
+    assert {v.shape for v in deepspeed_views(table, 64)} == {(4, 8), (2, 16), (1, 32)}

@@ -7,19 +7,53 @@ mesh view (``construct-stages``' cost table), the stage DP picks the plan and
 the plan is outlined. Every plan, Alpa's and the baselines', is then
 simulated from the same cost table (:func:`alpa_ir.backends.simulate.simulate`):
 a stage's forward takes one third of its forward+backward latency and its
-backward two thirds (backward matmuls are twice the forward FLOPs); its
+backward two thirds (backward matmuls are twice the forward FLOPs; with
+rematerialization, one quarter and three quarters: the backward also runs the
+forward again); its
 apply-grad reads and writes its persistent state once at HBM speed; the
 transfer between consecutive stages is ``construct-stages``' cross-stage
 estimate of what the later stage receives. (Re-pricing the outlined functions
 with ``plan_from_module`` would auto-shard every forward, backward and
 apply-grad function again; the table already holds their sum.)
 
+As in the paper's benchmark suites, every method trains with per-layer
+rematerialization (``--remat``, the default; gradient checkpointing at the
+automatic layers, as Alpa's ``AutoLayerOption(remat_layer=True)``) and ZeRO-2
+where data parallelism replicates parameters (``--zero``, the default; Alpa
+runs the benchmark with ``prefer_reduce_scatter``): see
+:mod:`alpa_ir.stage_cost` for how the cost model counts both.
+
 Baselines under the same simulator: ``intra-op`` (one stage on all devices),
 ``inter-op`` (the DP restricted to 1x1 submeshes; needs at least as many
 layers as devices), ``megatron`` (GPT: dp x op x pp grid, equal layer counts
-per stage, every stage on a (dp, op) view) and ``pp-dp`` (Wide-ResNet: the
-same grid with op = 1). Not done: DeepSpeed-style expert parallelism + ZeRO
-for MoE.
+per stage, every stage on a (dp, op) view), ``pp-dp`` (Wide-ResNet: the
+same grid with op = 1) and ``deepspeed`` (MoE, below).
+
+**DeepSpeed-style MoE** (the paper §8.1: DeepSpeed-MoE combines GShard's
+expert parallelism, which "partitions the expert axis for the operators in MoE
+layers, but switches back to data parallelism for non-expert layers", with
+ZeRO data parallelism; it has no inter-operator parallelism, and its degrees
+are grid-searched). Modelled as one stage on all devices. The grid: every
+logical view ``(dp', ep)`` of the whole cluster whose minor axis ``ep``, the
+expert-parallel degree, divides the expert count and spans at least one node
+(DeepSpeed's ``ep_size``; the experts are replicated ``dp'`` times). On each
+view every layer's function is planned by the same ILP with its argument
+shardings fixed (``keep_argument_specs``) and all-gathers forbidden:
+expert weights and biases (parameters whose first dimension is the expert
+count) split along the expert axis over mesh axis 1, every other parameter
+replicated, every batch-dependent argument (the batch, the tensors between
+layers) split along its first dimension over all devices where it divides.
+The ILP then finds the communication this implies: the all-to-alls between
+batch-split tokens and expert-split experts (dispatch and combine, forward
+and backward) and the gradient all-reduces of the replicated parameters
+(ZeRO-2: reduce-scatter plus all-gather, the same bytes; optimizer state and
+gradients partitioned over the replicas, ``StageCostOptions.zero``). An
+all-to-all over a view axis that spans nodes is priced at the inter-node
+α/β for all its bytes: DeepSpeed-MoE then had no hierarchical (intra-node
+first) all-to-all, and the paper notes it "only maintains a good performance
+within a node". Not modelled: DeepSpeed's tensor model parallelism for the
+non-expert layers (replicated here; MoE's hidden sizes are small) and ZeRO-3.
+Remat and micro-batches (gradient accumulation) as for every method.
 
 Compile time is broken down like the paper's Table 5: clustering (tracing,
 import and operator clustering), intra-op costing, DP, other (extraction,
@@ -34,23 +68,33 @@ import math
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import jax
 
 from alpa_ir.backends.simulate import SimPlan, SimStage, simulate
 from alpa_ir.clusters import Cluster, ClusterLevel, get_cluster
+from alpa_ir.device_mesh import LogicalDeviceMesh
+from alpa_ir.dialects.sharding import ShardingSpec
 from alpa_ir.errors import AlpaError, PlanError
+from alpa_ir.ir_types import shape_of
 from alpa_ir.passes.construct_stages import (
     StageChoice,
     StageCostTable,
     StagePlan,
+    ViewCost,
     cost_table,
     solve_stages,
     write_plan,
 )
-from alpa_ir.stage_cost import AnalyticalStageCostModel, StageCostOptions
+from alpa_ir.stage_cost import (
+    FORWARD_SHARE,
+    AnalyticalStageCostModel,
+    StageCostOptions,
+    with_argument_specs,
+)
+from alpa_ir.stage_outline import LayerRanges
 
 SUITES = {
     "gpt3": ("gpt3-350m", "gpt3-1.3b", "gpt3-2.6b", "gpt3-6.7b", "gpt3-15b", "gpt3-39b"),
@@ -64,7 +108,6 @@ SUITES = {
         "wresnet-13b",
     ),
 }
-BACKWARD_SHARE = 2.0 / 3.0
 MEMORY_EFFICIENCY = 0.8
 
 
@@ -119,21 +162,31 @@ def trace(name: str, num_micro_batches: int, layers: int) -> Any:
         return import_jax(lambda *a: step(*a), *micro, batch_argnums=(1,))
 
 
+def forward_share(remat: bool) -> float:
+    """The forward's share of a stage's forward+backward latency (module docstring)."""
+    return FORWARD_SHARE / (1 + FORWARD_SHARE) if remat else FORWARD_SHARE
+
+
 def sim_plan(
-    table: StageCostTable, stages: Sequence[StageChoice], num_micro_batches: int
+    table: StageCostTable,
+    stages: Sequence[StageChoice],
+    num_micro_batches: int,
+    remat: bool = False,
 ) -> SimPlan:
     cluster = table.cluster
     hbm = cluster.hbm_bandwidth * MEMORY_EFFICIENCY
+    share = forward_share(remat)
     sim = []
     transfers = []
     for k, s in enumerate(stages):
         t = s.cost.latency
         sim.append(
             SimStage(
-                forward=t * (1 - BACKWARD_SHARE),
-                backward=t * BACKWARD_SHARE,
+                forward=t * share,
+                backward=t * (1 - share),
                 apply_grad=2 * s.cost.persistent / hbm if hbm > 0 else 0.0,
-                persistent_memory=s.cost.persistent,
+                # the recomputed stash (remat) is held once, not per micro-batch
+                persistent_memory=s.cost.persistent + s.cost.transient,
                 activation_memory=s.cost.activations,
                 device_memory=cluster.device_memory,
                 num_devices=s.mesh.size,
@@ -150,6 +203,7 @@ def outcome(
     stages: Sequence[StageChoice],
     num_micro_batches: int,
     model_flops: float,
+    remat: bool = False,
 ) -> Outcome:
     out = Outcome(method)
     out.stages = [
@@ -161,7 +215,7 @@ def outcome(
         }
         for s in stages
     ]
-    plan = sim_plan(table, stages, num_micro_batches)
+    plan = sim_plan(table, stages, num_micro_batches, remat)
     unchecked = simulate(plan, check_memory=False)
     out.peak_memory_gib = max(unchecked.peak_memory) / 2**30
     try:
@@ -175,7 +229,11 @@ def outcome(
 
 
 def uniform_grid(
-    table: StageCostTable, num_micro_batches: int, model_flops: float, op_max: int | None
+    table: StageCostTable,
+    num_micro_batches: int,
+    model_flops: float,
+    op_max: int | None,
+    remat: bool = False,
 ) -> Outcome:
     """Megatron-style dp x op x pp: equal layer counts, every stage on (dp, op)."""
     cluster = table.cluster
@@ -203,7 +261,7 @@ def uniform_grid(
                 stages.append(
                     StageChoice(bounds[k], bounds[k + 1] - 1, submesh, mesh, cost, cost.latency)
                 )
-            candidate = outcome(best.method, table, stages, num_micro_batches, model_flops)
+            candidate = outcome(best.method, table, stages, num_micro_batches, model_flops, remat)
             if candidate.iteration_time < best.iteration_time:
                 best = candidate
     return best
@@ -215,12 +273,124 @@ def restricted(
     submeshes: list[tuple[int, int]],
     num_micro_batches: int,
     model_flops: float,
+    remat: bool = False,
 ) -> Outcome:
     try:
         plan = solve_stages(table, num_micro_batches, submeshes=submeshes)
     except (AlpaError, PlanError) as error:
         return Outcome(method, error=str(error).split(";")[0])
-    return outcome(method, table, plan.stages, num_micro_batches, model_flops)
+    return outcome(method, table, plan.stages, num_micro_batches, model_flops, remat)
+
+
+def deepspeed_views(table: StageCostTable, num_experts: int) -> list[LogicalDeviceMesh]:
+    """The grid of the DeepSpeed-style baseline: views ``(dp', ep)`` of the whole
+    cluster whose minor axis ``ep`` (the expert-parallel degree) divides the
+    expert count and spans at least a node (or the whole cluster if smaller)."""
+    cluster = table.cluster
+    whole = max(table.submeshes, key=lambda s: s[0] * s[1])
+    smallest = min(cluster.devices_per_node, cluster.num_devices)
+    return [
+        v
+        for v in table.views[whole]
+        if len(v.shape) == 2 and v.shape[1] >= smallest and num_experts % v.shape[1] == 0
+    ]
+
+
+def deepspeed_specs(
+    function: Any, param_args: Sequence[int], num_experts: int, mesh_shape: tuple[int, ...]
+) -> dict[int, ShardingSpec]:
+    """The argument shardings of the DeepSpeed-style plan on a ``(dp', ep)``
+    view (module docstring): expert parameters split along the expert axis
+    over mesh axis 1, other parameters replicated, batch-dependent arguments
+    split along their first dimension over all devices where it divides."""
+    all_axes = tuple(a for a, n in enumerate(mesh_shape) if n > 1)
+    devices = math.prod(mesh_shape)
+    experts = (1,) if len(mesh_shape) == 2 and mesh_shape[1] > 1 else ()
+    specs: dict[int, ShardingSpec] = {}
+    params = set(param_args)
+    for k, arg in enumerate(function.body.block.args):
+        shape = tuple(shape_of(arg.type))
+        if not shape:
+            specs[k] = ShardingSpec(())
+            continue
+        rest: tuple[tuple[int, ...], ...] = ((),) * (len(shape) - 1)
+        if k in params:
+            is_expert = len(shape) >= 2 and shape[0] == num_experts
+            specs[k] = ShardingSpec((experts if is_expert else (), *rest))
+        elif shape[0] % devices == 0:
+            specs[k] = ShardingSpec((all_axes, *rest))
+    return specs
+
+
+def deepspeed(
+    ranges: LayerRanges,
+    table: StageCostTable,
+    options: StageCostOptions,
+    num_experts: int,
+    num_micro_batches: int,
+    model_flops: float,
+) -> Outcome:
+    """DeepSpeed-style expert parallelism + ZeRO (module docstring): the best
+    grid point, one stage on all devices, each layer planned with fixed
+    argument shardings and without all-gathers (token exchange by all-to-all),
+    the layers' costs added (as ``layer-sum``)."""
+    model = AnalyticalStageCostModel(
+        replace(options, keep_argument_specs=True, allow_all_gather=False)
+    )
+    cluster = table.cluster
+    whole = max(table.submeshes, key=lambda s: s[0] * s[1])
+    views = deepspeed_views(table, num_experts)
+    best = Outcome(
+        "deepspeed",
+        error=f"no view (dp, ep) of {cluster.num_devices} devices has ep dividing "
+        f"{num_experts} experts",
+    )
+    devices = tuple(range(cluster.num_devices))
+    for view in views:
+        total: ViewCost | None = None
+        try:
+            for k in range(ranges.num_layers):
+                extracted = ranges.function(k, k)
+                specs = deepspeed_specs(
+                    extracted.function, extracted.param_args, num_experts, view.shape
+                )
+                function = with_argument_specs(extracted.function, specs)
+                cost = model.stage_cost(function, view, cluster, extracted.param_args)
+                m = cost.memory
+                layer = ViewCost(cost.latency, m.persistent, m.activations, 0.0, m.transient)
+                total = layer if total is None else _add_views(total, layer)
+        except AlpaError as error:  # no plan under these constraints on this view
+            if not best.stages:
+                best = Outcome("deepspeed", error=f"view {list(view.shape)}: {error}")
+            continue
+        assert total is not None
+        mesh: LogicalDeviceMesh = cluster.logical_mesh(view.shape, devices)
+        last = ranges.num_layers - 1
+        stage = StageChoice(0, last, whole, mesh, total, total.latency)
+        candidate = outcome(
+            "deepspeed", table, [stage], num_micro_batches, model_flops, options.remat
+        )
+        if (
+            not best.stages
+            or candidate.iteration_time < best.iteration_time
+            or (
+                math.isinf(best.iteration_time)
+                and math.isinf(candidate.iteration_time)
+                and candidate.peak_memory_gib < best.peak_memory_gib
+            )
+        ):
+            best = candidate
+    return best
+
+
+def _add_views(a: ViewCost, b: ViewCost) -> ViewCost:
+    return ViewCost(
+        a.latency + b.latency,
+        a.persistent + b.persistent,
+        a.activations + b.activations,
+        0.0,
+        max(a.transient, b.transient),
+    )
 
 
 def bench_model(
@@ -234,6 +404,8 @@ def bench_model(
     cross_stage_comm: bool,
     epsilon: float,
     time_limit: float,
+    remat: bool = True,
+    zero: bool = True,
 ) -> dict[str, Any]:
     from alpa_ir.models.train_step import train_step_flops
     from alpa_ir.module_utils import main_function
@@ -246,7 +418,8 @@ def bench_model(
     times.clustering = t1 - t0
     ranges = LayerRanges(main_function(module))
     t2 = time.perf_counter()
-    model = AnalyticalStageCostModel(StageCostOptions(time_limit=time_limit))
+    options = StageCostOptions(time_limit=time_limit, remat=remat, zero=zero)
+    model = AnalyticalStageCostModel(options)
     table = cost_table(ranges, cluster, model, space=submesh_space, cost_mode=cost_mode)
     t3 = time.perf_counter()
     times.costing = t3 - t2
@@ -260,6 +433,8 @@ def bench_model(
         "cost_mode": cost_mode,
         "submesh_space": submesh_space,
         "cross_stage_comm": cross_stage_comm,
+        "remat": remat,
+        "zero": zero,
         "cache": {"hits": model.stats.hits, "misses": model.stats.misses},
     }
     plan: StagePlan | None = None
@@ -267,7 +442,7 @@ def bench_model(
         plan = solve_stages(
             table, num_micro_batches, epsilon=epsilon, cross_stage_comm=cross_stage_comm
         )
-        alpa = outcome("alpa", table, plan.stages, num_micro_batches, flops)
+        alpa = outcome("alpa", table, plan.stages, num_micro_batches, flops, remat)
     except (AlpaError, PlanError) as error:
         alpa = Outcome("alpa", error=str(error))
     t4 = time.perf_counter()
@@ -278,13 +453,18 @@ def bench_model(
     whole = max(table.submeshes, key=lambda s: s[0] * s[1])
     outcomes = [
         alpa,
-        restricted("intra-op", table, [whole], num_micro_batches, flops),
-        restricted("inter-op", table, [(1, 1)], num_micro_batches, flops),
+        restricted("intra-op", table, [whole], num_micro_batches, flops, remat),
+        restricted("inter-op", table, [(1, 1)], num_micro_batches, flops, remat),
     ]
     if name.startswith("gpt"):
-        outcomes.append(uniform_grid(table, num_micro_batches, flops, None))
+        outcomes.append(uniform_grid(table, num_micro_batches, flops, None, remat))
     if name.startswith("wresnet"):
-        outcomes.append(uniform_grid(table, num_micro_batches, flops, 1))
+        outcomes.append(uniform_grid(table, num_micro_batches, flops, 1, remat))
+    if name.startswith("moe"):
+        from alpa_ir.models.registry import get_config
+
+        experts = get_config(name).num_experts
+        outcomes.append(deepspeed(ranges, table, options, experts, num_micro_batches, flops))
     result["outcomes"] = [o.__dict__ for o in outcomes]
     result["compile_time"] = {**times.__dict__, "total": times.total}
     return result
@@ -315,6 +495,7 @@ def format_result(result: dict[str, Any]) -> str:
     lines = [
         f"{result['model']} on {result['gpus']} GPUs ({result['cluster']}), "
         f"B={result['num_micro_batches']}, {result['layers']} layers, "
+        f"remat {'on' if result['remat'] else 'off'}, zero {'on' if result['zero'] else 'off'}, "
         f"cost cache {result['cache']['hits']} hits / {result['cache']['misses']} misses"
     ]
     lines.append(f"  {'method':<10} {'PFLOPS':>8} {'iter s':>9} {'peak GiB':>9}  plan")
@@ -364,6 +545,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--cross-stage-comm", action="store_true")
     parser.add_argument("--epsilon", type=float, default=0.0)
     parser.add_argument("--time-limit", type=float, default=60.0, help="ILP time limit (s)")
+    parser.add_argument(
+        "--remat",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="rematerialize every layer (the paper's setting; default on)",
+    )
+    parser.add_argument(
+        "--zero",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="ZeRO-2 for replicated parameters (Alpa's prefer_reduce_scatter; default on)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     from alpa_ir.models.registry import get_config
@@ -383,6 +576,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "cross_stage_comm": args.cross_stage_comm,
                 "epsilon": args.epsilon,
                 "time_limit": args.time_limit,
+                "remat": args.remat,
+                "zero": args.zero,
             }
             if args.micro_batches == "auto":
                 candidates = batch_divisors(config.batch_size, args.max_micro_batches)

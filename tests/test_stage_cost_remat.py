@@ -1,0 +1,116 @@
+"""Stage cost options of the benchmark: rematerialization (kept layer inputs,
+one transient stash, one more forward pass), ZeRO-2 memory and fixed argument
+shardings; the transient in construct-stages' layer sums."""
+
+from __future__ import annotations
+
+import pytest
+from test_construct_stages import _cluster as _small_cluster
+from test_construct_stages import _deep_module
+from test_stage_cost import BATCH, HIDDEN, _cluster, _stage
+from xdsl.dialects import func
+
+from alpa_ir.dialects.sharding import ShardingSpec
+from alpa_ir.errors import AlpaError
+from alpa_ir.ir_types import shape_of
+from alpa_ir.module_utils import main_function
+from alpa_ir.passes.construct_stages import ViewCost, cost_table
+from alpa_ir.stage_cost import (
+    FORWARD_SHARE,
+    AnalyticalStageCostModel,
+    StageCostOptions,
+    with_argument_specs,
+)
+from alpa_ir.stage_outline import LayerRanges
+
+
+def test_remat_keeps_the_inputs_and_pays_one_forward() -> None:
+    c = _cluster()
+    mesh = c.logical_mesh((1, 1))
+    plain = AnalyticalStageCostModel().stage_cost(_stage(0), mesh, c, param_args=(0, 1))
+    remat = AnalyticalStageCostModel(StageCostOptions(remat=True)).stage_cost(
+        _stage(0), mesh, c, param_args=(0, 1)
+    )
+    # Kept per micro-batch: the input batch only; the rest of the stash is transient.
+    assert remat.memory.activations == BATCH * HIDDEN * 4
+    assert remat.memory.activations < plain.memory.activations
+    assert remat.memory.transient == pytest.approx(
+        plain.memory.activations - remat.memory.activations
+    )
+    assert remat.memory.peak(1) == pytest.approx(plain.memory.peak(1))
+    assert remat.memory.peak(4) < plain.memory.peak(4)
+    assert plain.memory.transient == 0.0 and plain.recompute_time == 0.0
+    # One more forward pass: a third of the compute and memory traffic.
+    extra = FORWARD_SHARE * (plain.compute_time + plain.memory_time)
+    assert remat.recompute_time == pytest.approx(extra)
+    assert remat.latency == pytest.approx(plain.latency + extra)
+    assert remat.latency > plain.latency
+    # The transient counts once in Eq. 5, the kept inputs once per later stage.
+    budget = remat.memory.persistent + remat.memory.transient + 3.5 * remat.memory.activations
+    assert remat.max_stages_after(budget) == 2
+
+
+def test_zero_partitions_optimizer_state_of_replicated_parameters() -> None:
+    c = _cluster()
+    mesh = c.logical_mesh((4, 1))  # the ILP data-parallelizes the batch of 16 over 4
+    options = StageCostOptions(keep_argument_specs=True)
+    function = _annotated(_stage(0), {0: (), 1: ()})  # parameters replicated
+    plain = AnalyticalStageCostModel(options).stage_cost(function, mesh, c, param_args=(0, 1))
+    zero = AnalyticalStageCostModel(
+        StageCostOptions(keep_argument_specs=True, zero=True)
+    ).stage_cost(function, mesh, c, param_args=(0, 1))
+    params = 2 * HIDDEN * HIDDEN * 4
+    assert plain.memory.parameters == zero.memory.parameters == params
+    assert plain.memory.optimizer_state == 2 * params
+    assert zero.memory.optimizer_state == pytest.approx(2 * params / 4)
+    assert zero.memory.gradients == pytest.approx(params / 4)
+    assert zero.latency == pytest.approx(plain.latency)
+
+
+def test_kept_argument_specs_constrain_the_plan() -> None:
+    c = _cluster()
+    mesh = c.logical_mesh((1, 4))
+    free = AnalyticalStageCostModel().stage_cost(_stage(0), mesh, c, param_args=(0, 1))
+    # both weights split by rows over the 4 devices (and the annotation is ignored without the option)
+    function = _annotated(_stage(0), {0: ((1,), ()), 1: ((1,), ())})
+    kept = AnalyticalStageCostModel(StageCostOptions(keep_argument_specs=True)).stage_cost(
+        function, mesh, c, param_args=(0, 1)
+    )
+    dropped = AnalyticalStageCostModel().stage_cost(function, mesh, c, param_args=(0, 1))
+    assert kept.memory.parameters == 2 * HIDDEN * HIDDEN * 4 / 4
+    assert dropped.latency == pytest.approx(free.latency)
+    replicated = _annotated(_stage(0), {0: (), 1: ()})
+    whole = AnalyticalStageCostModel(StageCostOptions(keep_argument_specs=True)).stage_cost(
+        replicated, mesh, c, param_args=(0, 1)
+    )
+    assert whole.memory.parameters == 2 * HIDDEN * HIDDEN * 4
+
+
+def test_layer_sums_keep_the_largest_transient() -> None:
+    ranges = LayerRanges(main_function(_deep_module()))
+    model = AnalyticalStageCostModel(StageCostOptions(remat=True))
+    table = cost_table(ranges, _small_cluster(), model, cost_mode="layer-sum", progress=False)
+    singles = [table.cost(k, k, (1, 1)) for k in range(4)]
+    whole = table.cost(0, 3, (1, 1))
+    assert all(s.transient > 0 for s in singles)
+    assert whole.transient == max(s.transient for s in singles)
+    assert whole.activations == pytest.approx(sum(s.activations for s in singles))
+    assert whole.peak(2) == whole.persistent + whole.transient + 2 * whole.activations
+    view = ViewCost(1.0, 10.0, 2.0, 0.0, transient=5.0)
+    assert view.max_stages_after(10.0 + 5.0 + 2.0 * 3) == 2
+
+
+def test_bad_argument_index_is_one_line() -> None:
+    with pytest.raises(AlpaError, match="argument 9 of @main does not exist") as err:
+        with_argument_specs(_stage(0), {9: ShardingSpec(((),))})
+    assert "\n" not in str(err.value)
+
+
+def _annotated(function: func.FuncOp, specs: dict[int, tuple[tuple[int, ...], ...]]) -> func.FuncOp:
+    """``function`` with the given argument shardings (``()``: replicated; else
+    the mesh axes of each dimension)."""
+    out = {}
+    for k, dims in specs.items():
+        rank = len(shape_of(function.body.block.args[k].type))
+        out[k] = ShardingSpec(dims or ((),) * rank)
+    return with_argument_specs(function, out)

@@ -1,0 +1,101 @@
+"""get_3d_parallel_method: dp x op x pp on the 8 CPU devices equals one device
+(tiny GPT); pp = 1 degenerates into ShardParallel; bad degrees are one-line errors."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from xdsl.dialects import func
+
+import alpa_ir
+from alpa_ir.device_mesh import LogicalDeviceMesh
+from alpa_ir.dialects.lax_params import ints_of
+from alpa_ir.dialects.sharding import spec_of_value
+from alpa_ir.errors import AlpaError
+from alpa_ir.module_utils import symbol_op
+from alpa_ir.parallel import ShardParallel
+from alpa_ir.pipeshard import AutoLayerOption, ManualStageOption, PipeshardParallel
+
+
+def test_dp2_op2_pp2_equals_one_device_on_the_tiny_gpt() -> None:
+    from alpa_ir.models.train_step import make_train_step
+
+    method = alpa_ir.get_3d_parallel_method(2, 2, 2, 2)
+    assert isinstance(method, PipeshardParallel)
+    assert method.layer_option == AutoLayerOption(layer_num=2)
+    assert method.stage_option == ManualStageOption([[0], [1]], [(2, 2), (2, 2)])
+    assert method.auto_sharding_option.force_batch_dim_to_mesh_dim == 0
+    step, (state, batch) = make_train_step("gpt-tiny")
+    parallel = alpa_ir.parallelize(step, method=method, donate_argnums=())
+    reference = jax.jit(step)
+    ours, theirs = state, state
+    for _ in range(2):
+        theirs, loss = reference(theirs, batch)
+        ours, our_loss = parallel(ours, batch)
+        np.testing.assert_allclose(our_loss, loss, rtol=1e-4)
+        for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs), strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    executable = parallel.get_executable(state, batch)
+    text = executable.plan_text()
+    assert "stage 0: layers 0..0 on mesh [2, 2] devices [0, 1, 2, 3]" in text
+    assert "stage 1: layers 1..1 on mesh [2, 2] devices [4, 5, 6, 7]" in text
+    # the batch arguments of the first stage are split over mesh axis 0 (data parallel)
+    forward = symbol_op(executable.module, "stage0_forward", func.FuncOp)
+    assert isinstance(forward, func.FuncOp)
+    batch_args = list(ints_of(forward.attributes["alpa.batch_args"]))  # type: ignore[arg-type]
+    assert batch_args
+    for k in batch_args:
+        assert 0 in spec_of_value(forward.args[k], forward).dims[0]
+
+
+def test_one_pipeline_stage_degenerates_into_shard_parallel() -> None:
+    method = alpa_ir.get_3d_parallel_method(4, 2, 4, 1)
+    assert isinstance(method, ShardParallel)
+    assert isinstance(method.devices, LogicalDeviceMesh)
+    assert method.devices.shape == (2, 4) and method.devices.devices == tuple(range(8))
+    assert method.num_micro_batches == 4
+    assert method.auto_sharding_option.force_batch_dim_to_mesh_dim == 0
+    kept = alpa_ir.get_3d_parallel_method(4, 2, 4, 1, allow_degenerate_into_shard_parallel=False)
+    assert isinstance(kept, PipeshardParallel)
+    assert kept.stage_option == ManualStageOption([[0]], [(2, 4)])
+    # dp = 1: no batch axis to force
+    assert (
+        alpa_ir.get_3d_parallel_method(1, 1, 8, 1).auto_sharding_option.force_batch_dim_to_mesh_dim
+        is None
+    )
+
+
+def _loss(p: dict[str, jax.Array], x: jax.Array) -> jax.Array:
+    return jnp.mean(jnp.tanh(x @ p["w0"]) @ p["w1"])
+
+
+def _step(p: dict[str, jax.Array], x: jax.Array) -> dict[str, jax.Array]:
+    grads = alpa_ir.grad(_loss)(p, x)
+    return jax.tree.map(lambda a, g: a - 0.1 * g, p, grads)
+
+
+@pytest.mark.parametrize(
+    ("degrees", "message"),
+    [
+        ((2, 2, 2, 4), "2 x 2 x 4 = 16, but there are 8 devices"),
+        ((2, 3, 1, 1), "3 x 1 x 1 = 3, but there are 8 devices"),
+        ((2, 0, 2, 2), "data_parallel must be a positive integer"),
+        ((0, 2, 2, 2), "num_micro_batches must be a positive integer"),
+    ],
+)
+def test_bad_degrees_are_one_line_errors(degrees: tuple[int, ...], message: str) -> None:
+    with pytest.raises(AlpaError, match=message) as err:
+        alpa_ir.get_3d_parallel_method(*degrees)
+    assert "\n" not in str(err.value)
+
+
+def test_more_pipeline_stages_than_layers_is_a_one_line_error() -> None:
+    p = {"w0": jnp.ones((4, 8)), "w1": jnp.ones((8, 2))}
+    method = alpa_ir.get_3d_parallel_method(1, 1, 1, 8)
+    with pytest.raises(AlpaError, match="8 layers requested but @main has only") as err:
+        alpa_ir.parallelize(_step, method=method, donate_argnums=()).get_executable(
+            p, jnp.ones((8, 4))
+        )
+    assert "\n" not in str(err.value)
