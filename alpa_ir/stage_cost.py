@@ -29,10 +29,12 @@ Alpa compiles and profiles every stage-mesh pair; this model predicts instead:
   (Eq. 5; the transient is 0 without rematerialization).
 * **Rematerialization** (option ``remat``; Alpa's benchmarks checkpoint every
   layer): a stage keeps per in-flight micro-batch only its layer inputs, here
-  the function's non-parameter arguments (the batch and the boundary tensors
-  from other layers; this counts the gradient arriving from the next layer
-  too, an over-estimate by at most the size of the layer's outputs), local
-  bytes on the plan. Recomputing the forward when its backward runs brings
+  the function's non-parameter arguments that its forward pass uses (the batch
+  and the boundary tensors from earlier layers, local bytes on the plan; not
+  the gradients arriving from later layers, which are consumed when they
+  arrive). Which arguments those are is read from program order
+  (:func:`forward_inputs`: an argument first used after the function's first
+  result is produced is a gradient). Recomputing the forward when its backward runs brings
   back the whole stash once: ``transient = peak live bytes − kept``, counted
   once per stage, not per in-flight micro-batch (with one micro-batch in
   flight the peak is the one without remat). The function is one remat
@@ -81,7 +83,7 @@ from xdsl.dialects.builtin import (
     ModuleOp,
     StringAttr,
 )
-from xdsl.ir import Block, SSAValue
+from xdsl.ir import Block, Operation, SSAValue
 
 from alpa_ir.autosharding.plan_bytes import op_collectives
 from alpa_ir.clusters import Cluster
@@ -320,7 +322,8 @@ class AnalyticalStageCostModel:
         full = peak_live_bytes(block, set(params), nbytes)
         activations, transient = full, 0.0
         if self.options.remat:
-            kept = sum(nbytes(a) for k, a in enumerate(block.args) if k not in params and a.uses)
+            inputs = forward_inputs(block, set(params))
+            kept = sum(nbytes(block.args[k]) for k in inputs)
             activations, transient = min(kept, full), max(full - kept, 0.0)
         return StageMemory(
             parameters=parameters,
@@ -329,6 +332,39 @@ class AnalyticalStageCostModel:
             activations=activations,
             transient=transient,
         )
+
+
+def forward_inputs(block: Block, params: set[int]) -> list[int]:
+    """The non-parameter arguments a forward+backward function needs for its
+    forward pass (what remat keeps), as opposed to the gradients it receives
+    for its backward. In program order a layer's forward ops precede its
+    backward ops, and its first-produced result is a forward output (the
+    activation the next layer takes; a function without gradient inputs may
+    produce a loss first): arguments first used after that result are taken to
+    be incoming gradients."""
+    ops = list(block.ops)
+    position = {op: i for i, op in enumerate(ops)}
+
+    def top(op: Operation) -> Operation:
+        while op.parent_block() is not block and op.parent_op() is not None:
+            op = op.parent_op()  # type: ignore[assignment]
+        return op
+
+    returned = block.last_op.operands if block.last_op is not None else ()
+    produced = [
+        position[v.owner]
+        for v in returned
+        if isinstance(v.owner, Operation) and v.owner in position
+    ]
+    first_output = min(produced, default=len(ops))
+    out = []
+    for k, arg in enumerate(block.args):
+        if k in params or not arg.uses:
+            continue
+        first = min(position.get(top(u.operation), len(ops)) for u in arg.uses)
+        if first <= first_output:
+            out.append(k)
+    return out
 
 
 def replication(value: SSAValue, planned: func.FuncOp, mesh_shape: tuple[int, ...]) -> int:
@@ -526,6 +562,7 @@ __all__ = [
     "StageCostOptions",
     "StageMemory",
     "collective_time",
+    "forward_inputs",
     "function_fingerprint",
     "peak_live_bytes",
     "plan_function",

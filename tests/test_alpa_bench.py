@@ -151,3 +151,23 @@ def test_deepspeed_grid_is_the_views_whose_minor_axis_divides_the_experts() -> N
     shapes = {v.shape for v in deepspeed_views(table, 48)}
     assert shapes == {(4, 8), (2, 16)}  # ep 32 does not divide 48 experts
     assert {v.shape for v in deepspeed_views(table, 64)} == {(4, 8), (2, 16), (1, 32)}
+
+
+def test_inter_op_gets_a_layer_per_device(capsys: pytest.CaptureFixture[str]) -> None:
+    result = _bench_json(
+        capsys,
+        "--models=mlp-tiny",
+        "--cluster=local-cpu",
+        "--gpus=4",
+        "--layers=2",
+        "--micro-batches=4",
+        "--time-limit=5",
+    )
+    assert result["layers"] == 2
+    inter = {o["method"]: o for o in result["outcomes"]}["inter-op"]
+    assert not inter["error"]
+    assert [s["submesh"] for s in inter["stages"]] == [[1, 1]] * 4
+    covered = [
+        layer for s in inter["stages"] for layer in range(s["layers"][0], s["layers"][1] + 1)
+    ]
+    assert covered == [0, 1, 2, 3]

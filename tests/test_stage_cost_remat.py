@@ -9,6 +9,7 @@ from test_construct_stages import _cluster as _small_cluster
 from test_construct_stages import _deep_module
 from test_stage_cost import BATCH, HIDDEN, _cluster, _stage
 from xdsl.dialects import func
+from xdsl.ir import Block
 
 from alpa_ir.dialects.sharding import ShardingSpec
 from alpa_ir.errors import AlpaError
@@ -19,6 +20,7 @@ from alpa_ir.stage_cost import (
     FORWARD_SHARE,
     AnalyticalStageCostModel,
     StageCostOptions,
+    forward_inputs,
     with_argument_specs,
 )
 from alpa_ir.stage_outline import LayerRanges
@@ -48,6 +50,32 @@ def test_remat_keeps_the_inputs_and_pays_one_forward() -> None:
     # The transient counts once in Eq. 5, the kept inputs once per later stage.
     budget = remat.memory.persistent + remat.memory.transient + 3.5 * remat.memory.activations
     assert remat.max_stages_after(budget) == 2
+
+
+def test_remat_keeps_the_activation_in_not_the_gradient_in() -> None:
+    ranges = LayerRanges(main_function(_deep_module()))
+    middle = ranges.function(1, 1)  # x from layer 0, its weight, the gradient from layer 2
+    block = middle.function.body.block
+    non_params = [k for k in range(len(block.args)) if k not in middle.param_args]
+    assert len(non_params) == 2
+    (kept,) = forward_inputs(block, set(middle.param_args))
+    first = min(non_params, key=lambda k: _first_use(block, k))
+    assert kept == first
+    assert block.args[kept] in block.first_op.operands  # the forward matmul's input
+    last = ranges.function(3, 3)  # the loss layer receives no gradient: all its inputs are kept
+    lb = last.function.body.block
+    assert forward_inputs(lb, set(last.param_args)) == [
+        k for k in range(len(lb.args)) if k not in last.param_args and lb.args[k].uses
+    ]
+    c = _small_cluster()
+    model = AnalyticalStageCostModel(StageCostOptions(remat=True))
+    cost = model.stage_cost(middle.function, c.logical_mesh((1, 1)), c, middle.param_args)
+    assert cost.memory.activations == 8 * 16 * 4  # the [8, 16] f32 activation only
+
+
+def _first_use(block: Block, k: int) -> int:
+    ops = list(block.ops)
+    return min(ops.index(u.operation) for u in block.args[k].uses)
 
 
 def test_zero_partitions_optimizer_state_of_replicated_parameters() -> None:

@@ -24,10 +24,12 @@ runs the benchmark with ``prefer_reduce_scatter``): see
 :mod:`alpa_ir.stage_cost` for how the cost model counts both.
 
 Baselines under the same simulator: ``intra-op`` (one stage on all devices),
-``inter-op`` (the DP restricted to 1x1 submeshes; needs at least as many
-layers as devices), ``megatron`` (GPT: dp x op x pp grid, equal layer counts
-per stage, every stage on a (dp, op) view), ``pp-dp`` (Wide-ResNet: the
-same grid with op = 1) and ``deepspeed`` (MoE, below).
+``inter-op`` (the DP restricted to 1x1 submeshes; it needs a layer per device,
+so with fewer automatic layers than devices the step is traced again with one
+automatic layer per device and costed on one device), ``megatron`` (GPT:
+dp x op x pp grid, equal layer counts per stage, every stage on a (dp, op)
+view), ``pp-dp`` (Wide-ResNet: the same grid with op = 1) and ``deepspeed``
+(MoE, below).
 
 **DeepSpeed-style MoE** (the paper §8.1: DeepSpeed-MoE combines GShard's
 expert parallelism, which "partitions the expert axis for the operators in MoE
@@ -393,6 +395,57 @@ def _add_views(a: ViewCost, b: ViewCost) -> ViewCost:
     )
 
 
+def one_device(cluster: Cluster) -> Cluster:
+    """One device of ``cluster`` (its figures, no links to price)."""
+    inner = cluster.levels[-1]
+    return Cluster(
+        cluster.name,
+        (ClusterLevel(inner.name, 1, inner.bandwidth, inner.latency, inner.shared),),
+        cluster.device_memory,
+        cluster.peak_flops,
+        cluster.hbm_bandwidth,
+        cluster.device_name,
+    )
+
+
+def inter_op(
+    name: str,
+    table: StageCostTable,
+    model: AnalyticalStageCostModel,
+    num_micro_batches: int,
+    model_flops: float,
+    cost_mode: str,
+    remat: bool,
+) -> Outcome:
+    """Inter-operator parallelism only: the stage DP on 1x1 submeshes. It needs
+    a layer per device; with fewer automatic layers than devices the step is
+    traced again with one automatic layer per device (as Alpa's inter-op-only
+    baseline clusters the model into as many layers as it needs) and only the
+    1x1 costs are computed."""
+    from alpa_ir.module_utils import main_function
+
+    cluster = table.cluster
+    if table.num_layers < cluster.num_devices:
+        try:
+            module = trace(name, num_micro_batches, cluster.num_devices)
+        except AlpaError as error:
+            return Outcome("inter-op", error=f"{cluster.num_devices} layers: {error}")
+        ranges = LayerRanges(main_function(module))
+        single = cost_table(ranges, one_device(cluster), model, cost_mode=cost_mode)
+        views = {(1, 1): single.views[(1, 1)]}
+        table = StageCostTable(cluster, ((1, 1),), views, single.num_layers, single.costs)
+    if table.num_layers != cluster.num_devices:
+        return restricted("inter-op", table, [(1, 1)], num_micro_batches, model_flops, remat)
+    # a layer per device: the only slicing, simulated even where it does not fit
+    # (the outcome then reports the out-of-memory peak)
+    stages = []
+    for k in range(table.num_layers):
+        view, cost, latency = table.best(k, k, (1, 1))
+        mesh = cluster.logical_mesh(view.shape, (k,))
+        stages.append(StageChoice(k, k, (1, 1), mesh, cost, latency))
+    return outcome("inter-op", table, stages, num_micro_batches, model_flops, remat)
+
+
 def bench_model(
     name: str,
     cluster: Cluster,
@@ -454,7 +507,7 @@ def bench_model(
     outcomes = [
         alpa,
         restricted("intra-op", table, [whole], num_micro_batches, flops, remat),
-        restricted("inter-op", table, [(1, 1)], num_micro_batches, flops, remat),
+        inter_op(name, table, model, num_micro_batches, flops, cost_mode, remat),
     ]
     if name.startswith("gpt"):
         outcomes.append(uniform_grid(table, num_micro_batches, flops, None, remat))
@@ -506,7 +559,7 @@ def format_result(result: dict[str, Any]) -> str:
             for s in o["stages"]
         )
         if o["error"]:
-            plan = f"{o['error'][:90]}  {plan}"[:160]
+            plan = f"{o['error']}  {plan}"[:240]
         lines.append(
             f"  {o['method']:<10} {o['pflops']:8.4g} {o['iteration_time']:9.4g} "
             f"{o['peak_memory_gib']:9.2f}  {plan}"
