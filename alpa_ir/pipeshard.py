@@ -74,6 +74,10 @@ class AutoStageOption:
     """Stages, submeshes and logical meshes chosen by ``construct-stages``."""
 
     submesh_logical_shape_space: Literal["all", "single_node_model_parallel"] = "all"
+    stage_cost_model: str = "analytical"
+    """A registered stage cost model: ``analytical`` (predicted from the
+    plan) or ``profile`` (each stage-mesh pair compiled and timed on the
+    local devices, as Alpa does)."""
 
 
 StageOption = UniformStageOption | ManualStageOption | AutoStageOption

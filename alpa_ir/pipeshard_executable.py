@@ -169,7 +169,10 @@ def _placements(
 
 
 def _auto_placements(
-    module: ModuleOp, method: PipeshardParallel, devices: tuple[int, ...]
+    module: ModuleOp,
+    method: PipeshardParallel,
+    devices: tuple[int, ...],
+    registry: PluginRegistry,
 ) -> list[StagePlacement]:
     """Run ``construct-stages`` on the ``local-cpu`` cluster (restricted to
     ``devices``' count), outline the module, and map its meshes to ``devices``."""
@@ -187,12 +190,14 @@ def _auto_placements(
         levels=(ClusterLevel(level.name, len(devices), level.bandwidth, level.latency),),
     )
     space = option.submesh_logical_shape_space.replace("_", "-")
+    model = registry.get("stage_cost_models", option.stage_cost_model)()
     plan = construct_stages(
         module,
         cluster,
         num_micro_batches=method.num_micro_batches,
         schedule=method.pipeline_schedule,
         submesh_space=space,
+        model=model,
         progress=False,
     )
     _map_mesh_devices(module, devices)
@@ -274,7 +279,7 @@ def compile_pipeshard(
     in_tree = decode_treedef(main.attributes["alpa.in_tree"].data)  # type: ignore[attr-defined]
     out_tree = decode_treedef(main.attributes["alpa.out_tree"].data)  # type: ignore[attr-defined]
     if isinstance(method.stage_option, AutoStageOption):
-        placements = _auto_placements(module, method, devices)
+        placements = _auto_placements(module, method, devices, registry)
     else:
         placements = _placements(method, count_layers(main), devices)
         for k, p in enumerate(placements):

@@ -374,9 +374,14 @@ class ConstructStages(ModulePass):
     cost_mode: str = "range"
     cross_stage_comm: bool = False
     progress: bool = True
+    stage_cost_model: str = "analytical"
+    """A registered stage cost model (``analytical``, ``profile``: measured on
+    the local devices, for the ``local-cpu`` cluster)."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        del ctx
+        from alpa_ir.plugins.registry import registry_of
+
+        model = registry_of(ctx).get("stage_cost_models", self.stage_cost_model)()
         construct_stages(
             op,
             module_cluster(op, self.cluster),
@@ -386,6 +391,7 @@ class ConstructStages(ModulePass):
             epsilon=self.epsilon,
             cost_mode=self.cost_mode,
             cross_stage_comm=self.cross_stage_comm,
+            model=model,
             progress=self.progress,
         )
 

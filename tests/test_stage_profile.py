@@ -92,3 +92,41 @@ def test_a_mesh_larger_than_the_local_devices_is_an_error() -> None:
 def test_bad_options() -> None:
     with pytest.raises(AlpaError, match="repeat must be >= 1"):
         ProfilingStageCostModel(repeat=0)
+
+
+def test_auto_stage_option_with_the_profile_model_equals_one_device() -> None:
+    """construct-stages priced by profiling on the local devices plans a
+    pipeline of the tiny MLP that trains like one device."""
+    import numpy as np
+
+    from alpa_ir.models import make_train_step
+    from alpa_ir.pipeshard import AutoLayerOption, AutoStageOption, PipeshardParallel
+
+    fn, (state, batch) = make_train_step("mlp-tiny")
+    method = PipeshardParallel(
+        devices=range(4),
+        num_micro_batches=2,
+        layer_option=AutoLayerOption(layer_num=2),
+        stage_option=AutoStageOption(stage_cost_model="profile"),
+    )
+    step = alpa_ir.parallelize(fn, method=method, donate_argnums=())
+    ours, theirs = state, state
+    for _ in range(2):
+        ours, loss = step(ours, batch)
+        theirs, want = jax.jit(fn)(theirs, batch)
+        np.testing.assert_allclose(loss, want, rtol=1e-4)
+    for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_construct_stages_pass_takes_the_model_by_name() -> None:
+    from alpa_ir.passes.construct_stages import ConstructStages
+
+    assert ConstructStages(stage_cost_model="profile").stage_cost_model == "profile"
+    with pytest.raises(AlpaError, match="unknown stage cost model 'nonexistent'; known: analy"):
+        from alpa_ir.context import make_context
+
+        module = alpa_ir.import_jax(lambda x: x * 2, jnp.ones(4))
+        ConstructStages(cluster="local-cpu", stage_cost_model="nonexistent").apply(
+            make_context(), module
+        )
