@@ -69,12 +69,13 @@ def problems(draw: st.DrawFn, with_memory: bool = False) -> ILPProblem:
 
 
 SOLVERS = [
-    MipSolver("cbc"),  # presolve + exact elimination (no budget) or MIP
-    MipSolver("cbc", exact_elimination=False),
+    MipSolver("cbc"),  # presolve + exact elimination (no budget) or LP or MIP
+    MipSolver("cbc", exact_elimination=False),  # LP relaxation, MIP if it is fractional
     MipSolver("highs", exact_elimination=False),
     MipSolver("cbc", presolve=False, exact_elimination=False),
+    MipSolver("cbc", exact_elimination=False, lp_first=False),  # the MIP alone
 ]
-SOLVER_IDS = ["cbc-elimination", "cbc", "highs", "cbc-no-presolve"]
+SOLVER_IDS = ["cbc-elimination", "cbc", "highs", "cbc-no-presolve", "cbc-mip-only"]
 
 
 def _check_against_reference(problem: ILPProblem, solver: MipSolver) -> None:
@@ -104,7 +105,7 @@ def test_solver_reaches_brute_force_optimum(solver: MipSolver, problem: ILPProbl
     _check_against_reference(problem, solver)
 
 
-@pytest.mark.parametrize("solver", SOLVERS[1:3], ids=SOLVER_IDS[1:3])
+@pytest.mark.parametrize("solver", SOLVERS[1:3] + SOLVERS[4:], ids=SOLVER_IDS[1:3] + SOLVER_IDS[4:])
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problem=problems(with_memory=True))
 def test_solver_with_memory_budget(solver: MipSolver, problem: ILPProblem) -> None:

@@ -51,7 +51,7 @@ class _Step:
     best: np.ndarray  # the node's best strategy for each combination of scope classes
 
 
-def _classes(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def row_classes(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Rows of ``rows`` [n, k] -> (class of each row, first row of each class).
 
     Rows are sorted by a random projection and equal neighbours merged: equal
@@ -76,7 +76,7 @@ def _compress(table: np.ndarray, maps: list[np.ndarray]) -> np.ndarray:
     for axis in range(table.ndim):
         if table.shape[axis] <= 1:
             continue
-        inverse, first = _classes(np.moveaxis(table, axis, 0).reshape(table.shape[axis], -1))
+        inverse, first = row_classes(np.moveaxis(table, axis, 0).reshape(table.shape[axis], -1))
         if first.shape[0] < table.shape[axis]:
             table = np.take(table, first, axis=axis)
             maps[axis] = inverse[maps[axis]]
@@ -95,8 +95,8 @@ class _Eliminator:
         self.steps: list[_Step] = []
         self.next_id = 0
         for e in core.edges:
-            rows, _ = _classes(e.cost)
-            cols, _ = _classes(e.cost.T)
+            rows, _ = row_classes(e.cost)
+            cols, _ = row_classes(e.cost.T)
             table = np.empty((rows.max() + 1, cols.max() + 1))
             table[rows[:, None], cols[None, :]] = e.cost
             self._add(_Factor((e.u, e.v), (rows, cols), table))
@@ -137,7 +137,7 @@ class _Eliminator:
         cost = self.unary[u]
         if factors:
             key = np.stack([f.maps[f.nodes.index(u)] for f in factors], axis=1)
-            group, _ = _classes(key)
+            group, _ = row_classes(key)
         else:
             group = np.zeros(cost.shape[0], dtype=np.int64)
         order = np.lexsort((np.arange(cost.shape[0]), cost, group))
@@ -147,7 +147,7 @@ class _Eliminator:
         refined, reps = [], []
         for w in scope:
             maps_w = [f.maps[f.nodes.index(w)] for f in factors if w in f.nodes]
-            r, rep = _classes(np.stack(maps_w, axis=1))
+            r, rep = row_classes(np.stack(maps_w, axis=1))
             refined.append(r)
             reps.append(rep)
         size = group_best.shape[0] * math.prod(rep.shape[0] for rep in reps)

@@ -3,10 +3,14 @@
 ``MipSolver("cbc").solve(problem, time_limit=60)`` validates the problem,
 checks the memory budget against the smallest one any plan meets, presolves
 (``alpa_ir.solvers.presolve``), solves what is left by exact variable
-elimination when there is no memory budget and its tables stay small
-(``alpa_ir.solvers.elimination``), else builds the MIP of it
-(``alpa_ir.solvers.mip_model``), solves it from a greedy start, maps the
-choice back and recomputes the objective on the original problem.
+elimination when there is no memory budget and the graph promises small
+tables (``alpa_ir.solvers.elimination``), else solves its LP relaxation with
+HiGHS (``alpa_ir.solvers.lp_relaxation``): when the rounded LP solution is
+as good as the LP's bound it is optimal and nothing more runs (the usual case
+on auto-sharding graphs). Only then does it build the MIP
+(``alpa_ir.solvers.mip_model``) and solve it with the named backend from the
+better of the LP's rounding and a greedy start. It maps the choice back and
+recomputes the objective on the original problem.
 
 Outcomes: an optimal plan; on a time limit, the best plan found with
 ``optimal=False`` and its gap (and a warning giving it); otherwise a one-line
@@ -34,12 +38,27 @@ from alpa_ir.ilp import (
     peak_memory,
     validate_problem,
 )
-from alpa_ir.solvers.elimination import MAX_TABLE, eliminate
+from alpa_ir.solvers.elimination import MAX_TABLE, eliminate, estimated_work
+from alpa_ir.solvers.lp_relaxation import Relaxation, solve_relaxation
 from alpa_ir.solvers.memory import memory_lower_bound, min_peak_memory
 from alpa_ir.solvers.mip_model import BACKENDS, build_core_model, greedy_choice, new_model
-from alpa_ir.solvers.presolve import Infeasible, Presolved, consistent_strategies, presolve
+from alpa_ir.solvers.presolve import (
+    CoreProblem,
+    Infeasible,
+    Presolved,
+    consistent_strategies,
+    presolve,
+)
 
 _FEASIBLE_RTOL = 1e-6  # memory slack accepted from the solver's tolerances
+ELIMINATION_FIRST_WORK = 1e6
+"""Elimination runs before the LP only when :func:`estimated_work` of the core
+is at most this (well under a second then); larger cores (2-D
+meshes of many strategies) go to the LP first, elimination after it only if
+the LP is not integral."""
+LP_OPTIMAL_RTOL = 1e-9
+"""The rounded LP plan is optimal when its objective exceeds the LP bound by at
+most this relative amount (or ``mip_gap`` if larger)."""
 
 Status = mip.OptimizationStatus
 
@@ -59,6 +78,9 @@ class MipSolver:
     MIP runs only when its tables would grow too large."""
     elimination_max_table: int = MAX_TABLE
     """Entries of the largest table elimination may build before it gives up."""
+    lp_first: bool = True
+    """Solve the LP relaxation (HiGHS) before the MIP; a rounded LP plan that
+    meets the LP bound is returned as optimal (``alpa_ir.solvers.lp_relaxation``)."""
 
     def __post_init__(self) -> None:
         if self.name not in BACKENDS:
@@ -84,20 +106,30 @@ class MipSolver:
         core = reduced.core
         if not core.nodes:
             return self._answer(problem, reduced, (), start, start, True, None, 0, 0)
-        if self.exact_elimination and not core.live_sets:
-            eliminated = eliminate(core, self.elimination_max_table)
-            if eliminated is not None:
-                core_choice, value = eliminated
-                if not math.isfinite(value):
-                    raise self._no_plan_error(problem, time_limit, None)
-                done = time.perf_counter()
-                return self._answer(problem, reduced, core_choice, start, done, True, None, 0, 0)
+        can_eliminate = self.exact_elimination and not core.live_sets
+        small = can_eliminate and (
+            not self.lp_first
+            or estimated_work(core, ELIMINATION_FIRST_WORK) <= ELIMINATION_FIRST_WORK
+        )
+        if small:
+            answer = self._eliminate(problem, reduced, start, time_limit)
+            if answer is not None:
+                return answer
+        relaxation = None
+        if self.lp_first:
+            relaxation = self._relax(problem, reduced, start, time_limit)
+            if isinstance(relaxation, ILPSolution):
+                return relaxation
+        if can_eliminate and not small:
+            answer = self._eliminate(problem, reduced, start, time_limit)
+            if answer is not None:
+                return answer
         built = build_core_model(core, self.name)
         model = built.model
         model.max_mip_gap = self.mip_gap
         if threads is not None:
             model.threads = threads
-        greedy = greedy_choice(core)
+        greedy = _better_start(core, greedy_choice(core), relaxation)
         if greedy is not None:
             built.set_start(core, greedy)
         built_at = time.perf_counter()
@@ -136,6 +168,48 @@ class MipSolver:
         return self._answer(
             problem, reduced, choice, start, built_at, optimal, gap, model.num_cols, model.num_rows
         )
+
+    def _eliminate(
+        self, problem: ILPProblem, reduced: Presolved, start: float, time_limit: float | None
+    ) -> ILPSolution | None:
+        eliminated = eliminate(reduced.core, self.elimination_max_table)
+        if eliminated is None:
+            return None
+        core_choice, value = eliminated
+        if not math.isfinite(value):
+            raise self._no_plan_error(problem, time_limit, None)
+        done = time.perf_counter()
+        return self._answer(problem, reduced, core_choice, start, done, True, None, 0, 0)
+
+    def _relax(
+        self, problem: ILPProblem, reduced: Presolved, start: float, time_limit: float | None
+    ) -> ILPSolution | Relaxation | None:
+        """The LP relaxation's plan if it is optimal, else the relaxation (or None)."""
+        core = reduced.core
+        remaining = None if time_limit is None else time_limit - (time.perf_counter() - start)
+        if remaining is not None and remaining <= 0:
+            return None
+        relaxation = solve_relaxation(core, remaining)
+        if relaxation is None:
+            return None
+        value = core_objective(core, relaxation.rounded)
+        if not math.isfinite(value) or not _fits(core, relaxation.rounded):
+            return relaxation
+        rtol = max(LP_OPTIMAL_RTOL, self.mip_gap)
+        if value - relaxation.bound <= rtol * max(abs(value), 1e-12):
+            done = time.perf_counter()
+            return self._answer(
+                problem,
+                reduced,
+                relaxation.rounded,
+                start,
+                done,
+                True,
+                None,
+                relaxation.num_variables,
+                relaxation.num_constraints,
+            )
+        return relaxation
 
     def _answer(
         self,
@@ -216,6 +290,35 @@ class MipSolver:
             "auto-sharding: no plan: the forbidden (inf) strategy pairs admit no consistent "
             "choice of strategies"
         )
+
+
+def core_objective(core: CoreProblem, choice: tuple[int, ...]) -> float:
+    """The core's objective of a choice of its strategies (``core.constant`` included)."""
+    total = core.constant + math.fsum(
+        float(c[s]) for c, s in zip(core.node_costs, choice, strict=True)
+    )
+    return total + math.fsum(float(e.cost[choice[e.u], choice[e.v]]) for e in core.edges)
+
+
+def _better_start(
+    core: CoreProblem, greedy: tuple[int, ...] | None, relaxation: Relaxation | None
+) -> tuple[int, ...] | None:
+    """The cheaper of the greedy plan and the LP's rounding, if it meets the live sets."""
+    candidates = [c for c in (greedy,) if c is not None]
+    if relaxation is not None and _fits(core, relaxation.rounded):
+        candidates.append(relaxation.rounded)
+    finite = [c for c in candidates if math.isfinite(core_objective(core, c))]
+    return min(finite, key=lambda c: core_objective(core, c), default=None)
+
+
+def _fits(core: CoreProblem, choice: tuple[int, ...]) -> bool:
+    mem = core.node_memory
+    if mem is None:
+        return True
+    return all(
+        sum(float(mem[v][choice[v]]) for v in live) <= budget
+        for live, budget in zip(core.live_sets, core.live_budgets, strict=True)
+    )
 
 
 def cbc_solver() -> MipSolver:

@@ -1,0 +1,97 @@
+"""The LP relaxation path of the ILP solvers (``alpa_ir.solvers.lp_relaxation``).
+
+Its optimum must bound the ILP's from below on every problem (budgets
+included); where it is integral (trees, and graphs whose best plan is
+unambiguous) the solver must return its rounding as the optimum without
+building the MIP; and a core too large for quick elimination must go to the
+LP before elimination is tried.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import alpa_ir.solvers.mip_solver as mip_solver
+from alpa_ir.errors import PlanError
+from alpa_ir.ilp import Edge, ILPProblem, MemoryBudgetError, brute_force
+from alpa_ir.solvers import MipSolver, presolve
+from alpa_ir.solvers.elimination import eliminate, estimated_work
+from alpa_ir.solvers.lp_relaxation import solve_relaxation
+from alpa_ir.solvers.mip_solver import ELIMINATION_FIRST_WORK, core_objective
+from tests.test_ilp_solvers import problems
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problem=problems(with_memory=True))
+def test_relaxation_bounds_the_optimum(problem: ILPProblem) -> None:
+    try:
+        reference = brute_force(problem).objective
+    except (MemoryBudgetError, PlanError):
+        return
+    core = presolve(problem).core
+    if not core.nodes:
+        return
+    relaxation = solve_relaxation(core)
+    assert relaxation is not None
+    assert relaxation.bound <= reference + 1e-6 * max(1.0, abs(reference))
+    if relaxation.integral and not core.live_sets:  # a one-hot LP optimum is an ILP optimum
+        assert core_objective(core, relaxation.rounded) == pytest.approx(reference, abs=1e-6)
+
+
+def _tree(seed: int, n: int, s: int) -> ILPProblem:
+    rng = np.random.default_rng(seed)
+    costs = tuple(rng.random(s) for _ in range(n))
+    edges = tuple(Edge(int(rng.integers(0, v)), v, rng.random((s, s))) for v in range(1, n))
+    return ILPProblem(costs, edges)
+
+
+@settings(
+    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(2, 7), s=st.integers(2, 4))
+def test_integral_relaxation_answers_without_the_mip(
+    seed: int, n: int, s: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a tree the LP is exact: with presolve and elimination off, the solver
+    must answer from the LP alone (the MIP builder is disabled)."""
+    problem = _tree(seed, n, s)
+
+    def no_mip(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the MIP was built")
+
+    with monkeypatch.context() as m:
+        m.setattr(mip_solver, "build_core_model", no_mip)
+        solution = MipSolver("cbc", presolve=False, exact_elimination=False).solve(problem)
+    assert solution.optimal
+    assert solution.objective == pytest.approx(brute_force(problem).objective, abs=1e-9)
+
+
+def test_large_core_goes_to_the_lp_before_elimination(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dense core of 25-strategy nodes (a 2-D mesh's strategy counts): its
+    estimated elimination work is over ELIMINATION_FIRST_WORK, so the LP answers
+    first; the optimum equals exact elimination's."""
+    rng = np.random.default_rng(7)
+    n, s = 5, 25
+    costs = tuple(rng.random(s) for _ in range(n))
+    agree = np.full((s, s), 3.0)  # resharding-like: free when the strategies agree
+    np.fill_diagonal(agree, 0.0)
+    edges = tuple(
+        Edge(u, v, agree + rng.random((s, s)) * 0.01) for u in range(n) for v in range(u + 1, n)
+    )
+    problem = ILPProblem(costs, edges)
+    core = presolve(problem).core
+    assert estimated_work(core) > ELIMINATION_FIRST_WORK
+    exact = eliminate(core)
+    assert exact is not None
+
+    def no_elimination(*args: object, **kwargs: object) -> None:
+        raise AssertionError("elimination was tried")
+
+    with monkeypatch.context() as m:
+        m.setattr(mip_solver, "eliminate", no_elimination)
+        solution = MipSolver("cbc").solve(problem)
+    assert solution.optimal and solution.num_variables > 0
+    assert solution.objective == pytest.approx(exact[1], rel=1e-9)
