@@ -46,7 +46,7 @@ from alpa_ir.dialects.mesh import MESH_ATTR, LogicalMeshOp
 from alpa_ir.dialects.sharding import SPEC_ATTR, ShardingSpec, spec_of_value
 from alpa_ir.errors import AlpaError
 from alpa_ir.frontend.jaxpr_import import ALIASES_ATTR, BATCH_ATTR, DONATED_ATTR
-from alpa_ir.ilp import evaluate
+from alpa_ir.ilp import ILPProblem, evaluate
 from alpa_ir.module_utils import main_function, symbol_op
 from alpa_ir.plugins.registry import registry_of
 from alpa_ir.solvers.repeated import tie_repeated
@@ -55,8 +55,17 @@ from alpa_ir.step_partition import partition_step
 OBJECTIVE_ATTR = "sharding.objective"
 GROUP_ATTR = "sharding.group"
 SHARE_LAYERS_FROM = 1500
-"""Graph size from which ``repeated-layers=auto`` shares the variables of
-repeated layers (about 16 GPT layers: where exact elimination stops paying)."""
+"""Graph size from which ``repeated-layers=auto`` may share the variables of
+repeated layers (with SHARE_PAIRS_FROM). Below it the exact ILP is cheap (its
+LP relaxation, integral on these graphs, solves a 942-node GPT-3 1.3B
+automatic layer of 3 blocks on a 2x4 mesh in ~3 s) and sharing only loses:
+it found the same plan there, but 2-3 % worse plans on a 6-block GPT-3 39B
+layer (``tools/bench_stage_ilp.py``)."""
+SHARE_PAIRS_FROM = 100_000
+"""Strategy pairs on the edges (Σ |S_u|·|S_v|) from which ``auto`` shares: the
+size of the exact LP. A 1-D mesh's graphs (~20 pairs per edge) stay exact
+(GPT-3 39B layer on 1x8: 32k pairs, ~2 s exact), a 2-D mesh's (~250 per edge)
+of the same 1728 nodes are shared (550k pairs: ~20-40 s exact, ~5-10 s shared)."""
 REPLICATED_PARAMETER_PENALTY = 1e-6
 """Objective added for an input kept whole on every device (divided by its number of shards)."""
 
@@ -108,8 +117,8 @@ class AutoSharding(ModulePass):
     """``share``: one ILP variable for the copies of a node in identical layers
     (``alpa_ir.solvers.repeated``; the plan treats identical layers alike, the
     objective is that plan's own); ``separate``: every node its own variable
-    (exact); ``auto``: share from SHARE_LAYERS_FROM nodes on, without a memory
-    budget."""
+    (exact); ``auto``: share from SHARE_LAYERS_FROM nodes and SHARE_PAIRS_FROM
+    strategy pairs on, without a memory budget."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         registry = registry_of(ctx)
@@ -186,7 +195,7 @@ class AutoSharding(ModulePass):
         solver = registry.get("solvers", self.solver)()
         tied = None
         if self.repeated_layers == "share" or (
-            self.repeated_layers == "auto" and len(graph.nodes) >= SHARE_LAYERS_FROM
+            self.repeated_layers == "auto" and share_automatically(problem)
         ):
             tied = tie_repeated(problem)
         if tied is None:
@@ -234,6 +243,15 @@ class AutoSharding(ModulePass):
             return REPLICATED_PARAMETER_PENALTY / shards
 
         return cost
+
+
+def share_automatically(problem: ILPProblem) -> bool:
+    """Whether ``repeated-layers=auto`` shares the variables of repeated layers:
+    for graphs of at least SHARE_LAYERS_FROM nodes and SHARE_PAIRS_FROM strategy
+    pairs on their edges (``tie_repeated`` itself declines under a memory budget)."""
+    if problem.num_nodes < SHARE_LAYERS_FROM:
+        return False
+    return sum(e.cost.size for e in problem.edges) >= SHARE_PAIRS_FROM
 
 
 def _has_spec(function: func.FuncOp, index: int) -> bool:

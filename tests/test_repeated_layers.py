@@ -152,3 +152,24 @@ def test_parallelize_with_shared_layers_matches_one_device() -> None:
     (shared, shared_vars, nodes), (exact, exact_vars, _) = results["share"], results["separate"]
     assert shared_vars < exact_vars == nodes
     assert shared >= exact * (1 - 1e-9)
+
+
+def test_auto_shares_only_large_graphs_with_many_strategy_pairs() -> None:
+    """``repeated-layers=auto`` keeps the exact ILP for small graphs and for
+    large ones of few strategies per node (1-D meshes), and shares for large
+    graphs of many pairs (2-D meshes), where the exact LP gets slow."""
+    from alpa_ir.passes.auto_sharding import (
+        SHARE_LAYERS_FROM,
+        SHARE_PAIRS_FROM,
+        share_automatically,
+    )
+
+    def chain(nodes: int, strategies: int) -> ILPProblem:
+        costs = tuple(np.zeros(strategies) for _ in range(nodes))
+        matrix = np.ones((strategies, strategies))
+        return ILPProblem(costs, tuple(Edge(k, k + 1, matrix) for k in range(nodes - 1)))
+
+    wide = int(np.ceil(np.sqrt(SHARE_PAIRS_FROM / (SHARE_LAYERS_FROM - 1)))) + 1
+    assert not share_automatically(chain(SHARE_LAYERS_FROM - 1, 25))
+    assert not share_automatically(chain(SHARE_LAYERS_FROM, 4))
+    assert share_automatically(chain(SHARE_LAYERS_FROM, wide))
