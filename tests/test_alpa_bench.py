@@ -112,6 +112,7 @@ def test_moe_has_the_deepspeed_baseline(capsys: pytest.CaptureFixture[str]) -> N
     assert set(methods) == {"alpa", "intra-op", "inter-op", "deepspeed"}
     ds = methods["deepspeed"]
     assert not ds["error"] and ds["iteration_time"] > 0 and ds["pflops"] > 0
+    assert ds["pflops_ignoring_memory"] == pytest.approx(ds["pflops"])  # it fits
     (stage,) = ds["stages"]  # no pipeline: one stage on every device
     assert stage["layers"] == [0, 1] and stage["submesh"] == [1, 2]
     assert stage["logical_mesh"] == [1, 2]

@@ -133,6 +133,9 @@ class Outcome:
     pflops: float = 0.0
     peak_memory_gib: float = 0.0
     error: str = ""
+    pflops_ignoring_memory: float = 0.0
+    """The simulated throughput with the memory check off (a plan that does not
+    fit: what it would reach with enough memory; for reference only)."""
 
 
 def bench_cluster(preset: str, gpus: int) -> Cluster:
@@ -220,6 +223,8 @@ def outcome(
     plan = sim_plan(table, stages, num_micro_batches, remat)
     unchecked = simulate(plan, check_memory=False)
     out.peak_memory_gib = max(unchecked.peak_memory) / 2**30
+    if unchecked.iteration_time > 0:
+        out.pflops_ignoring_memory = model_flops / unchecked.iteration_time / 1e15
     try:
         result = simulate(plan)
     except PlanError as error:
@@ -559,7 +564,10 @@ def format_result(result: dict[str, Any]) -> str:
             for s in o["stages"]
         )
         if o["error"]:
-            plan = f"{o['error']}  {plan}"[:240]
+            unchecked = o.get("pflops_ignoring_memory", 0.0)
+            if unchecked:
+                plan = f"(ignoring memory: {unchecked:.4g} PFLOPS) {plan}"
+            plan = f"{o['error']}  {plan}"[:300]
         lines.append(
             f"  {o['method']:<10} {o['pflops']:8.4g} {o['iteration_time']:9.4g} "
             f"{o['peak_memory_gib']:9.2f}  {plan}"
