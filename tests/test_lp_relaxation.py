@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_ilp_solvers import problems
 
 import alpa_ir.solvers.mip_solver as mip_solver
 from alpa_ir.errors import PlanError
@@ -21,7 +22,6 @@ from alpa_ir.solvers import MipSolver, presolve
 from alpa_ir.solvers.elimination import eliminate, estimated_work
 from alpa_ir.solvers.lp_relaxation import solve_relaxation
 from alpa_ir.solvers.mip_solver import ELIMINATION_FIRST_WORK, core_objective
-from tests.test_ilp_solvers import problems
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
