@@ -270,3 +270,54 @@ def test_hopeless_elimination_is_not_tried() -> None:
     assert eliminate(core) is None
     small = ILPProblem(costs[:5], tuple(e for e in edges if e.v < 5))
     assert MipSolver("highs").solve(small).objective == pytest.approx(brute_force(small).objective)
+
+
+def test_presolve_deciding_every_node_over_the_budget_reports_the_budget() -> None:
+    """Found by hypothesis: the reductions fix every node by cost alone, the
+    plan is over the budget; the solver must then solve with the budget and
+    report the smallest budget any plan meets, as the reference does."""
+    inf = np.inf
+    a = np.array
+    five = a([[0.0, 5.0, 5.0, 5.0], [5.0, 0.0, 5.0, 5.0], [5.0, 5.0, 0.0, 5.0], [5.0] * 3 + [0.0]])
+    problem = ILPProblem(
+        node_costs=(
+            a([4.0, inf, 3.0, 4.0]),
+            a([inf, 9.0]),
+            a([7.0, 0.0, 3.0, 4.0]),
+            a([4.0, inf, 2.0, 1.0]),
+            a([inf, 4.0, 1.0, 4.0]),
+        ),
+        edges=(
+            Edge(3, 1, a([[0.0, 3.0], [inf, inf], [0.0, 2.0], [inf, 1.0]])),
+            Edge(4, 1, a([[0.0, 5.0], [5.0, 0.0], [5.0, 5.0], [5.0, 5.0]])),
+            Edge(4, 3, np.where(np.eye(4) * (np.arange(4) == 2), inf, five)),
+            Edge(2, 0, np.where(a([[1, 1, 0, 0], [0, 0, 0, 1], [0] * 4, [0] * 4]) > 0, inf, five)),
+            Edge(1, 0, a([[8.0, 0.0, 1.0, 3.0], [7.0, 6.0, 9.0, 3.0]])),
+            Edge(3, 1, a([[inf, 0.0], [9.0, 3.0], [7.0, 2.0], [5.0, 1.0]])),
+            Edge(
+                2,
+                3,
+                a(
+                    [
+                        [2.0, 4.0, inf, 8.0],
+                        [4.0, 0.0, 1.0, inf],
+                        [3.0, 4.0, 1.0, inf],
+                        [2.0, 7.0, 6.0, 3.0],
+                    ]
+                ),
+            ),
+            Edge(2, 2, five),
+            Edge(4, 1, a([[0.0, 5.0], [5.0, inf], [5.0, 5.0], [5.0, 5.0]])),
+            Edge(1, 4, a([[0.0, 5.0, 5.0, inf], [5.0, 0.0, 5.0, 5.0]])),
+        ),
+        node_memory=(
+            a([7.0, 11.0, 5.0, 14.0]),
+            a([3.0, 5.0]),
+            a([18.0, 8.0, 14.0, 11.0]),
+            a([8.0, 11.0, 3.0, 5.0]),
+            a([3.0, 8.0, 12.0, 16.0]),
+        ),
+        liveness=((1, 2, 3, 4),),
+        memory_budget=28.0,
+    )
+    _check_against_reference(problem, MipSolver(name="cbc"))

@@ -104,8 +104,17 @@ class MipSolver:
         except Infeasible as exc:
             raise self._no_plan_error(problem, time_limit, exc) from None
         core = reduced.core
-        if not core.nodes:
+        if not core.nodes and self._within_budget(problem, reduced.expand(())):
             return self._answer(problem, reduced, (), start, start, True, None, 0, 0)
+        if not core.nodes:
+            # The reductions decided every node by cost alone and the plan is
+            # over the memory budget: solve the unreduced problem, whose live
+            # sets keep the budget exact.
+            try:
+                reduced = presolve(problem, reduce=False)
+            except Infeasible as exc:
+                raise self._no_plan_error(problem, time_limit, exc) from None
+            core = reduced.core
         can_eliminate = self.exact_elimination and not core.live_sets
         small = can_eliminate and (
             not self.lp_first
@@ -262,6 +271,13 @@ class MipSolver:
             if needed is None:
                 raise self._no_plan_error(problem, time_limit, None)
             raise memory_budget_error(budget, needed)
+
+    @staticmethod
+    def _within_budget(problem: ILPProblem, choice: tuple[int, ...]) -> bool:
+        budget = problem.memory_budget
+        if budget is None:
+            return True
+        return peak_memory(problem, choice) <= budget + _FEASIBLE_RTOL * max(budget, 1.0)
 
     def _no_plan_error(
         self, problem: ILPProblem, time_limit: float | None, found: Infeasible | None
