@@ -69,7 +69,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -222,6 +222,22 @@ class CacheStats:
     misses: int = 0
 
 
+def cached_cost(
+    cache: dict[tuple[object, ...], StageCost],
+    stats: CacheStats,
+    key: tuple[object, ...],
+    compute: Callable[[], StageCost],
+) -> StageCost:
+    """``cache[key]``, computed by ``compute`` on a miss; counts hits and misses."""
+    cached = cache.get(key)
+    if cached is not None:
+        stats.hits += 1
+        return cached
+    stats.misses += 1
+    cost = cache[key] = compute()
+    return cost
+
+
 @dataclass
 class AnalyticalStageCostModel:
     """The analytical model (module docstring); keeps its own cache."""
@@ -241,7 +257,7 @@ class AnalyticalStageCostModel:
         """The cost of ``function`` on ``mesh`` of ``cluster``. ``param_args``:
         the arguments that are parameters (default: those not in the function's
         ``alpa.batch_args``)."""
-        params = _param_args(function, param_args)
+        params = param_args_of(function, param_args)
         key = (
             function_fingerprint(function),
             mesh.shape,
@@ -253,14 +269,9 @@ class AnalyticalStageCostModel:
             params,
             _argument_specs(function) if self.options.keep_argument_specs else (),
         )
-        cached = self._cache.get(key)
-        if cached is not None:
-            self.stats.hits += 1
-            return cached
-        self.stats.misses += 1
-        cost = self._compute(function, mesh, cluster, params)
-        self._cache[key] = cost
-        return cost
+        return cached_cost(
+            self._cache, self.stats, key, lambda: self._compute(function, mesh, cluster, params)
+        )
 
     def _compute(
         self,
@@ -404,7 +415,7 @@ def _argument_specs(function: func.FuncOp) -> tuple[str, ...]:
     return tuple(str(d.data.get(SPEC_ATTR, "")) for d in attrs)  # type: ignore[attr-defined]
 
 
-def _param_args(function: func.FuncOp, param_args: Sequence[int] | None) -> tuple[int, ...]:
+def param_args_of(function: func.FuncOp, param_args: Sequence[int] | None) -> tuple[int, ...]:
     num = len(function.body.block.args)
     if param_args is None:
         attr = function.attributes.get(BATCH_ATTR)

@@ -48,8 +48,9 @@ from alpa_ir.stage_cost import (
     StageCost,
     StageCostOptions,
     StageMemory,
-    _param_args,
+    cached_cost,
     function_fingerprint,
+    param_args_of,
     plan_function,
 )
 
@@ -79,7 +80,7 @@ class ProfilingStageCostModel:
         cluster: Cluster,
         param_args: Sequence[int] | None = None,
     ) -> StageCost:
-        params = _param_args(function, param_args)
+        params = param_args_of(function, param_args)
         key = (
             function_fingerprint(function),
             mesh.shape,
@@ -88,14 +89,9 @@ class ProfilingStageCostModel:
             self.options,
             params,
         )
-        cached = self._cache.get(key)
-        if cached is not None:
-            self.stats.hits += 1
-            return cached
-        self.stats.misses += 1
-        cost = self._measure(function, mesh, params)
-        self._cache[key] = cost
-        return cost
+        return cached_cost(
+            self._cache, self.stats, key, lambda: self._measure(function, mesh, params)
+        )
 
     def _measure(
         self, function: func.FuncOp, mesh: LogicalDeviceMesh, params: tuple[int, ...]

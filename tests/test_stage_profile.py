@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import functools
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 import pytest
+from test_stage_cost import _layers
 from xdsl.dialects import func
 
 import alpa_ir
@@ -17,16 +17,6 @@ from alpa_ir.module_utils import main_function
 from alpa_ir.plugins.registry import default_registry
 from alpa_ir.stage_cost import AnalyticalStageCostModel
 from alpa_ir.stage_profile import ProfilingStageCostModel
-
-
-def _layers(params: dict[str, Any], x: jax.Array) -> Any:
-    def loss(p: dict[str, Any]) -> jax.Array:
-        h = x
-        for name in sorted(p):
-            h = jnp.tanh(h @ p[name])
-        return jnp.mean(h**2)
-
-    return jax.grad(loss)(params)
 
 
 @functools.cache
