@@ -164,15 +164,20 @@ class TilePlanTransport:
         self.program = program
         self.mailbox: dict[tuple[str, int | None], Any] = {}
         self.bytes_moved = 0
+        self.src_shardings: dict[str, NamedSharding] = {}
+        """Per transfer, its source layout (built once, not on every send)."""
 
     def send(self, transfer: Transfer, micro_batch: int | None, value: Any) -> None:
         plan = transfer.plan
         if plan is not None:
-            src_names = self.program.meshes[transfer.src_mesh].axis_names
             dst_names = self.program.meshes[transfer.dst_mesh].axis_names
+            src = self.src_shardings.get(transfer.name)
+            if src is None:
+                src_names = self.program.meshes[transfer.src_mesh].axis_names
+                src = self.src_shardings[transfer.name] = layout_sharding(plan.src, src_names)
             # a value computed with another layout on its own mesh is first
             # laid out as the plan's source spec there (a no-op when it is)
-            value = jax.device_put(value, layout_sharding(plan.src, src_names))
+            value = jax.device_put(value, src)
             value = execute_transfer(value, plan, dst_names, all_gather=False)
             self.bytes_moved += plan.cross_bytes
         self.mailbox[(transfer.name, micro_batch)] = value
