@@ -99,6 +99,7 @@ from alpa_ir.dialects.sharding import (
 )
 from alpa_ir.errors import AlpaError
 from alpa_ir.flops import function_flops, op_bytes
+from alpa_ir.fusion import fused_live_ranges, fused_traffic_bytes
 from alpa_ir.ir_types import dtype_of, shape_of
 from alpa_ir.module_utils import main_function
 
@@ -134,6 +135,9 @@ class StageCostOptions:
     """Keep the function's argument sharding annotations as ILP constraints."""
     allow_all_gather: bool = True
     """Passed to auto-sharding: may the plan all-gather (e.g. a split weight)?"""
+    fusion: bool = False
+    """Model XLA's fusion (:mod:`alpa_ir.fusion`) in the activation memory and
+    the memory traffic: only fusion outputs are materialized."""
 
     def __post_init__(self) -> None:
         for name in ("compute_efficiency", "memory_efficiency"):
@@ -287,7 +291,12 @@ class AnalyticalStageCostModel:
             return spec_of_value(value, planned).local_shape(shape_of(value.type), shape)
 
         flops = function_flops(planned, local)
-        traffic = sum(op_bytes(op, local) for op in planned.body.block.ops if isinstance(op, LaxOp))
+        block = planned.body.block
+        traffic = (
+            fused_traffic_bytes(block, local)
+            if self.options.fusion
+            else sum(op_bytes(op, local) for op in block.ops if isinstance(op, LaxOp))
+        )
         compute = flops / (cluster.peak_flops * self.options.compute_efficiency)
         hbm = cluster.hbm_bandwidth * self.options.memory_efficiency
         memory_time = traffic / hbm if hbm > 0 else 0.0
@@ -330,7 +339,7 @@ class AnalyticalStageCostModel:
             if self.options.zero
             else parameters
         )
-        full = peak_live_bytes(block, set(params), nbytes)
+        full = peak_live_bytes(block, set(params), nbytes, fusion=self.options.fusion)
         activations, transient = full, 0.0
         if self.options.remat:
             inputs = forward_inputs(block, set(params))
@@ -494,11 +503,20 @@ def collective_time(function: func.FuncOp, mesh: LogicalDeviceMesh) -> tuple[flo
     return total, count
 
 
-def peak_live_bytes(block: Block, excluded_args: set[int], nbytes: object) -> float:
+def peak_live_bytes(
+    block: Block, excluded_args: set[int], nbytes: object, *, fusion: bool = False
+) -> float:
     """Peak bytes of the values live at once in ``block`` in program order: an
     argument (not excluded) from the start, a result from its op, each until
-    its last use; returned values stay live to the end."""
+    its last use; returned values stay live to the end. With ``fusion``, only
+    the values :mod:`alpa_ir.fusion` materializes, each until the last kernel
+    that reads it."""
     assert callable(nbytes)
+    if fusion:
+        return _peak(
+            [(nbytes(v), born, last) for v, born, last in fused_live_ranges(block, excluded_args)],
+            len(block.ops),
+        )
     ops = list(block.ops)
     position = {op: i for i, op in enumerate(ops)}
     end = len(ops)
@@ -514,17 +532,24 @@ def peak_live_bytes(block: Block, excluded_args: set[int], nbytes: object) -> fl
             last = max(last, position.get(user, born))
         return last
 
-    delta = [0.0] * (end + 2)
     values: list[tuple[SSAValue, int]] = [
         (a, 0) for k, a in enumerate(block.args) if k not in excluded_args
     ]
     values += [(r, i) for i, op in enumerate(ops) for r in op.results]
-    for value, born in values:
-        if not value.uses and born == 0 and isinstance(value.owner, Block):
-            continue  # an unused argument
-        size = nbytes(value)
+    ranges = [
+        (nbytes(value), born, last_use(value, born))
+        for value, born in values
+        if value.uses or born != 0 or not isinstance(value.owner, Block)  # not an unused argument
+    ]
+    return _peak(ranges, end)
+
+
+def _peak(ranges: list[tuple[float, int, int]], end: int) -> float:
+    """The largest sum of sizes of ``(size, born, last)`` ranges alive at once."""
+    delta = [0.0] * (end + 2)
+    for size, born, last in ranges:
         delta[born] += size
-        delta[last_use(value, born) + 1] -= size
+        delta[last + 1] -= size
     live, peak = 0.0, 0.0
     for d in delta:
         live += d

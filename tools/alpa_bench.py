@@ -21,7 +21,11 @@ rematerialization (``--remat``, the default; gradient checkpointing at the
 automatic layers, as Alpa's ``AutoLayerOption(remat_layer=True)``) and ZeRO-2
 where data parallelism replicates parameters (``--zero``, the default; Alpa
 runs the benchmark with ``prefer_reduce_scatter``): see
-:mod:`alpa_ir.stage_cost` for how the cost model counts both.
+:mod:`alpa_ir.stage_cost` for how the cost model counts both. The paper sizes
+train in mixed precision (fp16 computation, fp32 parameters and Adam state,
+:mod:`alpa_ir.models.registry`), and the memory estimates model XLA's operator
+fusion (``--fusion``, the default; :mod:`alpa_ir.fusion`): only fusion outputs
+occupy memory and move through HBM.
 
 Baselines under the same simulator: ``intra-op`` (one stage on all devices),
 ``inter-op`` (the DP restricted to 1x1 submeshes; it needs a layer per device,
@@ -464,6 +468,7 @@ def bench_model(
     time_limit: float,
     remat: bool = True,
     zero: bool = True,
+    fusion: bool = True,
 ) -> dict[str, Any]:
     from alpa_ir.models.train_step import train_step_flops
     from alpa_ir.module_utils import main_function
@@ -476,7 +481,7 @@ def bench_model(
     times.clustering = t1 - t0
     ranges = LayerRanges(main_function(module))
     t2 = time.perf_counter()
-    options = StageCostOptions(time_limit=time_limit, remat=remat, zero=zero)
+    options = StageCostOptions(time_limit=time_limit, remat=remat, zero=zero, fusion=fusion)
     model = AnalyticalStageCostModel(options)
     table = cost_table(ranges, cluster, model, space=submesh_space, cost_mode=cost_mode)
     t3 = time.perf_counter()
@@ -493,6 +498,7 @@ def bench_model(
         "cross_stage_comm": cross_stage_comm,
         "remat": remat,
         "zero": zero,
+        "fusion": fusion,
         "cache": {"hits": model.stats.hits, "misses": model.stats.misses},
     }
     plan: StagePlan | None = None
@@ -554,6 +560,7 @@ def format_result(result: dict[str, Any]) -> str:
         f"{result['model']} on {result['gpus']} GPUs ({result['cluster']}), "
         f"B={result['num_micro_batches']}, {result['layers']} layers, "
         f"remat {'on' if result['remat'] else 'off'}, zero {'on' if result['zero'] else 'off'}, "
+        f"fusion {'on' if result.get('fusion') else 'off'}, "
         f"cost cache {result['cache']['hits']} hits / {result['cache']['misses']} misses"
     ]
     lines.append(f"  {'method':<10} {'PFLOPS':>8} {'iter s':>9} {'peak GiB':>9}  plan")
@@ -618,6 +625,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=True,
         help="ZeRO-2 for replicated parameters (Alpa's prefer_reduce_scatter; default on)",
     )
+    parser.add_argument(
+        "--fusion",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="model XLA's operator fusion in activation memory and memory traffic (default on)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     from alpa_ir.models.registry import get_config
@@ -639,6 +652,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "time_limit": args.time_limit,
                 "remat": args.remat,
                 "zero": args.zero,
+                "fusion": args.fusion,
             }
             if args.micro_batches == "auto":
                 candidates = batch_divisors(config.batch_size, args.max_micro_batches)

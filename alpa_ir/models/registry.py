@@ -16,6 +16,8 @@ import functools
 from types import MappingProxyType
 from typing import Any
 
+import jax.numpy as jnp
+
 from alpa_ir.errors import AlpaError
 from alpa_ir.models import bert, gpt, mlp, moe, wresnet
 from alpa_ir.models.bert import BertConfig
@@ -40,6 +42,13 @@ GPT_VOCAB = 51200
 MOE_VOCAB = 32000
 IMAGE_SIZE = 224
 IMAGE_CLASSES = 1024
+# Alpa trains the paper sizes in mixed precision ("Alpa uses rematerialization
+# to reduce memory usage and uses mixed-precision training", related work): fp16
+# computation and activations; parameters, gradients and Adam state stay fp32
+# (the models' ``dtype`` is the computation dtype; Flax keeps fp32 parameters),
+# 16 bytes per parameter like fp16 weights + fp16 gradients + an fp32 master
+# copy + fp32 Adam moments.
+PAPER_DTYPE = jnp.float16
 
 # (name, hidden, layers, heads, gpus)
 _GPT3 = (
@@ -109,7 +118,14 @@ def _paper_configs() -> dict[str, Any]:
     configs: dict[str, Any] = {}
     for name, hidden, layers, heads, gpus in _GPT3:
         configs[name] = GPTConfig(
-            GPT_VOCAB, hidden, layers, heads, SEQ_LEN, batch_size=1024, num_gpus=gpus
+            GPT_VOCAB,
+            hidden,
+            layers,
+            heads,
+            SEQ_LEN,
+            batch_size=1024,
+            num_gpus=gpus,
+            dtype=PAPER_DTYPE,
         )
     for name, hidden, layers, heads, experts, gpus in _MOE:
         configs[name] = MoEConfig(
@@ -123,6 +139,7 @@ def _paper_configs() -> dict[str, Any]:
             expert_group_size=2048,
             mlp_ratio=8,
             num_gpus=gpus,
+            dtype=PAPER_DTYPE,
         )
     for name, depth, base, width, gpus in _WRESNET:
         configs[name] = WResNetConfig(
@@ -133,6 +150,7 @@ def _paper_configs() -> dict[str, Any]:
             width,
             batch_size=1536,
             num_gpus=gpus,
+            dtype=PAPER_DTYPE,
         )
     return configs
 

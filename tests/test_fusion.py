@@ -1,0 +1,155 @@
+"""The fusion model of the cost model's memory estimates (alpa_ir.fusion):
+which values are materialized, how long inputs of fused kernels stay live,
+the bytes moved, and its effect on the stage cost model."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import pytest
+from test_stage_cost import _cluster, _stage
+from xdsl.dialects import func
+
+import alpa_ir
+from alpa_ir.flops import op_bytes
+from alpa_ir.fusion import BlockFusion, fused_live_ranges, fused_traffic_bytes
+from alpa_ir.ir_types import shape_of
+from alpa_ir.module_utils import main_function
+from alpa_ir.stage_cost import AnalyticalStageCostModel, StageCostOptions, peak_live_bytes
+
+N = 64
+
+
+def _function(fn: Any, *args: Any) -> func.FuncOp:
+    return main_function(alpa_ir.import_jax(fn, *args))
+
+
+def _materialized_ops(fn: Any, *args: Any) -> list[str]:
+    block = _function(fn, *args).body.block
+    fusion = BlockFusion(block)
+    return [
+        op.name.removeprefix("lax.")
+        for op in block.ops
+        if any(r in fusion.materialized for r in op.results)
+    ]
+
+
+def _name(owner: Any) -> str:
+    return str(getattr(owner, "name", ""))
+
+
+def _nbytes(value: Any) -> float:
+    return float(math.prod(shape_of(value.type)) * 4)
+
+
+def test_an_elementwise_chain_is_materialized_only_where_a_matmul_reads_it() -> None:
+    def fn(x: jax.Array, w: jax.Array) -> jax.Array:
+        return jnp.tanh((jnp.exp(x) * 2.0 + 1.0) @ w)
+
+    x, w = jnp.ones((N, N)), jnp.ones((N, N))
+    # exp and mul fuse into the add that feeds the matmul; tanh is returned.
+    assert _materialized_ops(fn, x, w) == ["add", "dot_general", "tanh"]
+
+
+def test_a_softmax_materializes_its_reductions_and_its_output_only() -> None:
+    def softmax(x: jax.Array) -> jax.Array:
+        e = jnp.exp(x - jnp.max(x, axis=-1, keepdims=True))
+        return e / jnp.sum(e, axis=-1, keepdims=True)
+
+    names = _materialized_ops(softmax, jnp.ones((N, N)))
+    assert names.count("reduce_max") == 1 and names.count("reduce_sum") == 1
+    assert names[-1] == "div"
+    assert "exp" not in names and "sub" not in names
+
+
+def test_inputs_of_fused_kernels_stay_live_until_the_kernel_runs() -> None:
+    def fn(x: jax.Array, w: jax.Array) -> tuple[jax.Array, jax.Array]:
+        y = x @ w
+        z = jnp.exp(y)  # fused into the multiply at the end
+        v = jnp.sin(x) @ w  # runs between
+        return v, z * 3.0
+
+    block = _function(fn, jnp.ones((N, N)), jnp.ones((N, N))).body.block
+    ops = list(block.ops)
+    ranges = {value: (born, last) for value, born, last in fused_live_ranges(block, set())}
+    y = ops[0].results[0]
+    exp_op = next(op for op in ops if op.name == "lax.exp")
+    mul_op = next(op for op in ops if op.name == "lax.mul")
+    assert exp_op.results[0] not in ranges  # never written to memory
+    # y is read by the fused exp inside the multiply's kernel, not at exp's position
+    assert ranges[y][1] == ops.index(mul_op) > ops.index(exp_op)
+
+
+def test_fusion_lowers_peak_memory_and_traffic_of_an_elementwise_chain() -> None:
+    def fn(x: jax.Array) -> jax.Array:
+        return jnp.sin(x) * jnp.cos(x) + jnp.tanh(x)
+
+    block = _function(fn, jnp.ones((N, N))).body.block
+    size = N * N * 4
+    # Unfused, every op reads and writes a whole tensor.
+    unfused = sum(op_bytes(op) for op in block.ops)
+    fused = fused_traffic_bytes(block, lambda v: shape_of(v.type))
+    assert fused == 2 * size  # read x once, write the result once
+    assert unfused >= 4 * size
+    assert peak_live_bytes(block, set(), _nbytes, fusion=True) == 2 * size
+    # unfused: x, sin, cos and their product when the multiply runs
+    assert peak_live_bytes(block, set(), _nbytes) == 4 * size
+
+
+def test_the_stage_cost_model_counts_less_memory_and_traffic_with_fusion() -> None:
+    cluster = _cluster()
+    mesh = cluster.logical_mesh((1, 2))
+    stage = _stage(0, count=2)
+    plain = AnalyticalStageCostModel(StageCostOptions()).stage_cost(stage, mesh, cluster, (0, 1))
+    fused = AnalyticalStageCostModel(StageCostOptions(fusion=True)).stage_cost(
+        stage, mesh, cluster, (0, 1)
+    )
+    assert fused.memory.activations < plain.memory.activations
+    assert fused.memory_time < plain.memory_time
+    assert fused.flops == plain.flops and fused.memory.parameters == plain.memory.parameters
+
+
+def test_a_plans_local_slice_fuses_with_the_replicated_broadcast_it_slices() -> None:
+    """The ILP may keep a broadcast replicated and slice it (a free reshard);
+    XLA fuses both, so the full-size broadcast is never in memory."""
+    from alpa_ir.stage_cost import plan_function
+
+    def fn(x: jax.Array, mask: jax.Array) -> jax.Array:
+        big = jnp.where(mask[None, :, :], x, -1e9)
+        return jax.nn.softmax(big, axis=-1) @ jnp.ones((N, N))
+
+    cluster = _cluster()
+    mesh = cluster.logical_mesh((1, 2))
+    function = _function(fn, jnp.ones((8, N, N)), jnp.ones((N, N), bool))
+    planned = plan_function(function, mesh, StageCostOptions())
+    block = planned.body.block
+    fusion = BlockFusion(block)
+    sliced = [
+        op.operands[0].owner
+        for op in block.ops
+        if op.name == "sharding.reshard" and _name(op.operands[0].owner) == "lax.broadcast_in_dim"
+    ]
+    assert sliced, "the plan no longer slices a replicated broadcast; pick another example"
+    assert all(r not in fusion.materialized for op in sliced for r in op.results)
+    # nothing of the full [8, N, N] size is materialized before the softmax's output
+    big = [
+        op.name
+        for op in block.ops
+        if any(r in fusion.materialized for r in op.results)
+        and shape_of(op.results[0].type) == (8, N, N)
+    ]
+    assert big == ["lax.div", "lax.dot_general"]
+
+
+@pytest.mark.parametrize("fusion", [False, True])
+def test_peak_live_bytes_counts_a_returned_value_to_the_end(fusion: bool) -> None:
+    def fn(x: jax.Array, w: jax.Array) -> tuple[jax.Array, jax.Array]:
+        y = x @ w
+        return y, y @ w
+
+    block = _function(fn, jnp.ones((N, N)), jnp.ones((N, N))).body.block
+    # w, y and y @ w are live when the second matmul writes its result (x is dead)
+    assert peak_live_bytes(block, set(), _nbytes, fusion=fusion) == 3 * N * N * 4
