@@ -70,7 +70,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from xdsl.dialects import func
@@ -111,6 +111,14 @@ FORWARD_SHARE = 1.0 / 3.0
 matmuls: the gradients of both operands, twice the forward FLOPs)."""
 
 
+MEMORY_FALLBACK_FROM = 1 / 16
+"""``memory_fallback`` plans again where persistent bytes reach this share of
+the device memory (smaller layers fit replicated in any stage that fits)."""
+MEMORY_FALLBACK_TIME_LIMIT = 15.0
+"""Seconds for the ILP of the second plan: with no parameter replicated its LP
+relaxation is seldom integral, and the best plan found by then is kept."""
+
+
 @dataclass(frozen=True)
 class StageCostOptions:
     """Options of the analytical model (all part of the cache key)."""
@@ -135,6 +143,16 @@ class StageCostOptions:
     """Keep the function's argument sharding annotations as ILP constraints."""
     allow_all_gather: bool = True
     """Passed to auto-sharding: may the plan all-gather (e.g. a split weight)?"""
+    allow_replicated_parameters: bool = True
+    """Passed to auto-sharding: may the plan keep a parameter whole on every device?"""
+    memory_fallback: bool = False
+    """Also plan with ``allow_replicated_parameters`` off (every parameter sharded:
+    operator parallelism or ZeRO-3-style gathering, whichever the ILP finds
+    cheaper) where the first plan's persistent bytes are at least
+    ``MEMORY_FALLBACK_FROM`` of the device memory, and offer it as
+    ``StageCost.memory_saving``: a stage of several such layers may fit only
+    that way. Like Alpa, which profiles several auto-sharding options per
+    logical mesh and keeps the fastest that fits."""
     fusion: bool = False
     """Model XLA's fusion (:mod:`alpa_ir.fusion`) in the activation memory and
     the memory traffic: only fusion outputs are materialized."""
@@ -200,6 +218,10 @@ class StageCost:
     num_collectives: int = 0
     recompute_time: float = 0.0
     """With remat: the extra forward pass (part of ``latency``)."""
+    memory_saving: StageCost | None = None
+    """With ``memory_fallback``: the plan with every parameter sharded, a second
+    choice for the same function on the same mesh (``construct-stages`` takes
+    whichever is fastest among those that fit)."""
 
     def max_stages_after(self, device_memory: float) -> float:
         return self.memory.max_stages_after(device_memory)
@@ -284,7 +306,33 @@ class AnalyticalStageCostModel:
         cluster: Cluster,
         params: tuple[int, ...],
     ) -> StageCost:
-        planned = plan_function(function, mesh, self.options)
+        cost = self._plan_and_price(function, mesh, cluster, params, self.options)
+        if not (self.options.memory_fallback and mesh.size > 1 and params):
+            return cost
+        if cost.memory.persistent < cluster.device_memory * MEMORY_FALLBACK_FROM:
+            return cost
+        sharded_options = replace(
+            self.options,
+            allow_replicated_parameters=False,
+            time_limit=min(self.options.time_limit, MEMORY_FALLBACK_TIME_LIMIT),
+        )
+        try:
+            sharded = self._plan_and_price(function, mesh, cluster, params, sharded_options)
+        except AlpaError:
+            return cost  # some parameter cannot be sharded on this mesh
+        if sharded.memory.persistent >= cost.memory.persistent:
+            return cost
+        return replace(cost, memory_saving=sharded)
+
+    def _plan_and_price(
+        self,
+        function: func.FuncOp,
+        mesh: LogicalDeviceMesh,
+        cluster: Cluster,
+        params: tuple[int, ...],
+        options: StageCostOptions,
+    ) -> StageCost:
+        planned = plan_function(function, mesh, options)
         shape = mesh.shape
 
         def local(value: SSAValue) -> tuple[int, ...]:
@@ -480,6 +528,7 @@ def plan_function(
         time_limit=options.time_limit,
         memory_budget=options.memory_budget,
         allow_all_gather=options.allow_all_gather,
+        allow_replicated_parameters=options.allow_replicated_parameters,
     ).apply(make_context(), module)
     return main_function(module)
 

@@ -47,7 +47,7 @@ import math
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from xdsl.context import Context
@@ -79,6 +79,18 @@ class ViewCost:
     cross_bytes: float
     transient: float = 0.0
     """Held once, not per micro-batch (remat: the largest layer's recomputed stash)."""
+    memory_saving: ViewCost | None = None
+    """A second plan of the same range on the same view that keeps no parameter
+    replicated (``StageCost.memory_saving``); :meth:`StageCostTable.best`
+    considers both."""
+
+    def choices(self) -> tuple[ViewCost, ...]:
+        return (self,) if self.memory_saving is None else (self, self.memory_saving)
+
+    def fitting(self, device_memory: float) -> ViewCost:
+        """The fastest of :meth:`choices` that fits with one micro-batch in
+        flight, else the fastest."""
+        return min(self.choices(), key=lambda c: (c.peak(1) > device_memory, c.latency))
 
     def max_stages_after(self, device_memory: float) -> float:
         free = device_memory - self.persistent - self.transient - self.activations
@@ -92,17 +104,37 @@ class ViewCost:
 
 def _view_cost(cost: StageCost, cross_bytes: float) -> ViewCost:
     m = cost.memory
-    return ViewCost(cost.latency, m.persistent, m.activations, cross_bytes, m.transient)
+    saving = cost.memory_saving
+    return ViewCost(
+        cost.latency,
+        m.persistent,
+        m.activations,
+        cross_bytes,
+        m.transient,
+        None if saving is None else _view_cost(saving, cross_bytes),
+    )
 
 
 def _add(a: ViewCost, b: ViewCost) -> ViewCost:
+    """Two ranges in one stage; the memory-saving plan of the sum uses each
+    part's memory-saving plan where it has one."""
+    saving = None
+    if a.memory_saving is not None or b.memory_saving is not None:
+        saving = _add(a.memory_saving or a, b.memory_saving or b)
     return ViewCost(
         a.latency + b.latency,
         a.persistent + b.persistent,
         a.activations + b.activations,
         a.cross_bytes + b.cross_bytes,
         max(a.transient, b.transient),
+        saving,
     )
+
+
+def _without_bytes(cost: ViewCost, inner: float) -> ViewCost:
+    """``cost`` with ``inner`` bytes less crossing into the stage."""
+    saving = None if cost.memory_saving is None else _without_bytes(cost.memory_saving, inner)
+    return replace(cost, cross_bytes=cost.cross_bytes - inner, memory_saving=saving)
 
 
 @dataclass
@@ -153,9 +185,9 @@ class StageCostTable:
         memory = self.cluster.device_memory
         options = []
         for view in self.views[submesh]:
-            cost = self.cost(first, last, view.shape)
-            latency = cost.latency + (self.comm_time(cost, submesh) if cross_stage_comm else 0.0)
-            options.append((cost.peak(1) > memory, latency, view, cost))
+            for cost in self.cost(first, last, view.shape).choices():
+                comm = self.comm_time(cost, submesh) if cross_stage_comm else 0.0
+                options.append((cost.peak(1) > memory, cost.latency + comm, view, cost))
         _, latency, view, cost = min(options, key=lambda o: (o[0], o[1]))
         return view, cost, latency
 
@@ -226,13 +258,7 @@ def cost_table(
                     acc = _add(acc, table.costs[(last, last, view.shape)])
                     # layers inside one stage do not cross stages
                     inner = ranges.internal_bytes(first, last)
-                    table.costs[(first, last, view.shape)] = ViewCost(
-                        acc.latency,
-                        acc.persistent,
-                        acc.activations,
-                        acc.cross_bytes - inner,
-                        acc.transient,
-                    )
+                    table.costs[(first, last, view.shape)] = _without_bytes(acc, inner)
     return table
 
 

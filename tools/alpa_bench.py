@@ -25,7 +25,11 @@ runs the benchmark with ``prefer_reduce_scatter``): see
 train in mixed precision (fp16 computation, fp32 parameters and Adam state,
 :mod:`alpa_ir.models.registry`), and the memory estimates model XLA's operator
 fusion (``--fusion``, the default; :mod:`alpa_ir.fusion`): only fusion outputs
-occupy memory and move through HBM.
+occupy memory and move through HBM. Where a layer's persistent memory is
+large, it is also priced with every parameter sharded (``--memory-fallback``,
+the default; ``StageCostOptions.memory_fallback``), and each stage takes the
+fastest of the two plans that fits, as Alpa keeps the fastest of several
+auto-sharding options per logical mesh.
 
 Baselines under the same simulator: ``intra-op`` (one stage on all devices),
 ``inter-op`` (the DP restricted to 1x1 submeshes; it needs a layer per device,
@@ -140,6 +144,9 @@ class Outcome:
     pflops_ignoring_memory: float = 0.0
     """The simulated throughput with the memory check off (a plan that does not
     fit: what it would reach with enough memory; for reference only)."""
+    eq2_latency: float = 0.0
+    """The stage DP's objective for this plan (Eq. 2 of the stage latencies: no
+    apply-grad, no transfers unless ``--cross-stage-comm``), seconds."""
 
 
 def bench_cluster(preset: str, gpus: int) -> Cluster:
@@ -224,6 +231,8 @@ def outcome(
         }
         for s in stages
     ]
+    latencies = [s.latency for s in stages]
+    out.eq2_latency = sum(latencies) + (num_micro_batches - 1) * max(latencies, default=0.0)
     plan = sim_plan(table, stages, num_micro_batches, remat)
     unchecked = simulate(plan, check_memory=False)
     out.peak_memory_gib = max(unchecked.peak_memory) / 2**30
@@ -266,7 +275,9 @@ def uniform_grid(
                 continue
             stages = []
             for k in range(pp):
-                cost = table.cost(bounds[k], bounds[k + 1] - 1, view.shape)
+                cost = table.cost(bounds[k], bounds[k + 1] - 1, view.shape).fitting(
+                    cluster.device_memory
+                )
                 devs = tuple(range(k * size, (k + 1) * size))
                 mesh = cluster.logical_mesh(view.shape, devs)
                 stages.append(
@@ -469,6 +480,7 @@ def bench_model(
     remat: bool = True,
     zero: bool = True,
     fusion: bool = True,
+    memory_fallback: bool = True,
 ) -> dict[str, Any]:
     from alpa_ir.models.train_step import train_step_flops
     from alpa_ir.module_utils import main_function
@@ -481,7 +493,13 @@ def bench_model(
     times.clustering = t1 - t0
     ranges = LayerRanges(main_function(module))
     t2 = time.perf_counter()
-    options = StageCostOptions(time_limit=time_limit, remat=remat, zero=zero, fusion=fusion)
+    options = StageCostOptions(
+        time_limit=time_limit,
+        remat=remat,
+        zero=zero,
+        fusion=fusion,
+        memory_fallback=memory_fallback,
+    )
     model = AnalyticalStageCostModel(options)
     table = cost_table(ranges, cluster, model, space=submesh_space, cost_mode=cost_mode)
     t3 = time.perf_counter()
@@ -499,6 +517,7 @@ def bench_model(
         "remat": remat,
         "zero": zero,
         "fusion": fusion,
+        "memory_fallback": memory_fallback,
         "cache": {"hits": model.stats.hits, "misses": model.stats.misses},
     }
     plan: StagePlan | None = None
@@ -563,7 +582,9 @@ def format_result(result: dict[str, Any]) -> str:
         f"fusion {'on' if result.get('fusion') else 'off'}, "
         f"cost cache {result['cache']['hits']} hits / {result['cache']['misses']} misses"
     ]
-    lines.append(f"  {'method':<10} {'PFLOPS':>8} {'iter s':>9} {'peak GiB':>9}  plan")
+    lines.append(
+        f"  {'method':<10} {'PFLOPS':>8} {'iter s':>9} {'Eq.2 s':>9} {'peak GiB':>9}  plan"
+    )
     for o in result["outcomes"]:
         plan = " | ".join(
             f"L{s['layers'][0]}-{s['layers'][1]} {s['submesh'][0]}x{s['submesh'][1]}"
@@ -577,7 +598,7 @@ def format_result(result: dict[str, Any]) -> str:
             plan = f"{o['error']}  {plan}"[:300]
         lines.append(
             f"  {o['method']:<10} {o['pflops']:8.4g} {o['iteration_time']:9.4g} "
-            f"{o['peak_memory_gib']:9.2f}  {plan}"
+            f"{o.get('eq2_latency', 0.0):9.4g} {o['peak_memory_gib']:9.2f}  {plan}"
         )
     c = result["compile_time"]
     lines.append(
@@ -631,6 +652,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=True,
         help="model XLA's operator fusion in activation memory and memory traffic (default on)",
     )
+    parser.add_argument(
+        "--memory-fallback",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also price every large layer with all parameters sharded (default on)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     from alpa_ir.models.registry import get_config
@@ -653,6 +680,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "remat": args.remat,
                 "zero": args.zero,
                 "fusion": args.fusion,
+                "memory_fallback": args.memory_fallback,
             }
             if args.micro_batches == "auto":
                 candidates = batch_divisors(config.batch_size, args.max_micro_batches)
