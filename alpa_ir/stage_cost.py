@@ -264,6 +264,19 @@ def cached_cost(
     return cost
 
 
+def mesh_key(mesh: LogicalDeviceMesh, *, keep_axis_order: bool = False) -> tuple[object, ...]:
+    """What a plan's cost depends on in ``mesh``: its axes of more than one
+    device with their α and β. Unless ``keep_axis_order`` (argument shardings
+    name axes by position), the axes are sorted: permuting a mesh's axes with
+    their α/β permutes the plans and keeps their costs, so the views (2, 4) and
+    (4, 2) of one node, or (1, 16) and (16, 1) of two, are planned once."""
+    assert mesh.alpha is not None and mesh.beta is not None
+    axes = [(n, a, b) for n, a, b in zip(mesh.shape, mesh.alpha, mesh.beta, strict=True) if n > 1]
+    if keep_axis_order:
+        return (mesh.shape, mesh.alpha, mesh.beta)
+    return (tuple(sorted(axes)),)
+
+
 @dataclass
 class AnalyticalStageCostModel:
     """The analytical model (module docstring); keeps its own cache."""
@@ -286,9 +299,7 @@ class AnalyticalStageCostModel:
         params = param_args_of(function, param_args)
         key = (
             function_fingerprint(function),
-            mesh.shape,
-            mesh.alpha,
-            mesh.beta,
+            *mesh_key(mesh, keep_axis_order=self.options.keep_argument_specs),
             cluster.peak_flops,
             cluster.hbm_bandwidth,
             self.options,

@@ -130,6 +130,29 @@ def test_slower_links_cost_more() -> None:
     assert b.communication_time > 10 * a.communication_time
 
 
+def test_views_that_differ_only_in_axis_order_share_one_plan() -> None:
+    """Permuting a mesh's axes with their α/β permutes the plans, not their cost."""
+    c = _cluster()  # one node: both axes of a view have the node's α/β
+    model = AnalyticalStageCostModel()
+    first = model.stage_cost(_stage(0), c.logical_mesh((2, 4)), c, param_args=(0, 1))
+    swapped = model.stage_cost(_stage(0), c.logical_mesh((4, 2)), c, param_args=(0, 1))
+    assert swapped is first
+    row = model.stage_cost(_stage(0), c.logical_mesh((1, 8)), c, param_args=(0, 1))
+    column = model.stage_cost(_stage(0), c.logical_mesh((8, 1)), c, param_args=(0, 1))
+    assert column is row
+    assert (model.stats.hits, model.stats.misses) == (2, 2)
+    # across nodes the axes differ in α/β: (2, 8) and (8, 2) are other problems
+    two = get_cluster("alpa-testbed", num_nodes=2)
+    model.stage_cost(_stage(0), two.logical_mesh((2, 8)), two, param_args=(0, 1))
+    model.stage_cost(_stage(0), two.logical_mesh((8, 2)), two, param_args=(0, 1))
+    assert model.stats.misses == 4
+    # fixed argument shardings name axes by position: no sharing
+    fixed = AnalyticalStageCostModel(StageCostOptions(keep_argument_specs=True))
+    fixed.stage_cost(_stage(0), c.logical_mesh((2, 4)), c, param_args=(0, 1))
+    fixed.stage_cost(_stage(0), c.logical_mesh((4, 2)), c, param_args=(0, 1))
+    assert (fixed.stats.hits, fixed.stats.misses) == (0, 2)
+
+
 def test_identical_layer_ranges_hit_the_cache() -> None:
     c = _cluster()
     model = AnalyticalStageCostModel()
