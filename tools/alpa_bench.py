@@ -31,6 +31,10 @@ the default; ``StageCostOptions.memory_fallback``), and each stage takes the
 fastest of the two plans that fits, as Alpa keeps the fastest of several
 auto-sharding options per logical mesh.
 
+Besides Alpa's plan, every run reports ``alpa+comm``: the stage DP on the same
+cost table with the cross-stage transfers in its objective (option 6a,
+``--cross-stage-comm`` makes that the main plan instead).
+
 Baselines under the same simulator: ``intra-op`` (one stage on all devices),
 ``inter-op`` (the DP restricted to 1x1 submeshes; it needs a layer per device,
 so with fewer automatic layers than devices the step is traced again with one
@@ -534,8 +538,19 @@ def bench_model(
         write_plan(module, plan, num_micro_batches, "1f1b")
     times.other = (t2 - t1) + (time.perf_counter() - t4)
     whole = max(table.submeshes, key=lambda s: s[0] * s[1])
-    outcomes = [
-        alpa,
+    outcomes = [alpa]
+    if not cross_stage_comm:
+        # option 6a on the same table: the DP also counts the cross-stage transfers
+        try:
+            with_comm = solve_stages(
+                table, num_micro_batches, epsilon=epsilon, cross_stage_comm=True
+            )
+            outcomes.append(
+                outcome("alpa+comm", table, with_comm.stages, num_micro_batches, flops, remat)
+            )
+        except (AlpaError, PlanError) as error:
+            outcomes.append(Outcome("alpa+comm", error=str(error).split(";")[0]))
+    outcomes += [
         restricted("intra-op", table, [whole], num_micro_batches, flops, remat),
         inter_op(name, table, model, num_micro_batches, flops, cost_mode, remat),
     ]
