@@ -271,9 +271,9 @@ def mesh_key(mesh: LogicalDeviceMesh, *, keep_axis_order: bool = False) -> tuple
     their α/β permutes the plans and keeps their costs, so the views (2, 4) and
     (4, 2) of one node, or (1, 16) and (16, 1) of two, are planned once."""
     assert mesh.alpha is not None and mesh.beta is not None
-    axes = [(n, a, b) for n, a, b in zip(mesh.shape, mesh.alpha, mesh.beta, strict=True) if n > 1]
     if keep_axis_order:
         return (mesh.shape, mesh.alpha, mesh.beta)
+    axes = [(n, a, b) for n, a, b in zip(mesh.shape, mesh.alpha, mesh.beta, strict=True) if n > 1]
     return (tuple(sorted(axes)),)
 
 
@@ -353,16 +353,16 @@ class AnalyticalStageCostModel:
         block = planned.body.block
         traffic = (
             fused_traffic_bytes(block, local)
-            if self.options.fusion
+            if options.fusion
             else sum(op_bytes(op, local) for op in block.ops if isinstance(op, LaxOp))
         )
-        compute = flops / (cluster.peak_flops * self.options.compute_efficiency)
-        hbm = cluster.hbm_bandwidth * self.options.memory_efficiency
+        compute = flops / (cluster.peak_flops * options.compute_efficiency)
+        hbm = cluster.hbm_bandwidth * options.memory_efficiency
         memory_time = traffic / hbm if hbm > 0 else 0.0
         comm, count = collective_time(planned, mesh)
         memory = self._memory(planned, local, params, shape)
         objective = planned.attributes.get("sharding.objective")
-        recompute = FORWARD_SHARE * (compute + memory_time) if self.options.remat else 0.0
+        recompute = FORWARD_SHARE * (compute + memory_time) if options.remat else 0.0
         return StageCost(
             latency=compute + memory_time + comm + recompute,
             compute_time=compute,
