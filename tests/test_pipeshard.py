@@ -56,16 +56,21 @@ def _example() -> tuple[dict[str, Any], dict[str, jax.Array]]:
     return state, batch
 
 
-def _assert_same_steps(step: Any, method: PipeshardParallel, state: Any, batch: Any) -> None:
+def _assert_same_steps(
+    step: Any, method: PipeshardParallel, state: Any, batch: Any, steps: int = 3
+) -> Any:
+    """Run ``steps`` steps under ``method`` and on one device; losses and states
+    agree. Returns the parallelized step."""
     parallel = alpa_ir.parallelize(step, method=method, donate_argnums=())
     reference = jax.jit(step)
     ours, theirs = state, state
-    for _ in range(3):
+    for _ in range(steps):
         theirs, loss = reference(theirs, batch)
         ours, our_loss = parallel(ours, batch)
         np.testing.assert_allclose(our_loss, loss, rtol=1e-4)
         for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs), strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    return parallel
 
 
 @pytest.mark.parametrize("micro_batches", [1, 2, 4])

@@ -13,8 +13,8 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
+from test_pipeshard import _assert_same_steps
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import SSAValue
@@ -114,17 +114,6 @@ def test_adam_step_passes_resharding_and_instruction_emission() -> None:
     assert _apply_to_apply_operands(module) == []
     PassManager(default_registry(), RESHARD_AND_EMIT).run(module)
     assert len(list(top_level_ops(module, ProgramOp))) == 2
-
-
-def _assert_same_steps(step: Any, method: PipeshardParallel, state: Any, batch: Any) -> None:
-    parallel = alpa_ir.parallelize(step, method=method, donate_argnums=())
-    ours, theirs = state, state
-    for _ in range(3):
-        theirs, loss = jax.jit(step)(theirs, batch)
-        ours, our_loss = parallel(ours, batch)
-        np.testing.assert_allclose(our_loss, loss, rtol=1e-4)
-        for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs), strict=True):
-            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.parametrize("num_stages", [2, 3])

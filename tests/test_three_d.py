@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
+from test_pipeshard import _assert_same_steps
 from xdsl.dialects import func
 
 import alpa_ir
@@ -28,15 +28,7 @@ def test_dp2_op2_pp2_equals_one_device_on_the_tiny_gpt() -> None:
     assert method.stage_option == ManualStageOption([[0], [1]], [(2, 2), (2, 2)])
     assert method.auto_sharding_option.force_batch_dim_to_mesh_dim == 0
     step, (state, batch) = make_train_step("gpt-tiny")
-    parallel = alpa_ir.parallelize(step, method=method, donate_argnums=())
-    reference = jax.jit(step)
-    ours, theirs = state, state
-    for _ in range(2):
-        theirs, loss = reference(theirs, batch)
-        ours, our_loss = parallel(ours, batch)
-        np.testing.assert_allclose(our_loss, loss, rtol=1e-4)
-        for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs), strict=True):
-            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    parallel = _assert_same_steps(step, method, state, batch, steps=2)
     executable = parallel.get_executable(state, batch)
     text = executable.plan_text()
     assert "stage 0: layers 0..0 on mesh [2, 2] devices [0, 1, 2, 3]" in text
