@@ -649,30 +649,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--cross-stage-comm", action="store_true")
     parser.add_argument("--epsilon", type=float, default=0.0)
     parser.add_argument("--time-limit", type=float, default=60.0, help="ILP time limit (s)")
-    parser.add_argument(
-        "--remat",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="rematerialize every layer (the paper's setting; default on)",
-    )
-    parser.add_argument(
-        "--zero",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="ZeRO-2 for replicated parameters (Alpa's prefer_reduce_scatter; default on)",
-    )
-    parser.add_argument(
-        "--fusion",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="model XLA's operator fusion in activation memory and memory traffic (default on)",
-    )
-    parser.add_argument(
-        "--memory-fallback",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="also price every large layer with all parameters sharded (default on)",
-    )
+    for flag, help_text in (
+        ("--remat", "rematerialize every layer (the paper's setting; default on)"),
+        ("--zero", "ZeRO-2 for replicated parameters (Alpa's prefer_reduce_scatter; default on)"),
+        (
+            "--fusion",
+            "model XLA's operator fusion in activation memory and memory traffic (default on)",
+        ),
+        (
+            "--memory-fallback",
+            "also price every large layer with all parameters sharded (default on)",
+        ),
+    ):
+        parser.add_argument(
+            flag, action=argparse.BooleanOptionalAction, default=True, help=help_text
+        )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     from alpa_ir.models.registry import get_config
