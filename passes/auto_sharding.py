@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, is_dataclass, replace
 from typing import Literal
 
 import numpy as np
@@ -37,7 +37,7 @@ from xdsl.ir import SSAValue
 from xdsl.passes import ModulePass
 
 from alpa_ir.autosharding.apply_plan import apply_plan
-from alpa_ir.autosharding.graph import GraphBuilder
+from alpa_ir.autosharding.graph import GraphBuilder, StrategyCache
 from alpa_ir.autosharding.problem import Aliasing, build_problem
 from alpa_ir.autosharding.resharding import INF, ReshardCoster, ReshardOptions
 from alpa_ir.device_mesh import LogicalDeviceMesh, function_mesh
@@ -119,8 +119,19 @@ class AutoSharding(ModulePass):
     objective is that plan's own); ``separate``: every node its own variable
     (exact); ``auto``: share from SHARE_LAYERS_FROM nodes and SHARE_PAIRS_FROM
     strategy pairs on, without a memory budget."""
+    mip_gap: float = 0.0
+    """Relative gap to the ILP's lower bound at which the solver may stop with
+    a plan (for solvers with a ``mip_gap`` field, such as ``cbc`` and
+    ``highs``); 0: the solver's own setting (exact)."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
+        self.plan(ctx, op)
+
+    def plan(self, ctx: Context, op: ModuleOp, cache: StrategyCache | None = None) -> None:
+        """The pass, with the strategies memoized in ``cache`` (a cache of
+        the module's mesh and of this pass's cost model and reshard options,
+        from :meth:`strategy_cache`; shared when many functions are planned
+        on one mesh, e.g. by the stage cost model)."""
         registry = registry_of(ctx)
         function = main_function(op)
         mesh = function_mesh(op, function)
@@ -142,9 +153,15 @@ class AutoSharding(ModulePass):
             cost_model = bind(
                 op, symbol_op(op, ref.root_reference.data, LogicalMeshOp), self.system
             )
-        coster = ReshardCoster(
-            mesh, cost_model, ReshardOptions(self.allow_all_gather, self.allow_all_to_all)
-        )
+        options = ReshardOptions(self.allow_all_gather, self.allow_all_to_all)
+        if cache is not None and (
+            bind is not None or not _cache_fits(cache, mesh, cost_model, options)
+        ):
+            raise AlpaError(
+                "auto-sharding: the strategy cache was made for another mesh, cost model or "
+                "reshard options"
+            )
+        coster = cache.coster if cache is not None else ReshardCoster(mesh, cost_model, options)
         groups = {
             o: o.attributes[GROUP_ATTR].value.data  # type: ignore[attr-defined]
             for o in function.body.block.ops
@@ -170,7 +187,12 @@ class AutoSharding(ModulePass):
             if _has_spec(function, k)
         }
         graph = GraphBuilder(
-            function, groups, mesh.shape, coster, arg_filter=self._arg_cost(mesh, batch, given)
+            function,
+            groups,
+            mesh.shape,
+            coster,
+            arg_filter=self._arg_cost(mesh, batch, given),
+            cache=cache,
         ).build()
         donated = set(int_list(function, DONATED_ATTR))
         node_scale = None
@@ -192,7 +214,7 @@ class AutoSharding(ModulePass):
             node_scale=node_scale,
             coster=coster,
         )
-        solver = registry.get("solvers", self.solver)()
+        solver = self._solver(registry.get("solvers", self.solver)())
         tied = None
         if self.repeated_layers == "share" or (
             self.repeated_layers == "auto" and share_automatically(problem)
@@ -215,6 +237,24 @@ class AutoSharding(ModulePass):
             from alpa_ir.passes.reduce_scatter_rewrite import ReduceScatterRewrite
 
             ReduceScatterRewrite(mode="zero2").apply(ctx, op)
+
+    def _solver(self, solver: object) -> object:
+        """``solver`` with this pass's ``mip-gap``, if one is set."""
+        if self.mip_gap == 0.0:
+            return solver
+        if not 0.0 < self.mip_gap < 1.0:
+            raise AlpaError(f"auto-sharding: mip-gap must be in [0, 1), got {self.mip_gap}")
+        if not (is_dataclass(solver) and hasattr(solver, "mip_gap")):
+            raise AlpaError(f"auto-sharding: solver '{self.solver}' has no mip-gap setting")
+        return replace(solver, mip_gap=self.mip_gap)  # type: ignore[type-var]
+
+    def strategy_cache(self, ctx: Context, mesh: LogicalDeviceMesh) -> StrategyCache:
+        """A cache for :meth:`plan` on modules planned on ``mesh`` with this
+        pass's cost model (not one bound to a module, such as ``p2``) and
+        reshard options."""
+        cost_model = registry_of(ctx).get("cost_models", self.cost_model)()
+        options = ReshardOptions(self.allow_all_gather, self.allow_all_to_all)
+        return StrategyCache(mesh.shape, ReshardCoster(mesh, cost_model, options))
 
     def _arg_cost(
         self, mesh: LogicalDeviceMesh, batch: set[int], given: dict[int, ShardingSpec]
@@ -243,6 +283,20 @@ class AutoSharding(ModulePass):
             return REPLICATED_PARAMETER_PENALTY / shards
 
         return cost
+
+
+def _cache_fits(
+    cache: StrategyCache, mesh: LogicalDeviceMesh, cost_model: object, options: ReshardOptions
+) -> bool:
+    """Whether ``cache`` prices like a fresh coster of ``mesh`` would (the
+    devices do not matter)."""
+    have = cache.coster
+    return (
+        have.cost_model == cost_model
+        and have.options == options
+        and (have.mesh.shape, have.mesh.alpha, have.mesh.beta)
+        == (mesh.shape, mesh.alpha, mesh.beta)
+    )
 
 
 def share_automatically(problem: ILPProblem) -> bool:

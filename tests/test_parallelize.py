@@ -318,6 +318,32 @@ def test_unknown_solver_is_named() -> None:
         step.get_executable(*args)
 
 
+def test_mip_gap_option() -> None:
+    from alpa_ir.context import make_context
+    from alpa_ir.frontend.jaxpr_import import import_jax
+    from alpa_ir.module_utils import main_function
+    from alpa_ir.passes.auto_sharding import OBJECTIVE_ATTR, AutoSharding
+
+    fn, args = tiny_step("mlp-tiny")
+
+    def planned(**options: Any) -> float:
+        module = import_jax(fn, *args, batch_argnums=(1,))
+        AutoSharding(mesh_shape=(2, 4), **options).apply(make_context(), module)
+        return main_function(module).attributes[OBJECTIVE_ATTR].value.data
+
+    exact = planned()
+    assert planned(mip_gap=0.05) <= exact * 1.05 + 1e-9
+    with pytest.raises(AlpaError, match=r"mip-gap must be in \[0, 1\), got 1.5"):
+        planned(mip_gap=1.5)
+
+
+def test_mip_gap_needs_a_solver_that_has_one() -> None:
+    from alpa_ir.passes.auto_sharding import AutoSharding
+
+    with pytest.raises(AlpaError, match="solver 'mine' has no mip-gap setting"):
+        AutoSharding(solver="mine", mip_gap=0.1)._solver(object())
+
+
 def test_public_api() -> None:
     assert alpa_ir.parallelize is parallelize
     assert alpa_ir.ShardParallel is ShardParallel

@@ -42,8 +42,10 @@ class FactorRule:
     """The factors of one op and how its operands and results are made of them.
 
     ``heavy`` ops (matmuls, convolutions) must divide their work over every
-    mesh axis: a strategy that leaves an axis unused would compute the same
-    thing twice (Alpa does not allow replicated computation for them).
+    mesh axis that can split one of their factors: a strategy that leaves
+    such an axis unused would compute the same thing twice (Alpa does not
+    allow replicated computation for them). An axis whose size divides no
+    factor can only stay unused.
     ``partial_operands`` lists operands that may arrive as partial sums over
     the axes of sharded reduction factors (a scatter-add's operand: adding it
     on one device only and summing later is exact).
@@ -119,16 +121,18 @@ def enumerate_strategies(rule: FactorRule, mesh_shape: Sequence[int]) -> list[St
     An axis is unused or shards exactly one factor; a factor sharded over
     several axes takes them in increasing order (``S01``); the product of a
     factor's axes divides its size; need-replication factors stay unsharded;
-    heavy ops use every axis of size > 1. Axes of size 1 are never used.
+    heavy ops use every axis whose size divides one of their shardable
+    factors. Axes of size 1 are never used.
     """
     axes = [a for a, n in enumerate(mesh_shape) if n > 1]
     num_factors = len(rule.sizes)
     shardable = [f for f in range(num_factors) if rule.kinds[f] is not FactorKind.NEED_REPLICATION]
+    usable = [any(rule.sizes[f] % mesh_shape[a] == 0 for f in shardable) for a in axes]
     options = [None, *shardable]
     seen: set[tuple[tuple[ShardingSpec, ...], tuple[ShardingSpec, ...]]] = set()
     out: list[Strategy] = []
     for choice in itertools.product(options, repeat=len(axes)):
-        if rule.heavy and any(c is None for c in choice):
+        if rule.heavy and any(c is None and u for c, u in zip(choice, usable, strict=True)):
             continue
         factor_axes: list[tuple[int, ...]] = [() for _ in range(num_factors)]
         for axis, f in zip(axes, choice, strict=True):

@@ -82,8 +82,30 @@ def _spec_options(shape: tuple[int, ...], mesh_shape: Sequence[int]) -> list[Sha
     return [s.result_specs[0] for s in enumerate_strategies(rule, mesh_shape)]
 
 
+@dataclass
+class StrategyCache:
+    """What graph builders on one mesh can share across functions: op
+    strategies (they depend on the op and the mesh shape), group strategies
+    (on the group's structure and the reshard prices, through the followers'
+    choices) and edge matrices (on the specs and the prices). One cache serves
+    one mesh shape and one :class:`ReshardCoster` (α/β, cost model, options);
+    planning many functions on the same mesh, as stage construction does,
+    then enumerates each distinct op and group once. Group strategies are
+    kept with the ops of the first group they were built for and mapped onto
+    later groups of the same structure."""
+
+    mesh_shape: tuple[int, ...]
+    coster: ReshardCoster
+    op_strategies: dict[tuple[object, ...], list[Strategy]] = field(default_factory=dict)
+    groups: dict[tuple[object, ...], tuple[list[Operation], list[NodeStrategy]]] = field(
+        default_factory=dict
+    )
+    matrices: dict[tuple[object, ...], np.ndarray] = field(default_factory=dict)
+
+
 class GraphBuilder:
-    """Builds the strategy graph of ``function`` given the groups of its ops."""
+    """Builds the strategy graph of ``function`` given the groups of its ops
+    (memoizing in ``cache``, a fresh one unless given)."""
 
     def __init__(
         self,
@@ -93,6 +115,7 @@ class GraphBuilder:
         coster: ReshardCoster,
         rule_lookup: RuleLookup | None = None,
         arg_filter: Callable[[int, SSAValue, ShardingSpec], float] | None = None,
+        cache: StrategyCache | None = None,
     ) -> None:
         self.function = function
         self.groups = groups
@@ -101,9 +124,13 @@ class GraphBuilder:
         self.rule_lookup = rule_lookup or RULES.get
         self.arg_filter = arg_filter
         self.warned: set[str] = set()
-        self._strategy_cache: dict[tuple[object, ...], list[Strategy]] = {}
-        self._group_cache: dict[tuple[object, ...], tuple[list[Operation], list[NodeStrategy]]] = {}
-        self._matrix_cache: dict[tuple[object, ...], np.ndarray] = {}
+        if cache is None:
+            cache = StrategyCache(self.mesh_shape, coster)
+        elif cache.mesh_shape != self.mesh_shape or cache.coster is not coster:
+            raise ValueError("GraphBuilder: the strategy cache belongs to another mesh or coster")
+        self._strategy_cache = cache.op_strategies
+        self._group_cache = cache.groups
+        self._matrix_cache = cache.matrices
 
     # -- strategies of one op ------------------------------------------------
 
