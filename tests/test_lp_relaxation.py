@@ -95,3 +95,34 @@ def test_large_core_goes_to_the_lp_before_elimination(monkeypatch: pytest.Monkey
         solution = MipSolver("cbc").solve(problem)
     assert solution.optimal and solution.num_variables > 0
     assert solution.objective == pytest.approx(exact[1], rel=1e-9)
+
+
+def _frustrated_k4() -> ILPProblem:
+    """Four nodes, all pairs joined, two strategies, a cost where neighbours
+    agree: every plan pays 2, the LP mixes both strategies everywhere for 0
+    (like a mesh with two interchangeable axes: a plan and its mirror image)."""
+    agree = np.eye(2)
+    edges = tuple(Edge(u, v, agree) for u in range(4) for v in range(u + 1, 4))
+    return ILPProblem(tuple(np.zeros(2) for _ in range(4)), edges)
+
+
+def test_a_fractional_relaxation_is_read_along_its_edges_and_dived() -> None:
+    core = presolve(_frustrated_k4()).core
+    relaxation = solve_relaxation(core)
+    assert relaxation is not None and not relaxation.integral
+    assert relaxation.bound == pytest.approx(0.0, abs=1e-9)
+    assert set(relaxation.fractional) == set(range(len(core.node_costs)))
+    assert len(relaxation.followed) == len(core.node_costs)
+    dived = mip_solver._dive(core, relaxation, 0.0, None)
+    assert dived is not None and core_objective(core, dived) == pytest.approx(2.0)
+
+
+def test_the_solver_is_exact_when_the_relaxation_is_fractional() -> None:
+    solution = MipSolver("cbc", exact_elimination=False).solve(_frustrated_k4())
+    assert solution.optimal and solution.objective == pytest.approx(2.0)
+
+
+def test_elimination_stops_at_its_deadline() -> None:
+    core = presolve(_frustrated_k4(), reduce=False).core
+    assert eliminate(core) is not None
+    assert eliminate(core, deadline=0.0) is None  # the clock is long past 0

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -84,7 +85,10 @@ def _compress(table: np.ndarray, maps: list[np.ndarray]) -> np.ndarray:
 
 
 class _Eliminator:
-    def __init__(self, core: CoreProblem, max_table: int, max_work: float) -> None:
+    def __init__(
+        self, core: CoreProblem, max_table: int, max_work: float, deadline: float | None = None
+    ) -> None:
+        self.deadline = deadline
         self.unary = [np.asarray(c, dtype=np.float64).copy() for c in core.node_costs]
         self.factors: dict[int, _Factor] = {}
         self.incident: list[set[int]] = [set() for _ in self.unary]
@@ -228,6 +232,8 @@ class _Eliminator:
                 continue
             if self.work + plan[-1] > self.max_work:
                 return None
+            if self.deadline is not None and time.perf_counter() > self.deadline:
+                return None
             neighbours = plan[2]
             self.eliminate(u, plan)
             done[u] = True
@@ -281,12 +287,16 @@ this many times (the estimate ignores class merging, which saves up to ~100x).""
 
 
 def eliminate(
-    core: CoreProblem, max_table: int = MAX_TABLE, max_work: float = MAX_WORK
+    core: CoreProblem,
+    max_table: int = MAX_TABLE,
+    max_work: float = MAX_WORK,
+    deadline: float | None = None,
 ) -> tuple[tuple[int, ...], float] | None:
     """The optimal choice of the core's strategies and its objective (``inf`` if
-    every choice is forbidden), or None if the tables grow too large. The core
-    must have no live sets."""
+    every choice is forbidden), or None if the tables grow too large or the
+    clock (``time.perf_counter()``) passes ``deadline``. The core must have no
+    live sets."""
     assert not core.live_sets
     if estimated_work(core, HOPELESS * max_work) > HOPELESS * max_work:
         return None
-    return _Eliminator(core, max_table, max_work).run()
+    return _Eliminator(core, max_table, max_work, deadline).run()

@@ -47,6 +47,13 @@ class Relaxation:
     """Every node's LP solution is one-hot (within :data:`INTEGRAL_TOL`)."""
     num_variables: int
     num_constraints: int
+    followed: tuple[int, ...] = ()
+    """Per core node, a strategy chosen by following the LP's edge variables
+    from node to node (:func:`_follow_edges`): where the LP mixes several
+    plans (symmetric meshes give half-integral solutions), one consistent
+    plan instead of :attr:`rounded`'s per-node majority. Empty if integral."""
+    fractional: tuple[int, ...] = ()
+    """The core nodes whose LP solution is not one-hot."""
 
 
 def _edge_classes(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -73,6 +80,7 @@ def solve_relaxation(core: CoreProblem, time_limit: float | None = None) -> Rela
     vals.append(np.ones(num_node_vars))
     num_rows = len(core.node_costs)
     num_cols = num_node_vars
+    pairs: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
     for edge in core.edges:
         row_class, col_class, compressed = _edge_classes(edge.cost)
         na, nb = compressed.shape
@@ -80,6 +88,7 @@ def solve_relaxation(core: CoreProblem, time_limit: float | None = None) -> Rela
         a_idx, b_idx = np.nonzero(finite)
         k = a_idx.shape[0]
         pair_cols = num_cols + np.arange(k)
+        pairs.append((row_class, col_class, a_idx, b_idx, pair_cols))
         num_cols += k
         cost_parts.append(compressed[finite])
         upper_parts.append(np.ones(k))
@@ -123,20 +132,70 @@ def solve_relaxation(core: CoreProblem, time_limit: float | None = None) -> Rela
         return None
     x = result.x[:num_node_vars]
     rounded = []
-    integral = True
+    fractional = []
     for v in range(len(core.node_costs)):
         part = x[offsets[v] : offsets[v + 1]]
         best = int(np.argmax(part))
         rounded.append(best)
-        integral &= bool(part[best] >= 1.0 - INTEGRAL_TOL)
+        if part[best] < 1.0 - INTEGRAL_TOL:
+            fractional.append(v)
+    integral = not fractional
     bound = float(result.fun) / scale + core.constant
+    followed = () if integral else _follow_edges(core, result.x, offsets, pairs)
     return Relaxation(
         bound=bound if math.isfinite(bound) else -math.inf,
         rounded=tuple(rounded),
         integral=integral,
         num_variables=num_cols,
         num_constraints=num_rows + (0 if a_ub is None else a_ub.shape[0]),
+        followed=followed,
+        fractional=tuple(fractional),
     )
+
+
+def _follow_edges(
+    core: CoreProblem,
+    x: np.ndarray,
+    offsets: np.ndarray,
+    pairs: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]],
+) -> tuple[int, ...]:
+    """A plan read off a fractional LP solution along spanning trees: a root
+    takes its strategy of largest mass; a node reached over an edge takes,
+    among its strategy classes on that edge, the one the LP pairs most with
+    its neighbour's chosen class, and in that class its strategy of largest
+    mass. Where the LP is a mixture of plans, this stays inside one of them."""
+    num = len(core.node_costs)
+    incident: list[list[tuple[int, int, bool]]] = [[] for _ in range(num)]
+    for k, edge in enumerate(core.edges):
+        incident[edge.u].append((k, edge.v, True))
+        incident[edge.v].append((k, edge.u, False))
+    mass = [x[offsets[v] : offsets[v + 1]] for v in range(num)]
+    choice = [-1] * num
+    for root in sorted(range(num), key=lambda v: -float(mass[v].max(initial=0.0))):
+        if choice[root] >= 0:
+            continue
+        choice[root] = int(np.argmax(mass[root]))
+        queue = [root]
+        while queue:
+            u = queue.pop()
+            for k, w, u_is_row in incident[u]:
+                if choice[w] >= 0:
+                    continue
+                row_class, col_class, a_idx, b_idx, cols = pairs[k]
+                values = x[cols]
+                if u_is_row:
+                    mine, theirs, mine_idx, theirs_idx = row_class, col_class, a_idx, b_idx
+                else:
+                    mine, theirs, mine_idx, theirs_idx = col_class, row_class, b_idx, a_idx
+                along = mine_idx == mine[choice[u]]
+                if values[along].max(initial=0.0) > INTEGRAL_TOL:
+                    best_class = theirs_idx[along][int(np.argmax(values[along]))]
+                    in_class = np.where(theirs == best_class, mass[w], -1.0)
+                    choice[w] = int(np.argmax(in_class))
+                else:
+                    choice[w] = int(np.argmax(mass[w]))
+                queue.append(w)
+    return tuple(choice)
 
 
 def _memory_rows(

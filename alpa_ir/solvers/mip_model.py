@@ -23,6 +23,7 @@ Variables are created with ``add_vars`` and rows as ``LinExpr`` from lists
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import mip
@@ -160,20 +161,33 @@ def _add_memory_rows(model: mip.Model, core: CoreProblem, node_vars: list[list[m
 
 
 def greedy_choice(core: CoreProblem) -> tuple[int, ...] | None:
-    """A quick plan for the solver to start from (iterated conditional modes),
-    or None if it is forbidden or breaks a memory constraint."""
+    """A quick plan for the solver to start from (iterated conditional modes
+    from every node's cheapest strategy), or None if it is forbidden or
+    breaks a memory constraint."""
+    choice = [int(np.argmin(c)) for c in core.node_costs]
+    mem = core.node_memory
+    if mem is not None:  # start coupled nodes at their smallest memory
+        for v in {v for live in core.live_sets for v in live}:
+            low = mem[v] == mem[v].min()
+            choice[v] = int(np.argmin(np.where(low, core.node_costs[v], np.inf)))
+    return local_search(core, choice)
+
+
+def local_search(
+    core: CoreProblem, start: Sequence[int], sweeps: int = 4
+) -> tuple[int, ...] | None:
+    """``start`` improved by iterated conditional modes (each node not under a
+    memory constraint in turn takes its best strategy given its neighbours',
+    for up to ``sweeps`` sweeps), or None if the result is forbidden or breaks
+    a memory constraint."""
     adj: list[list[tuple[np.ndarray, int]]] = [[] for _ in core.node_costs]
     for e in core.edges:
         adj[e.u].append((e.cost, e.v))
         adj[e.v].append((e.cost.T, e.u))
     mem = core.node_memory
     coupled = {v for live in core.live_sets for v in live}
-    choice = [int(np.argmin(c)) for c in core.node_costs]
-    if mem is not None:  # start coupled nodes at their smallest memory
-        for v in coupled:
-            low = mem[v] == mem[v].min()
-            choice[v] = int(np.argmin(np.where(low, core.node_costs[v], np.inf)))
-    for _ in range(4):
+    choice = list(start)
+    for _ in range(sweeps):
         changed = False
         for v, cost in enumerate(core.node_costs):
             if v in coupled:

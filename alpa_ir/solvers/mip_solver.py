@@ -25,9 +25,10 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import mip
+import numpy as np
 
 from alpa_ir.errors import AlpaError, PlanError
 from alpa_ir.ilp import (
@@ -41,7 +42,13 @@ from alpa_ir.ilp import (
 from alpa_ir.solvers.elimination import MAX_TABLE, eliminate, estimated_work
 from alpa_ir.solvers.lp_relaxation import Relaxation, solve_relaxation
 from alpa_ir.solvers.memory import memory_lower_bound, min_peak_memory
-from alpa_ir.solvers.mip_model import BACKENDS, build_core_model, greedy_choice, new_model
+from alpa_ir.solvers.mip_model import (
+    BACKENDS,
+    build_core_model,
+    greedy_choice,
+    local_search,
+    new_model,
+)
 from alpa_ir.solvers.presolve import (
     CoreProblem,
     Infeasible,
@@ -125,10 +132,35 @@ class MipSolver:
             if answer is not None:
                 return answer
         relaxation = None
+        greedy = greedy_choice(core)
         if self.lp_first:
             relaxation = self._relax(problem, reduced, start, time_limit)
             if isinstance(relaxation, ILPSolution):
                 return relaxation
+            greedy = _better_start(core, greedy, relaxation)
+            if relaxation is not None:
+                # a fractional LP: the best plan read off it, or found by
+                # diving from it, may already be within the gap of its bound
+                dived = _dive(core, relaxation, start, time_limit)
+                if dived is not None and (
+                    greedy is None or core_objective(core, dived) < core_objective(core, greedy)
+                ):
+                    greedy = dived
+            if relaxation is not None and greedy is not None:
+                value = core_objective(core, greedy)
+                if value - relaxation.bound <= self._gap_tolerance(value):
+                    done = time.perf_counter()
+                    return self._answer(
+                        problem,
+                        reduced,
+                        greedy,
+                        start,
+                        done,
+                        True,
+                        None,
+                        relaxation.num_variables,
+                        relaxation.num_constraints,
+                    )
         if can_eliminate and not small:
             answer = self._eliminate(problem, reduced, start, time_limit)
             if answer is not None:
@@ -138,7 +170,6 @@ class MipSolver:
         model.max_mip_gap = self.mip_gap
         if threads is not None:
             model.threads = threads
-        greedy = _better_start(core, greedy_choice(core), relaxation)
         if greedy is not None:
             built.set_start(core, greedy)
         built_at = time.perf_counter()
@@ -178,10 +209,19 @@ class MipSolver:
             problem, reduced, choice, start, built_at, optimal, gap, model.num_cols, model.num_rows
         )
 
+    def _gap_tolerance(self, value: float) -> float:
+        """How far above the LP bound a plan may be and count as optimal."""
+        return max(LP_OPTIMAL_RTOL, self.mip_gap) * max(abs(value), 1e-12)
+
     def _eliminate(
         self, problem: ILPProblem, reduced: Presolved, start: float, time_limit: float | None
     ) -> ILPSolution | None:
-        eliminated = eliminate(reduced.core, self.elimination_max_table)
+        # within a time limit, elimination may take half of what is left (the
+        # MIP after it needs the rest)
+        deadline = None
+        if time_limit is not None:
+            deadline = start + time_limit - 0.5 * (time_limit - (time.perf_counter() - start))
+        eliminated = eliminate(reduced.core, self.elimination_max_table, deadline=deadline)
         if eliminated is None:
             return None
         core_choice, value = eliminated
@@ -204,8 +244,7 @@ class MipSolver:
         value = core_objective(core, relaxation.rounded)
         if not math.isfinite(value) or not _fits(core, relaxation.rounded):
             return relaxation
-        rtol = max(LP_OPTIMAL_RTOL, self.mip_gap)
-        if value - relaxation.bound <= rtol * max(abs(value), 1e-12):
+        if value - relaxation.bound <= self._gap_tolerance(value):
             done = time.perf_counter()
             return self._answer(
                 problem,
@@ -319,12 +358,55 @@ def core_objective(core: CoreProblem, choice: tuple[int, ...]) -> float:
 def _better_start(
     core: CoreProblem, greedy: tuple[int, ...] | None, relaxation: Relaxation | None
 ) -> tuple[int, ...] | None:
-    """The cheaper of the greedy plan and the LP's rounding, if it meets the live sets."""
+    """The cheapest of the greedy plan and the plans read off the LP (its
+    rounding, and the one that follows its edges), each improved by local
+    search, that meets the live sets."""
     candidates = [c for c in (greedy,) if c is not None]
-    if relaxation is not None and _fits(core, relaxation.rounded):
-        candidates.append(relaxation.rounded)
+    if relaxation is not None:
+        for read in (relaxation.rounded, relaxation.followed):
+            if read and _fits(core, read):
+                candidates.append(read)
+                improved = local_search(core, read)
+                if improved is not None:
+                    candidates.append(improved)
     finite = [c for c in candidates if math.isfinite(core_objective(core, c))]
     return min(finite, key=lambda c: core_objective(core, c), default=None)
+
+
+MAX_DIVES = 4
+"""LP re-solves :func:`_dive` may spend on a fractional relaxation."""
+
+
+def _dive(
+    core: CoreProblem, relaxation: Relaxation, start: float, time_limit: float | None
+) -> tuple[int, ...] | None:
+    """A plan found by diving from a fractional LP: fix one fractional node to
+    the strategy :attr:`Relaxation.followed` gives it, solve the LP again, and
+    repeat until it is integral (at most :data:`MAX_DIVES` times, within half
+    the time left). A mesh with two interchangeable axes makes the LP mix a
+    plan with its mirror image; fixing one node picks one of them, after which
+    the LP is usually integral. A heuristic: the plan is not proven optimal,
+    only compared with the first LP's bound."""
+    if core.live_sets or not relaxation.followed:
+        return None
+    costs = list(core.node_costs)
+    current = relaxation
+    for _ in range(MAX_DIVES):
+        remaining = None
+        if time_limit is not None:
+            remaining = 0.5 * (time_limit - (time.perf_counter() - start))
+            if remaining <= 0:
+                return None
+        node = current.fractional[0]
+        keep = np.arange(costs[node].shape[0]) == current.followed[node]
+        costs[node] = np.where(keep, costs[node], np.inf)
+        solved = solve_relaxation(replace(core, node_costs=tuple(costs)), remaining)
+        if solved is None:
+            return None
+        if solved.integral:
+            return local_search(core, solved.rounded)
+        current = solved
+    return None
 
 
 def _fits(core: CoreProblem, choice: tuple[int, ...]) -> bool:
