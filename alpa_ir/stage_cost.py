@@ -69,9 +69,9 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from xdsl.dialects import func
 from xdsl.dialects.builtin import (
@@ -85,6 +85,7 @@ from xdsl.dialects.builtin import (
 )
 from xdsl.ir import Block, Operation, SSAValue
 
+from alpa_ir.autosharding.graph import StrategyCache
 from alpa_ir.autosharding.plan_bytes import op_collectives
 from alpa_ir.clusters import Cluster
 from alpa_ir.device_mesh import LogicalDeviceMesh
@@ -133,6 +134,9 @@ class StageCostOptions:
     """Gradient bytes per parameter byte."""
     solver: str = "cbc"
     time_limit: float = 60.0
+    mip_gap: float = 0.01
+    """Plans within this relative gap of the ILP's lower bound are accepted
+    (the prediction's own error is far larger than 1%); 0: exact."""
     memory_budget: float = 0.0
     """Passed to auto-sharding (bytes per device; 0 = none)."""
     remat: bool = False
@@ -165,6 +169,8 @@ class StageCostOptions:
         for name in ("optimizer_state_factor", "gradient_factor", "memory_budget"):
             if getattr(self, name) < 0:
                 raise AlpaError(f"stage cost: {name} must be >= 0, got {getattr(self, name)}")
+        if not 0 <= self.mip_gap < 1:
+            raise AlpaError(f"stage cost: mip_gap must be in [0, 1), got {self.mip_gap}")
 
 
 @dataclass(frozen=True)
@@ -242,6 +248,47 @@ class StageCostModel(Protocol):
     ) -> StageCost: ...
 
 
+@runtime_checkable
+class ParallelStageCostModel(StageCostModel, Protocol):
+    """A stage cost model that ``construct-stages`` may run in worker processes
+    (:mod:`alpa_ir.costing_workers`): it names what a cost depends on, so that
+    equal pairs are costed once, and makes fresh copies of itself for the
+    workers. (A model that measures on the local devices is not one: parallel
+    runs would disturb each other's timings.)"""
+
+    def cache_key(
+        self,
+        function: func.FuncOp,
+        mesh: LogicalDeviceMesh,
+        cluster: Cluster,
+        param_args: Sequence[int] | None = None,
+    ) -> Hashable:
+        """Pairs with equal keys have equal :meth:`keyed_cost`."""
+        ...
+
+    def keyed_cost(
+        self,
+        function: func.FuncOp,
+        mesh: LogicalDeviceMesh,
+        cluster: Cluster,
+        param_args: Sequence[int] | None = None,
+    ) -> StageCost:
+        """What a worker computes for a pair."""
+        ...
+
+    def adjustment(self, function: func.FuncOp, mesh: LogicalDeviceMesh) -> Hashable:
+        """What turns :meth:`keyed_cost` into ``stage_cost`` for this pair."""
+        ...
+
+    def adjust(self, cost: StageCost, adjustment: Hashable) -> StageCost:
+        """``stage_cost`` is ``adjust(keyed_cost(...), adjustment(...))``."""
+        ...
+
+    def remember(self, key: Hashable, cost: StageCost) -> None: ...
+
+    def worker_copy(self) -> StageCostModel: ...
+
+
 @dataclass
 class CacheStats:
     hits: int = 0
@@ -285,6 +332,12 @@ class AnalyticalStageCostModel:
     name: str = "analytical"
     stats: CacheStats = field(default_factory=CacheStats)
     _cache: dict[tuple[object, ...], StageCost] = field(default_factory=dict, repr=False)
+    _strategies: dict[tuple[object, ...], StrategyCache] = field(default_factory=dict, repr=False)
+    """Per ILP mesh (shape, α, β) and reshard options: the strategies every
+    function planned on it shares (``StrategyCache``)."""
+    _fingerprint: tuple[func.FuncOp, str, frozenset[int]] | None = field(default=None, repr=False)
+    """The last function, its fingerprint and its dimension sizes: a cost table
+    asks for one function on every view in turn."""
 
     def stage_cost(
         self,
@@ -296,19 +349,93 @@ class AnalyticalStageCostModel:
         """The cost of ``function`` on ``mesh`` of ``cluster``. ``param_args``:
         the arguments that are parameters (default: those not in the function's
         ``alpa.batch_args``)."""
+        cost = self.keyed_cost(function, mesh, cluster, param_args)
+        return self.adjust(cost, self.adjustment(function, mesh))
+
+    def keyed_cost(
+        self,
+        function: func.FuncOp,
+        mesh: LogicalDeviceMesh,
+        cluster: Cluster,
+        param_args: Sequence[int] | None = None,
+    ) -> StageCost:
+        """The cost kept under :meth:`cache_key`: that of ``function`` on the
+        mesh's live axes (:meth:`live_mesh`), before :meth:`adjust`."""
         params = param_args_of(function, param_args)
-        key = (
-            function_fingerprint(function),
-            *mesh_key(mesh, keep_axis_order=self.options.keep_argument_specs),
+        key = self.cache_key(function, mesh, cluster, params)
+        live = self.live_mesh(function, mesh)
+        return cached_cost(
+            self._cache, self.stats, key, lambda: self._compute(function, live, cluster, params)
+        )
+
+    def cache_key(
+        self,
+        function: func.FuncOp,
+        mesh: LogicalDeviceMesh,
+        cluster: Cluster,
+        param_args: Sequence[int] | None = None,
+    ) -> tuple[object, ...]:
+        """What :meth:`keyed_cost` depends on: equal keys, equal costs (the
+        module docstring)."""
+        params = param_args_of(function, param_args)
+        return (
+            self._identity(function)[1],
+            *mesh_key(
+                self.live_mesh(function, mesh), keep_axis_order=self.options.keep_argument_specs
+            ),
             cluster.peak_flops,
             cluster.hbm_bandwidth,
             self.options,
             params,
             _argument_specs(function) if self.options.keep_argument_specs else (),
         )
-        return cached_cost(
-            self._cache, self.stats, key, lambda: self._compute(function, mesh, cluster, params)
-        )
+
+    def live_mesh(self, function: func.FuncOp, mesh: LogicalDeviceMesh) -> LogicalDeviceMesh:
+        """``mesh`` with every axis that can split none of the function's
+        dimensions (no dimension size divides by the axis size) set to size 1:
+        no plan can use such an axis, so the plans, their communication, FLOPs
+        and local shapes are those of the live axes (ZeRO's partitions, which
+        use every replica, are :meth:`adjust`'s business). Views such as
+        (5, 8) and (1, 8) of a model of power-of-two dimensions are then
+        planned once. Not with fixed argument shardings (axes by position)."""
+        if self.options.keep_argument_specs:
+            return mesh
+        dims = self._identity(function)[2]
+        shape = tuple(n if any(d % n == 0 for d in dims) else 1 for n in mesh.shape)
+        if shape == mesh.shape:
+            return mesh
+        return LogicalDeviceMesh(shape, mesh.alpha, mesh.beta, axis_names=mesh.axis_names)
+
+    def adjustment(self, function: func.FuncOp, mesh: LogicalDeviceMesh) -> int:
+        """What :meth:`adjust` needs to turn :meth:`keyed_cost`'s cost into the
+        cost on ``mesh`` itself: the replicas along the dead axes."""
+        return mesh.size // self.live_mesh(function, mesh).size
+
+    def adjust(self, cost: StageCost, adjustment: Hashable) -> StageCost:
+        """With ZeRO, the gradients and optimizer state are also partitioned
+        over the replicas along the dead axes (``adjustment`` of them)."""
+        assert isinstance(adjustment, int)
+        if adjustment == 1 or not self.options.zero:
+            return cost
+        return _spread(cost, adjustment)
+
+    def _identity(self, function: func.FuncOp) -> tuple[func.FuncOp, str, frozenset[int]]:
+        if self._fingerprint is None or self._fingerprint[0] is not function:
+            self._fingerprint = (
+                function,
+                function_fingerprint(function),
+                function_dimensions(function),
+            )
+        return self._fingerprint
+
+    def remember(self, key: tuple[object, ...], cost: StageCost) -> None:
+        """Keep ``cost``, computed elsewhere (a worker process), under ``key``."""
+        self.stats.misses += 1
+        self._cache[key] = cost
+
+    def worker_copy(self) -> AnalyticalStageCostModel:
+        """A model with the same options and empty caches, for a worker process."""
+        return AnalyticalStageCostModel(self.options)
 
     def _compute(
         self,
@@ -343,7 +470,7 @@ class AnalyticalStageCostModel:
         params: tuple[int, ...],
         options: StageCostOptions,
     ) -> StageCost:
-        planned = plan_function(function, mesh, options)
+        planned = plan_function(function, mesh, options, self._strategies)
         shape = mesh.shape
 
         def local(value: SSAValue) -> tuple[int, ...]:
@@ -411,6 +538,39 @@ class AnalyticalStageCostModel:
             activations=activations,
             transient=transient,
         )
+
+
+def _spread(cost: StageCost, replicas: int) -> StageCost:
+    """``cost`` with its gradients and optimizer state partitioned over
+    ``replicas`` times more devices (ZeRO over replicas no plan can use)."""
+    m = cost.memory
+    memory = replace(
+        m, gradients=m.gradients / replicas, optimizer_state=m.optimizer_state / replicas
+    )
+    saving = None if cost.memory_saving is None else _spread(cost.memory_saving, replicas)
+    return replace(cost, memory=memory, memory_saving=saving)
+
+
+def function_dimensions(function: func.FuncOp) -> frozenset[int]:
+    """Every dimension size of every value of ``function`` (regions included)."""
+    sizes: set[int] = set()
+
+    def add(value: SSAValue) -> None:
+        try:
+            sizes.update(shape_of(value.type))
+        except Exception:  # not a tensor (a token): no dimensions
+            pass
+
+    for arg in function.body.block.args:
+        add(arg)
+    for op in function.walk():
+        for result in op.results:
+            add(result)
+        for region in op.regions:
+            for block in region.blocks:
+                for arg in block.args:
+                    add(arg)
+    return frozenset(sizes)
 
 
 def forward_inputs(block: Block, params: set[int]) -> list[int]:
@@ -500,9 +660,14 @@ def param_args_of(function: func.FuncOp, param_args: Sequence[int] | None) -> tu
 
 
 def plan_function(
-    function: func.FuncOp, mesh: LogicalDeviceMesh, options: StageCostOptions
+    function: func.FuncOp,
+    mesh: LogicalDeviceMesh,
+    options: StageCostOptions,
+    strategy_caches: dict[tuple[object, ...], StrategyCache] | None = None,
 ) -> func.FuncOp:
-    """A copy of ``function`` auto-sharded on ``mesh`` (as ``@main`` of its own module)."""
+    """A copy of ``function`` auto-sharded on ``mesh`` (as ``@main`` of its own
+    module). ``strategy_caches``: where to keep (and find) the strategies of
+    the ILP mesh, for many functions planned on the same meshes."""
     from alpa_ir.context import make_context
     from alpa_ir.passes.auto_sharding import AutoSharding
 
@@ -534,13 +699,22 @@ def plan_function(
     mesh_op = ilp_mesh.to_op("mesh")
     clone.attributes[MESH_ATTR] = FlatSymbolRefAttr("mesh")
     module = ModuleOp([mesh_op, clone])
-    AutoSharding(
+    auto_sharding = AutoSharding(
         solver=options.solver,
         time_limit=options.time_limit,
         memory_budget=options.memory_budget,
         allow_all_gather=options.allow_all_gather,
         allow_replicated_parameters=options.allow_replicated_parameters,
-    ).apply(make_context(), module)
+        mip_gap=options.mip_gap,
+    )
+    ctx = make_context()
+    cache = None
+    if strategy_caches is not None:
+        key = (ilp_mesh.shape, ilp_mesh.alpha, ilp_mesh.beta, options.allow_all_gather)
+        cache = strategy_caches.get(key)
+        if cache is None:
+            cache = strategy_caches[key] = auto_sharding.strategy_cache(ctx, ilp_mesh)
+    auto_sharding.plan(ctx, module, cache)
     return main_function(module)
 
 
@@ -653,12 +827,14 @@ def function_fingerprint(function: func.FuncOp) -> str:
 __all__ = [
     "FORWARD_SHARE",
     "AnalyticalStageCostModel",
+    "ParallelStageCostModel",
     "StageCost",
     "StageCostModel",
     "StageCostOptions",
     "StageMemory",
     "collective_time",
     "forward_inputs",
+    "function_dimensions",
     "function_fingerprint",
     "peak_live_bytes",
     "plan_function",

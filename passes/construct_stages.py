@@ -46,22 +46,29 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 from xdsl.context import Context
+from xdsl.dialects import func
 from xdsl.dialects.builtin import FloatAttr, ModuleOp, f64
 from xdsl.passes import ModulePass
 
 from alpa_ir.algorithms.stage_dp import StageDPResult, stage_dp
 from alpa_ir.clusters import Cluster
+from alpa_ir.costing_workers import CostJob, cost_in_workers
 from alpa_ir.device_mesh import LogicalDeviceMesh
 from alpa_ir.dialects.mesh import ClusterOp, LogicalMeshOp
 from alpa_ir.dialects.pipeline import PlanOp
 from alpa_ir.errors import AlpaError, PlanError
 from alpa_ir.module_utils import main_function, top_level_ops
-from alpa_ir.stage_cost import AnalyticalStageCostModel, StageCost, StageCostModel
+from alpa_ir.stage_cost import (
+    AnalyticalStageCostModel,
+    ParallelStageCostModel,
+    StageCost,
+    StageCostModel,
+)
 from alpa_ir.stage_outline import LayerRanges, StageSlice, outline_stages
 
 SUBMESH_SPACES = ("all", "single-node-model-parallel", "one-dimensional")
@@ -221,10 +228,14 @@ def cost_table(
     space: str = "all",
     cost_mode: str = "range",
     progress: bool = True,
+    workers: int = 1,
 ) -> StageCostTable:
-    """Price every layer range on every view (module docstring, step 1)."""
+    """Price every layer range on every view (module docstring, step 1), in
+    ``workers`` processes if the model allows it (:mod:`alpa_ir.costing_workers`)."""
     if cost_mode not in COST_MODES:
         raise AlpaError(f"construct-stages: unknown cost mode '{cost_mode}'; expected {COST_MODES}")
+    if workers < 1:
+        raise AlpaError(f"construct-stages: workers must be >= 1, got {workers}")
     views = submesh_views(cluster, space)
     num = ranges.num_layers
     table = StageCostTable(cluster, tuple(views), views, num)
@@ -235,20 +246,19 @@ def cost_table(
         else [(i, j) for i in range(num) for j in range(i, num)]
     )
     total = len(spans) * len(all_views)
-    last_report = 0.0
-    for first, last in spans:
-        extracted = ranges.function(first, last)
-        for view in all_views:
-            cost = model.stage_cost(extracted.function, view, cluster, extracted.param_args)
-            table.costs[(first, last, view.shape)] = _view_cost(cost, extracted.cross_bytes)
-            table.pairs_costed += 1
-            now = time.monotonic()
-            if progress and (now - last_report > 2.0 or table.pairs_costed == total):
-                last_report = now
-                print(
-                    f"construct-stages: costed {table.pairs_costed}/{total} stage-mesh pairs",
-                    file=sys.stderr,
-                    flush=True,
+    report = _Progress(progress)
+    if workers > 1 and isinstance(model, ParallelStageCostModel):
+        _cost_in_workers(table, ranges, spans, all_views, model, workers, report)
+    else:
+        for first, last in spans:
+            extracted = ranges.function(first, last)
+            for view in all_views:
+                cost = model.stage_cost(extracted.function, view, cluster, extracted.param_args)
+                table.costs[(first, last, view.shape)] = _view_cost(cost, extracted.cross_bytes)
+                table.pairs_costed += 1
+                report(
+                    f"costed {table.pairs_costed}/{total} stage-mesh pairs",
+                    table.pairs_costed == total,
                 )
     if cost_mode == "layer-sum":
         for view in all_views:
@@ -260,6 +270,77 @@ def cost_table(
                     inner = ranges.internal_bytes(first, last)
                     table.costs[(first, last, view.shape)] = _without_bytes(acc, inner)
     return table
+
+
+class _Progress:
+    """Progress lines on stderr, at most every 2 s (and the last one)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.last = 0.0
+
+    def __call__(self, message: str, final: bool = False) -> None:
+        now = time.monotonic()
+        if self.enabled and (final or now - self.last > 2.0):
+            self.last = now
+            print(f"construct-stages: {message}", file=sys.stderr, flush=True)
+
+
+def _cost_in_workers(
+    table: StageCostTable,
+    ranges: LayerRanges,
+    spans: Sequence[tuple[int, int]],
+    views: Sequence[LogicalDeviceMesh],
+    model: ParallelStageCostModel,
+    workers: int,
+    report: _Progress,
+) -> None:
+    """The pairs of ``spans`` x ``views``, each distinct one (by the model's
+    cache key) costed once in a worker; one task per view."""
+    cluster = table.cluster
+    functions: list[func.FuncOp] = []  # the functions the workers need
+    crossing: dict[tuple[int, int], float] = {}
+    # per pair: its key and the model's adjustment from the key's cost to its own
+    pairs: dict[tuple[int, int, tuple[int, ...]], tuple[Hashable, Hashable]] = {}
+    jobs: dict[Hashable, CostJob] = {}
+    for first, last in spans:
+        stage = ranges.function(first, last)
+        crossing[(first, last)] = stage.cross_bytes
+        for view in views:
+            key = model.cache_key(stage.function, view, cluster, stage.param_args)
+            pairs[(first, last, view.shape)] = (key, model.adjustment(stage.function, view))
+            if key not in jobs:
+                if not functions or functions[-1] is not stage.function:
+                    functions.append(stage.function)
+                jobs[key] = CostJob(len(functions) - 1, view, stage.param_args)
+    by_view: dict[tuple[int, ...], list[tuple[Hashable, CostJob]]] = {}
+    for key, job in jobs.items():
+        by_view.setdefault(job.mesh.shape, []).append((key, job))
+    order = sorted(
+        by_view.values(),
+        key=lambda t: (-sum(n > 1 for n in t[0][1].mesh.shape), -t[0][1].mesh.size),
+    )
+    report(f"costing {len(jobs)} distinct of {len(pairs)} stage-mesh pairs in {workers} workers")
+    costs = cost_in_workers(
+        functions,
+        [[job for _, job in task] for task in order],
+        cluster,
+        model,
+        workers,
+        lambda n: report(f"costed {n}/{len(jobs)} distinct stage-mesh pairs", n == len(jobs)),
+    )
+    by_key: dict[Hashable, StageCost] = {}
+    for task, task_costs in zip(order, costs, strict=True):
+        for (key, _), cost in zip(task, task_costs, strict=True):
+            by_key[key] = cost
+            model.remember(key, cost)
+    for (first, last, shape), (key, adjustment) in pairs.items():
+        cost = model.adjust(by_key[key], adjustment)
+        table.costs[(first, last, shape)] = _view_cost(cost, crossing[(first, last)])
+        table.pairs_costed += 1
+    model_stats = getattr(model, "stats", None)
+    if model_stats is not None:
+        model_stats.hits += len(pairs) - len(jobs)
 
 
 @dataclass(frozen=True)
@@ -403,6 +484,9 @@ class ConstructStages(ModulePass):
     stage_cost_model: str = "analytical"
     """A registered stage cost model (``analytical``, ``profile``: measured on
     the local devices, for the ``local-cpu`` cluster)."""
+    workers: int = 1
+    """Processes that cost the stage-mesh pairs (``alpa_ir.costing_workers``;
+    a model that measures on the local devices always costs in this one)."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         from alpa_ir.plugins.registry import registry_of
@@ -419,6 +503,7 @@ class ConstructStages(ModulePass):
             cross_stage_comm=self.cross_stage_comm,
             model=model,
             progress=self.progress,
+            workers=self.workers,
         )
 
 
@@ -435,6 +520,7 @@ def construct_stages(
     model: StageCostModel | None = None,
     progress: bool = True,
     timings: Timings | None = None,
+    workers: int = 1,
 ) -> StagePlan:
     """The pass as a function: plan, write the plan into ``module``, return it."""
     timings = timings if timings is not None else Timings()
@@ -454,6 +540,7 @@ def construct_stages(
         space=submesh_space,
         cost_mode=cost_mode,
         progress=progress,
+        workers=workers,
     )
     t2 = time.perf_counter()
     plan = solve_stages(

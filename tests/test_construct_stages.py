@@ -123,3 +123,39 @@ def test_cross_stage_comm_prices_what_crosses_into_a_stage() -> None:
     fewer = solve_stages(table, 4, cross_stage_comm=True)
     plain = solve_stages(table, 4)
     assert len(fewer.stages) <= len(plain.stages)
+
+
+def test_workers_give_the_same_table_as_one_process() -> None:
+    ranges = LayerRanges(main_function(_deep_module()))
+    serial = cost_table(ranges, _cluster(4), AnalyticalStageCostModel(), progress=False)
+    model = AnalyticalStageCostModel()
+    parallel = cost_table(ranges, _cluster(4), model, progress=False, workers=2)
+    assert parallel.costs == serial.costs
+    assert parallel.pairs_costed == serial.pairs_costed
+    # each distinct pair once; the parent's model keeps what the workers costed
+    assert model.stats.misses == len(model._cache)
+    assert model.stats.hits + model.stats.misses == parallel.pairs_costed
+
+
+class _FailingModel(AnalyticalStageCostModel):
+    """Fails in the worker (its copy), not in the parent."""
+
+    def worker_copy(self) -> AnalyticalStageCostModel:
+        return _FailingWorkerModel(self.options)
+
+
+class _FailingWorkerModel(AnalyticalStageCostModel):
+    def keyed_cost(self, *args: Any, **kwargs: Any) -> Any:
+        raise AlpaError("stage cost: this mesh is not allowed")
+
+
+def test_a_worker_error_is_raised_in_the_parent() -> None:
+    ranges = LayerRanges(main_function(_deep_module()))
+    with pytest.raises(AlpaError, match="this mesh is not allowed"):
+        cost_table(ranges, _cluster(4), _FailingModel(), progress=False, workers=2)
+
+
+def test_workers_must_be_positive() -> None:
+    ranges = LayerRanges(main_function(_deep_module()))
+    with pytest.raises(AlpaError, match="workers must be >= 1, got 0"):
+        cost_table(ranges, _cluster(), AnalyticalStageCostModel(), progress=False, workers=0)

@@ -226,3 +226,62 @@ def test_bad_input_is_one_line(make: Any, message: str) -> None:
     with pytest.raises(AlpaError, match=message) as err:
         make()
     assert "\n" not in str(err.value)
+
+
+def _plan_text(function: func.FuncOp) -> str:
+    function.attributes.pop("sharding.solve_time")
+    return str(function)
+
+
+def test_functions_planned_with_shared_strategies_get_the_same_plans() -> None:
+    c = _cluster()
+    caches: dict[tuple[object, ...], Any] = {}
+    options = StageCostOptions()
+    for shape in [(2, 4), (1, 8)]:
+        mesh = c.logical_mesh(shape)
+        for function in [_stage(0), _stage(0, count=3), _stage(0, hidden=32)]:
+            shared = plan_function(function, mesh, options, caches)
+            alone = plan_function(function, mesh, options)
+            assert _plan_text(shared) == _plan_text(alone)
+    # one cache per ILP mesh, reused by all three functions
+    assert len(caches) == 2
+    cache = next(iter(caches.values()))
+    assert cache.op_strategies and cache.groups and cache.matrices
+
+
+def test_a_strategy_cache_of_another_mesh_is_refused() -> None:
+    from alpa_ir.context import make_context
+    from alpa_ir.passes.auto_sharding import AutoSharding
+
+    c = _cluster()
+    other = AutoSharding().strategy_cache(make_context(), c.logical_mesh((1, 8)))
+    caches = {}
+    plan_function(_stage(0), c.logical_mesh((2, 4)), StageCostOptions(), caches)
+    (key,) = caches
+    caches[key] = other
+    with pytest.raises(AlpaError, match="strategy cache was made for another mesh"):
+        plan_function(_stage(0), c.logical_mesh((2, 4)), StageCostOptions(), caches)
+
+
+def test_an_axis_that_splits_no_dimension_is_planned_as_absent() -> None:
+    """On (3, 8), the axis of 3 divides no dimension of the stage (16, 64):
+    the view costs what (1, 8) costs, planned once, and it prices exactly like
+    planning on (3, 8) itself; with ZeRO the 3 replicas still share the
+    gradients and optimizer state."""
+    three = get_cluster("alpa-testbed", num_nodes=3)
+    one = _cluster()
+    for zero in (False, True):
+        model = AnalyticalStageCostModel(StageCostOptions(zero=zero))
+        wide = three.logical_mesh((3, 8))
+        assert model.live_mesh(_stage(0), wide).shape == (1, 8)
+        node = model.stage_cost(_stage(0), one.logical_mesh((1, 8)), one, param_args=(0, 1))
+        cost = model.stage_cost(_stage(0), wide, three, param_args=(0, 1))
+        assert (model.stats.hits, model.stats.misses) == (1, 1)
+        direct = model._compute(_stage(0), wide, three, (0, 1))  # no reduction
+        assert cost.latency == pytest.approx(direct.latency)
+        assert cost.memory == direct.memory
+        assert cost.latency == node.latency
+        if zero:
+            assert cost.memory.optimizer_state == pytest.approx(node.memory.optimizer_state / 3)
+        else:
+            assert cost.memory == node.memory

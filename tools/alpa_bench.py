@@ -79,6 +79,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -485,6 +486,7 @@ def bench_model(
     zero: bool = True,
     fusion: bool = True,
     memory_fallback: bool = True,
+    workers: int = 1,
 ) -> dict[str, Any]:
     from alpa_ir.models.train_step import train_step_flops
     from alpa_ir.module_utils import main_function
@@ -505,7 +507,9 @@ def bench_model(
         memory_fallback=memory_fallback,
     )
     model = AnalyticalStageCostModel(options)
-    table = cost_table(ranges, cluster, model, space=submesh_space, cost_mode=cost_mode)
+    table = cost_table(
+        ranges, cluster, model, space=submesh_space, cost_mode=cost_mode, workers=workers
+    )
     t3 = time.perf_counter()
     times.costing = t3 - t2
     flops = train_step_flops(name)
@@ -522,6 +526,7 @@ def bench_model(
         "zero": zero,
         "fusion": fusion,
         "memory_fallback": memory_fallback,
+        "workers": workers,
         "cache": {"hits": model.stats.hits, "misses": model.stats.misses},
     }
     plan: StagePlan | None = None
@@ -664,8 +669,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.add_argument(
             flag, action=argparse.BooleanOptionalAction, default=True, help=help_text
         )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="processes that cost the stage-mesh pairs (default: one per core)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    if args.workers < 1:
+        parser.error(f"--workers must be >= 1, got {args.workers}")
     from alpa_ir.models.registry import get_config
 
     names = [n for n in args.models.split(",") if n] or list(SUITES[args.suite])
@@ -687,6 +700,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "zero": args.zero,
                 "fusion": args.fusion,
                 "memory_fallback": args.memory_fallback,
+                "workers": args.workers,
             }
             if args.micro_batches == "auto":
                 candidates = batch_divisors(config.batch_size, args.max_micro_batches)
