@@ -466,6 +466,9 @@ class LayerRangeFunction:
     function: func.FuncOp
     param_args: tuple[int, ...]
     cross_bytes: float
+    backward_bytes: float = 0.0
+    """The part of ``cross_bytes`` that later layers send back (gradients);
+    the rest comes from earlier layers (activations)."""
 
 
 class LayerRanges:
@@ -515,13 +518,14 @@ class LayerRanges:
                 received.add((layer, value))
                 self._edges[layer][producer] += float(nbytes_of(value.type))
 
-    def internal_bytes(self, first: int, last: int) -> float:
+    def internal_bytes(self, first: int, last: int, *, backward: bool = False) -> float:
         """Bytes that layers ``first..last`` pass to each other (the sum over the
-        layers of what each receives from another layer of the range)."""
+        layers of what each receives from another layer of the range); with
+        ``backward``, only what later layers send to earlier ones (gradients)."""
         return sum(
             self._edges[dst][src]
             for dst in range(first, last + 1)
-            for src in range(first, last + 1)
+            for src in range(dst + 1 if backward else first, last + 1)
         )
 
     def function(self, first: int, last: int, name: str = "main") -> LayerRangeFunction:
@@ -556,11 +560,13 @@ class LayerRanges:
         built.attributes.pop(MESH_ATTR, None)
         built.attributes.pop(PER_MICRO_BATCH_ATTR, None)
         params = tuple(k for k, v in enumerate(inputs) if v in self._params)
-        cross = float(
+        crossing = [v for v in inputs if v not in self._params and v not in self._batch]
+        cross = float(sum(self._nbytes(v.type) for v in crossing))
+        back = float(
             sum(
                 self._nbytes(v.type)
-                for v in inputs
-                if v not in self._params and v not in self._batch
+                for v in crossing
+                if isinstance(v.owner, Operation) and self._layer.get(v.owner, -1) > last
             )
         )
-        return LayerRangeFunction(built, params, cross)
+        return LayerRangeFunction(built, params, cross, back)

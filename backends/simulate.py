@@ -15,8 +15,10 @@ task starting when its stage is free and its inputs have arrived:
 ``backward (s, b)`` after ``backward (s+1, b)`` ended plus the backward
 transfer (and after ``forward (s, b)``, which the order guarantees); the
 apply-grad after the stage's last backward. Transfers overlap with compute
-(Alpa's runtime sends asynchronously) and do not contend with each other. The
-iteration time is when the last task ends. With no transfers and equal stages
+(Alpa's runtime sends asynchronously), but each stage boundary is a link per
+direction that carries one micro-batch's tensors at a time, in order: a
+transfer slower than the stages throttles the pipeline as a slow stage
+would. The iteration time is when the last task ends. With no transfers and equal stages
 this is Eq. 2, ``Σ t_i + (B − 1)·max t_i`` with ``t_i = fwd_i + bwd_i``
 (:func:`eq2_latency`); unequal stages and transfers are honoured as scheduled.
 
@@ -182,6 +184,8 @@ def simulate(plan: SimPlan, *, check_memory: bool = True) -> SimResult:
 
     end: dict[Task, float] = {}
     free = [0.0] * num
+    # when each link is next free: (boundary, direction) -> time
+    links: dict[tuple[int, str], float] = {}
     position = [0] * num
     timeline: list[SimTask] = []
     remaining = sum(len(o) for o in orders)
@@ -190,9 +194,12 @@ def simulate(plan: SimPlan, *, check_memory: bool = True) -> SimResult:
         for s in range(num):
             while position[s] < len(orders[s]):
                 task = orders[s][position[s]]
-                ready = _ready_time(task, num, end, fwd_transfer, bwd_transfer)
-                if ready is None:
+                arrival = _arrival(task, num, end, fwd_transfer, bwd_transfer, links)
+                if arrival is None:
                     break
+                ready, link = arrival
+                if link is not None:
+                    links[link[0]] = link[1]
                 stage = plan.stages[s]
                 duration = {
                     "forward": stage.forward,
@@ -215,28 +222,44 @@ def simulate(plan: SimPlan, *, check_memory: bool = True) -> SimResult:
     )
 
 
-def _ready_time(
+def _arrival(
     task: Task,
     num_stages: int,
     end: dict[Task, float],
     fwd_transfer: list[float],
     bwd_transfer: list[float],
-) -> float | None:
-    """When the inputs of ``task`` are available, or None if a producer has not run."""
+    links: dict[tuple[int, str], float],
+) -> tuple[float, tuple[tuple[int, str], float] | None] | None:
+    """When the inputs of ``task`` are available, and the link its input
+    crossed with the time that link is free again; None if a producer has not
+    run. A transfer starts when its producer ends and its link (a stage
+    boundary, one per direction) has finished the transfer before it: links
+    carry one micro-batch at a time, in order."""
     s, mb = task.stage, task.micro_batch
-    deps: list[tuple[Task, float]] = []
-    if task.phase == "forward" and s > 0:
-        deps.append((Task(s - 1, mb, "forward"), fwd_transfer[s - 1]))
-    elif task.phase == "backward":
-        deps.append((Task(s, mb, "forward"), 0.0))
-        if s + 1 < num_stages:
-            deps.append((Task(s + 1, mb, "backward"), bwd_transfer[s]))
     ready = 0.0
-    for dep, delay in deps:
-        if dep not in end:
+    link = None
+    if task.phase == "forward" and s > 0:
+        producer, key, duration = (
+            Task(s - 1, mb, "forward"),
+            (s - 1, "forward"),
+            fwd_transfer[s - 1],
+        )
+    elif task.phase == "backward" and s + 1 < num_stages:
+        producer, key, duration = Task(s + 1, mb, "backward"), (s, "backward"), bwd_transfer[s]
+    else:
+        producer = None
+    if task.phase == "backward":
+        own = Task(s, mb, "forward")
+        if own not in end:
             return None
-        ready = max(ready, end[dep] + delay)
-    return ready
+        ready = end[own]
+    if producer is not None:
+        if producer not in end:
+            return None
+        start = max(end[producer], links.get(key, 0.0))
+        ready = max(ready, start + duration)
+        link = (key, start + duration)
+    return ready, link
 
 
 def eq2_latency(plan: SimPlan) -> float:

@@ -24,16 +24,21 @@ Input: a module whose ``@main`` is a marked training step with ``L`` layers
    with α/β re-derived on its real devices, then :func:`outline_stages`
    writes the pipeline IR.
 
-Beyond Alpa: ``cross-stage-comm`` adds to a stage's latency the time to
-receive what crosses into it per micro-batch (activations from the previous
-layers, gradients from the next), ``α + β·bytes / links``, priced on the
-link that joins nodes (the slowest link neighbouring stages may cross; a
-one-node cluster: its device link); ``links`` is the number of parallel
-links the submesh has on that level (one per node if the level is a shared
-NIC, one per device otherwise). The approximation: transfers are not
-overlapped with compute and every stage pays its input at the slowest link,
-also the first (its "input" from outside the pipeline is the batch, not
-counted). The number of micro-batches cannot be searched inside a pass (the
+Beyond Alpa: ``cross-stage-comm`` puts the transfers between stages into the
+DP's objective. A stage receives per micro-batch the activations of the stage
+before it and the gradients of the stage after it, each ``α + β·bytes /
+links`` (:meth:`StageCostTable.transfer_times`), priced on the link that joins
+nodes (the slowest link neighbouring stages may cross; a one-node cluster:
+its device link); ``links`` is the number of parallel links the submesh has
+on that level (one per node if the level is a shared NIC, one per device
+otherwise). Each link is treated as a pipeline stage of its own: one
+micro-batch's trip through the pipeline crosses every link once each way, so
+the transfers add to the stage's latency in Eq. 2's sum, and a link carries
+one micro-batch at a time, so in the ``(B − 1)·max`` term a stage counts as
+the slowest of its compute and its two incoming links (``stage_dp``'s
+``bottleneck``): a transfer shorter than the compute is hidden behind it, a
+slower link paces the pipeline. The ``simulate`` backend models links the
+same way. The number of micro-batches cannot be searched inside a pass (the
 step is traced at one micro-batch shape); ``alpa-bench --micro-batches auto``
 does it by re-tracing per candidate (:func:`alpa_ir.tools.alpa_bench.auto_micro_batches`).
 
@@ -86,6 +91,8 @@ class ViewCost:
     cross_bytes: float
     transient: float = 0.0
     """Held once, not per micro-batch (remat: the largest layer's recomputed stash)."""
+    backward_bytes: float = 0.0
+    """The part of ``cross_bytes`` the next stage sends back (gradients)."""
     memory_saving: ViewCost | None = None
     """A second plan of the same range on the same view that keeps no parameter
     replicated (``StageCost.memory_saving``); :meth:`StageCostTable.best`
@@ -109,7 +116,7 @@ class ViewCost:
         return self.persistent + self.transient + in_flight * self.activations
 
 
-def _view_cost(cost: StageCost, cross_bytes: float) -> ViewCost:
+def _view_cost(cost: StageCost, cross_bytes: float, backward_bytes: float = 0.0) -> ViewCost:
     m = cost.memory
     saving = cost.memory_saving
     return ViewCost(
@@ -118,7 +125,8 @@ def _view_cost(cost: StageCost, cross_bytes: float) -> ViewCost:
         m.activations,
         cross_bytes,
         m.transient,
-        None if saving is None else _view_cost(saving, cross_bytes),
+        backward_bytes,
+        None if saving is None else _view_cost(saving, cross_bytes, backward_bytes),
     )
 
 
@@ -134,14 +142,25 @@ def _add(a: ViewCost, b: ViewCost) -> ViewCost:
         a.activations + b.activations,
         a.cross_bytes + b.cross_bytes,
         max(a.transient, b.transient),
+        a.backward_bytes + b.backward_bytes,
         saving,
     )
 
 
-def _without_bytes(cost: ViewCost, inner: float) -> ViewCost:
-    """``cost`` with ``inner`` bytes less crossing into the stage."""
-    saving = None if cost.memory_saving is None else _without_bytes(cost.memory_saving, inner)
-    return replace(cost, cross_bytes=cost.cross_bytes - inner, memory_saving=saving)
+def _without_bytes(cost: ViewCost, inner: float, inner_backward: float) -> ViewCost:
+    """``cost`` with ``inner`` bytes less crossing into the stage, of which
+    ``inner_backward`` sent back."""
+    saving = (
+        None
+        if cost.memory_saving is None
+        else _without_bytes(cost.memory_saving, inner, inner_backward)
+    )
+    return replace(
+        cost,
+        cross_bytes=cost.cross_bytes - inner,
+        backward_bytes=cost.backward_bytes - inner_backward,
+        memory_saving=saving,
+    )
 
 
 @dataclass
@@ -167,10 +186,10 @@ class StageCostTable:
     def cost(self, first: int, last: int, view_shape: tuple[int, ...]) -> ViewCost:
         return self.costs[(first, last, tuple(view_shape))]
 
-    def comm_time(self, cost: ViewCost, submesh: tuple[int, int]) -> float:
-        """Cross-stage communication estimate (module docstring)."""
-        if cost.cross_bytes <= 0:
-            return 0.0
+    def transfer_times(self, cost: ViewCost, submesh: tuple[int, int]) -> tuple[float, float]:
+        """Seconds for the stage on ``submesh`` to receive one micro-batch's
+        activations from the stage before it and its gradients from the stage
+        after it (module docstring: ``α + β·bytes / links`` each)."""
         c = self.cluster
         if c.num_nodes > 1:
             link = c.logical_mesh((2,), (0, c.devices_per_node))
@@ -180,9 +199,18 @@ class StageCostTable:
             link = c.logical_mesh((2,), (0, 1)) if c.num_devices > 1 else None
             links = submesh[0] * submesh[1]
         if link is None:
-            return 0.0
+            return 0.0, 0.0
         assert link.alpha is not None and link.beta is not None
-        return link.alpha[0] + link.beta[0] * cost.cross_bytes / links
+        alpha, beta = link.alpha[0], link.beta[0]
+
+        def seconds(nbytes: float) -> float:
+            return alpha + beta * nbytes / links if nbytes > 0 else 0.0
+
+        return seconds(cost.cross_bytes - cost.backward_bytes), seconds(cost.backward_bytes)
+
+    def comm_time(self, cost: ViewCost, submesh: tuple[int, int]) -> float:
+        """Both transfers into a stage per micro-batch (:meth:`transfer_times`)."""
+        return sum(self.transfer_times(cost, submesh))
 
     def best(
         self, first: int, last: int, submesh: tuple[int, int], cross_stage_comm: bool = False
@@ -254,7 +282,9 @@ def cost_table(
             extracted = ranges.function(first, last)
             for view in all_views:
                 cost = model.stage_cost(extracted.function, view, cluster, extracted.param_args)
-                table.costs[(first, last, view.shape)] = _view_cost(cost, extracted.cross_bytes)
+                table.costs[(first, last, view.shape)] = _view_cost(
+                    cost, extracted.cross_bytes, extracted.backward_bytes
+                )
                 table.pairs_costed += 1
                 report(
                     f"costed {table.pairs_costed}/{total} stage-mesh pairs",
@@ -268,7 +298,8 @@ def cost_table(
                     acc = _add(acc, table.costs[(last, last, view.shape)])
                     # layers inside one stage do not cross stages
                     inner = ranges.internal_bytes(first, last)
-                    table.costs[(first, last, view.shape)] = _without_bytes(acc, inner)
+                    back = ranges.internal_bytes(first, last, backward=True)
+                    table.costs[(first, last, view.shape)] = _without_bytes(acc, inner, back)
     return table
 
 
@@ -299,13 +330,13 @@ def _cost_in_workers(
     cache key) costed once in a worker; one task per view."""
     cluster = table.cluster
     functions: list[func.FuncOp] = []  # the functions the workers need
-    crossing: dict[tuple[int, int], float] = {}
+    crossing: dict[tuple[int, int], tuple[float, float]] = {}
     # per pair: its key and the model's adjustment from the key's cost to its own
     pairs: dict[tuple[int, int, tuple[int, ...]], tuple[Hashable, Hashable]] = {}
     jobs: dict[Hashable, CostJob] = {}
     for first, last in spans:
         stage = ranges.function(first, last)
-        crossing[(first, last)] = stage.cross_bytes
+        crossing[(first, last)] = (stage.cross_bytes, stage.backward_bytes)
         for view in views:
             key = model.cache_key(stage.function, view, cluster, stage.param_args)
             pairs[(first, last, view.shape)] = (key, model.adjustment(stage.function, view))
@@ -336,7 +367,7 @@ def _cost_in_workers(
             model.remember(key, cost)
     for (first, last, shape), (key, adjustment) in pairs.items():
         cost = model.adjust(by_key[key], adjustment)
-        table.costs[(first, last, shape)] = _view_cost(cost, crossing[(first, last)])
+        table.costs[(first, last, shape)] = _view_cost(cost, *crossing[(first, last)])
         table.pairs_costed += 1
     model_stats = getattr(model, "stats", None)
     if model_stats is not None:
@@ -353,6 +384,13 @@ class StageChoice:
     mesh: LogicalDeviceMesh
     cost: ViewCost
     latency: float
+    pace: float = math.nan
+    """The stage's value in the DP's ``(B − 1)·max`` term: its latency, or with
+    ``cross-stage-comm`` the slowest of its compute and incoming links (NaN: the latency)."""
+
+    def __post_init__(self) -> None:
+        if math.isnan(self.pace):
+            object.__setattr__(self, "pace", self.latency)
 
 
 @dataclass(frozen=True)
@@ -384,6 +422,7 @@ def solve_stages(
             f"{largest} devices but the step has only {num} layers"
         )
     costs = np.full((num, num, len(chosen)), np.inf)
+    pace = np.full((num, num, len(chosen)), np.inf)
     limit = np.full((num, num, len(chosen)), -1.0)
     best: dict[tuple[int, int, int], tuple[LogicalDeviceMesh, ViewCost, float]] = {}
     for i in range(num):
@@ -392,11 +431,20 @@ def solve_stages(
                 view, cost, latency = table.best(i, j, submesh, cross_stage_comm)
                 best[(i, j, m)] = (view, cost, latency)
                 costs[i, j, m] = latency
+                if cross_stage_comm:
+                    forward, backward = table.transfer_times(cost, submesh)
+                    pace[i, j, m] = max(latency - forward - backward, forward, backward)
                 limit[i, j, m] = cost.max_stages_after(cluster.device_memory)
     sizes = [a * b for a, b in chosen]
     try:
         result: StageDPResult = stage_dp(
-            costs, sizes, devices, num_micro_batches, limit, epsilon=epsilon
+            costs,
+            sizes,
+            devices,
+            num_micro_batches,
+            limit,
+            epsilon=epsilon,
+            bottleneck=pace if cross_stage_comm else None,
         )
     except PlanError as error:
         whole = [m for m, s in enumerate(sizes) if s == devices]
@@ -413,7 +461,8 @@ def solve_stages(
     for (i, j, m), (submesh, devices_of) in zip(result.stages, stages, strict=True):
         view, cost, latency = best[(i, j, m)]
         mesh = cluster.logical_mesh(view.shape, devices_of)
-        out.append(StageChoice(i, j, submesh, mesh, cost, latency))
+        stage_pace = float(pace[i, j, m]) if cross_stage_comm else latency
+        out.append(StageChoice(i, j, submesh, mesh, cost, latency, stage_pace))
     return StagePlan(tuple(out), result.total_latency, result.dp_solves)
 
 

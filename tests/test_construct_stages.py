@@ -125,6 +125,37 @@ def test_cross_stage_comm_prices_what_crosses_into_a_stage() -> None:
     assert len(fewer.stages) <= len(plain.stages)
 
 
+def test_activations_come_forward_and_gradients_back() -> None:
+    ranges = LayerRanges(main_function(_deep_module()))
+    for mode in ("range", "layer-sum"):
+        model = AnalyticalStageCostModel()
+        table = cost_table(ranges, _cluster(), model, cost_mode=mode, progress=False)
+        first, middle, last = (table.cost(k, k, (1, 1)) for k in (0, 1, 3))
+        assert first.cross_bytes == first.backward_bytes > 0  # gradients from layer 1 only
+        assert last.backward_bytes == 0 < last.cross_bytes  # activations from layer 2 only
+        assert 0 < middle.backward_bytes < middle.cross_bytes
+        inner = table.cost(1, 2, (1, 1))  # receives from layers 0 and 3 only
+        assert inner.cross_bytes == pytest.approx(first.backward_bytes + last.cross_bytes)
+        assert inner.backward_bytes == pytest.approx(first.backward_bytes)
+
+
+def test_a_slow_link_paces_the_pipeline() -> None:
+    """With cross-stage comm, a stage counts in Eq. 2's max as the slowest of
+    its compute and its incoming links, and the transfers add to the sum."""
+    ranges = LayerRanges(main_function(_deep_module()))
+    slow = _cluster(4, bandwidth=1e3)
+    table = cost_table(ranges, slow, AnalyticalStageCostModel(), progress=False)
+    plan = solve_stages(table, 8, submeshes=[(1, 1)], cross_stage_comm=True)
+    for stage in plan.stages:
+        forward, backward = table.transfer_times(stage.cost, stage.submesh)
+        assert stage.latency == pytest.approx(stage.cost.latency + forward + backward)
+        assert stage.pace == pytest.approx(max(stage.cost.latency, forward, backward))
+    paces = [s.pace for s in plan.stages]
+    assert max(paces) > max(s.cost.latency for s in plan.stages)  # the links are the bottleneck
+    expected = sum(s.latency for s in plan.stages) + 7 * max(paces)
+    assert plan.latency == pytest.approx(expected)
+
+
 def test_workers_give_the_same_table_as_one_process() -> None:
     ranges = LayerRanges(main_function(_deep_module()))
     serial = cost_table(ranges, _cluster(4), AnalyticalStageCostModel(), progress=False)

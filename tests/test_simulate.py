@@ -58,6 +58,17 @@ def test_transfers_and_apply_grad_add_to_the_critical_path() -> None:
     assert simulate(asym).iteration_time == pytest.approx(base + 0.4)
 
 
+def test_a_link_carries_one_micro_batch_at_a_time() -> None:
+    """A forward transfer of 3 s between stages of 1 s: the link, not the
+    stages, sets the pace (arrivals at 4, 7, 10, 13), as a slow stage would."""
+    stages = (SimStage(1.0, 1.0), SimStage(1.0, 1.0))
+    plan = SimPlan(stages, 4, "gpipe", forward_transfers=(3.0,), backward_transfers=(0.0,))
+    result = simulate(plan)
+    starts = sorted(t.start for t in result.timeline if (t.stage, t.phase) == (1, "forward"))
+    assert starts == pytest.approx([4.0, 7.0, 10.0, 13.0])
+    assert result.iteration_time == pytest.approx(19.0)
+
+
 def test_timeline_honours_the_dependencies() -> None:
     plan = SimPlan(tuple(SimStage(1.0, 2.0) for _ in range(3)), 4, "1f1b", (0.2, 0.2))
     result = simulate(plan)

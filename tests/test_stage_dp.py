@@ -17,11 +17,15 @@ INF = math.inf
 
 
 def plan_latency(
-    costs: np.ndarray, stages: list[tuple[int, int, int]], micro_batches: int
+    costs: np.ndarray,
+    stages: list[tuple[int, int, int]],
+    micro_batches: int,
+    pace: np.ndarray | None = None,
 ) -> float:
-    """Eq. 2 for one plan."""
+    """Eq. 2 for one plan (the max over ``pace`` if given)."""
     times = [float(costs[first, last, m]) for first, last, m in stages]
-    return sum(times) + (micro_batches - 1) * max(times)
+    paces = times if pace is None else [float(pace[f, last, m]) for f, last, m in stages]
+    return sum(times) + (micro_batches - 1) * max(paces)
 
 
 def plan_is_valid(
@@ -45,7 +49,12 @@ def plan_is_valid(
 
 
 def exhaustive(
-    costs: np.ndarray, sizes: list[int], devices: int, micro_batches: int, limits: np.ndarray | None
+    costs: np.ndarray,
+    sizes: list[int],
+    devices: int,
+    micro_batches: int,
+    limits: np.ndarray | None,
+    pace: np.ndarray | None = None,
 ) -> float:
     """Min of Eq. 2 over every slicing and every submesh assignment (inf if none is valid)."""
     num_layers = costs.shape[0]
@@ -56,7 +65,7 @@ def exhaustive(
         for choice in itertools.product(range(len(sizes)), repeat=len(slices)):
             stages = [(f, last, m) for (f, last), m in zip(slices, choice, strict=True)]
             if plan_is_valid(costs, sizes, devices, stages, limits):
-                best = min(best, plan_latency(costs, stages, micro_batches))
+                best = min(best, plan_latency(costs, stages, micro_batches, pace))
     return best
 
 
@@ -180,6 +189,36 @@ def test_equals_exhaustive_enumeration(instance) -> None:
     costs, sizes, devices, micro_batches, limits = instance
     expected = exhaustive(costs, sizes, devices, micro_batches, limits)
     check_against(expected, costs, sizes, devices, micro_batches, limits)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(instances(), st.integers(0, 2**32 - 1))
+def test_a_bottleneck_paces_the_pipeline(instance, seed: int) -> None:
+    """With a separate bottleneck u <= t (the pace term max u, the sum of t),
+    the optimum equals exhaustive enumeration of that objective."""
+    costs, sizes, devices, micro_batches, limits = instance
+    rng = np.random.default_rng(seed)
+    finite = np.isfinite(costs)
+    factor = rng.choice([0.0, 0.3, 1.0], costs.shape)
+    pace = np.where(finite, np.where(finite, costs, 0.0) * factor, INF)
+    expected = exhaustive(costs, sizes, devices, micro_batches, limits, pace)
+    if expected == INF:
+        with pytest.raises(PlanError):
+            stage_dp(costs, sizes, devices, micro_batches, limits, bottleneck=pace)
+        return
+    result = stage_dp(costs, sizes, devices, micro_batches, limits, bottleneck=pace)
+    stages = list(result.stages)
+    assert plan_is_valid(costs, sizes, devices, stages, limits)
+    assert result.total_latency == pytest.approx(
+        plan_latency(costs, stages, micro_batches, pace), rel=1e-12
+    )
+    assert math.isclose(result.total_latency, expected, rel_tol=1e-12, abs_tol=1e-12)
+    assert result.max_stage_latency == max(pace[f, j, m] for f, j, m in stages)
+
+
+def test_a_bottleneck_above_the_cost_is_refused() -> None:
+    with pytest.raises(AlpaError, match=r"bottleneck\[0, 0, 0\] = 2.0 exceeds the stage's cost"):
+        stage_dp(np.ones((1, 1, 1)), [1], 1, 2, bottleneck=np.full((1, 1, 1), 2.0))
 
 
 @st.composite
@@ -380,6 +419,8 @@ def test_epsilon_gap_is_bounded() -> None:
         ({"epsilon": -1.0}, "epsilon"),
         ({"epsilon": "1e-6"}, "epsilon"),
         ({"costs": [[["a"]]]}, "numbers"),
+        ({"bottleneck": np.ones((2, 2, 2))}, "bottleneck must have the shape"),
+        ({"bottleneck": -np.ones((2, 2, 1))}, "bottleneck values must be numbers >= 0"),
     ],
 )
 def test_bad_inputs_raise_alpa_error(kwargs: dict, message: str) -> None:

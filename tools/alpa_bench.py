@@ -11,8 +11,10 @@ backward two thirds (backward matmuls are twice the forward FLOPs; with
 rematerialization, one quarter and three quarters: the backward also runs the
 forward again); its
 apply-grad reads and writes its persistent state once at HBM speed; the
-transfer between consecutive stages is ``construct-stages``' cross-stage
-estimate of what the later stage receives. (Re-pricing the outlined functions
+transfers between consecutive stages are ``construct-stages``' cross-stage
+estimates (:meth:`StageCostTable.transfer_times`): the activations the later
+stage receives forward, the gradients the earlier one receives back, each
+link carrying one micro-batch at a time. (Re-pricing the outlined functions
 with ``plan_from_module`` would auto-shard every forward, backward and
 apply-grad function again; the table already holds their sum.)
 
@@ -198,8 +200,7 @@ def sim_plan(
     hbm = cluster.hbm_bandwidth * MEMORY_EFFICIENCY
     share = forward_share(remat)
     sim = []
-    transfers = []
-    for k, s in enumerate(stages):
+    for s in stages:
         t = s.cost.latency
         sim.append(
             SimStage(
@@ -213,9 +214,11 @@ def sim_plan(
                 num_devices=s.mesh.size,
             )
         )
-        if k:
-            transfers.append(table.comm_time(s.cost, s.submesh))
-    return SimPlan(tuple(sim), num_micro_batches, "1f1b", tuple(transfers))
+    # boundary k: stage k+1 receives activations, stage k receives gradients
+    times = [table.transfer_times(s.cost, s.submesh) for s in stages]
+    forward = tuple(times[k + 1][0] for k in range(len(stages) - 1))
+    backward = tuple(times[k][1] for k in range(len(stages) - 1))
+    return SimPlan(tuple(sim), num_micro_batches, "1f1b", forward, backward)
 
 
 def outcome(
@@ -236,8 +239,9 @@ def outcome(
         }
         for s in stages
     ]
-    latencies = [s.latency for s in stages]
-    out.eq2_latency = sum(latencies) + (num_micro_batches - 1) * max(latencies, default=0.0)
+    out.eq2_latency = sum(s.latency for s in stages) + (num_micro_batches - 1) * max(
+        (s.pace for s in stages), default=0.0
+    )
     plan = sim_plan(table, stages, num_micro_batches, remat)
     unchecked = simulate(plan, check_memory=False)
     out.peak_memory_gib = max(unchecked.peak_memory) / 2**30

@@ -10,6 +10,16 @@ where ``t_i = costs[first, last, m]`` and ``B`` is the number of micro-batches.
 A stage followed by ``s`` later stages is feasible only if
 ``s <= max_stages_after[first, last, m]`` (the 1F1B memory check of Eq. 5).
 
+Generalisation (``bottleneck``): the pace term may take another per-stage
+value ``u_i = bottleneck[first, last, m] <= t_i``,
+``T = Σ_i t_i + (B − 1) · max_j u_j``. With cross-stage transfers,
+``t_i`` is a stage's compute plus the transfers into it (one micro-batch's
+trip through the pipeline crosses every link once each way) and ``u_i`` the
+slowest of its compute and its incoming links (a link carries one
+micro-batch at a time, so a slow link paces the pipeline like a slow stage).
+Everything below holds with ``u`` in the role of the stage cost in the max
+and ``t`` in the sum; ``bottleneck=None`` is Eq. 2.
+
 The paper's algorithm fixes ``t_max``, solves the DP
 
     F(s, k, d | t_max) = min over stages (k..i, m) with t <= t_max of
@@ -76,7 +86,8 @@ Stage = tuple[int, int, int]
 class StageDPResult:
     """The optimal pipeline plan.
 
-    ``total_latency`` is Eq. 2 for ``stages``: ``Σ t_i + (B − 1)·max t_i``.
+    ``total_latency`` is Eq. 2 for ``stages``: ``Σ t_i + (B − 1)·max t_i``
+    (``max u_i`` with a bottleneck; ``max_stage_latency`` is that max).
     ``stages`` covers layers ``0..L-1`` in order, each as
     ``(first layer, last layer, submesh index)``. The result unpacks as
     ``total_latency, stages = stage_dp(...)``. ``dp_solves`` and
@@ -103,6 +114,7 @@ class _Problem:
     num_micro_batches: int
     sizes: npt.NDArray[np.int64]  # [M]
     costs_kmi: npt.NDArray[np.float64]  # [L, M, L]: (first, choice, last); inf = invalid
+    pace_kmi: npt.NDArray[np.float64]  # [L, M, L]: the bottleneck values (the costs by default)
     lam_kmi: npt.NDArray[np.int64]  # [L, M, L]: saturating-counter limit (see _prepare)
     num_states: int  # states of the saturating "stages after" counter
     shift_index: npt.NDArray[np.int64]  # [M, D+1]: d - size_m, or D+1 (the inf slot)
@@ -116,6 +128,7 @@ def stage_dp(
     max_stages_after: npt.ArrayLike | None = None,
     *,
     epsilon: float = 0.0,
+    bottleneck: npt.ArrayLike | None = None,
 ) -> StageDPResult:
     """Solve Alpa's stage construction (Eq. 2–5) exactly; see the module docstring.
 
@@ -131,19 +144,24 @@ def stage_dp(
             ``None`` = unlimited; a negative entry (or ``-inf``) marks the stage
             infeasible; ``+inf`` = unlimited.
         epsilon: ε gap (absolute, unit of ``costs``); ``0`` = exact.
+        bottleneck: optional ``[L, L, M]`` array, the value of each stage in
+            the ``(B − 1)·max`` term (default: ``costs``); must be ``>= 0``
+            and ``<= costs`` where the cost is finite.
 
     Raises:
         AlpaError: malformed inputs.
         PlanError: no plan uses all devices within the memory limits.
     """
-    problem = _prepare(costs, submesh_sizes, num_devices, num_micro_batches, max_stages_after)
+    problem = _prepare(
+        costs, submesh_sizes, num_devices, num_micro_batches, max_stages_after, bottleneck
+    )
     if not (
         isinstance(epsilon, int | float | np.integer | np.floating)
         and np.isfinite(epsilon)
         and epsilon >= 0.0
     ):
         raise AlpaError(f"stage_dp: epsilon must be a finite number >= 0, got {epsilon!r}")
-    valid = problem.costs_kmi[np.isfinite(problem.costs_kmi)]
+    valid = problem.pace_kmi[np.isfinite(problem.costs_kmi)]
     if valid.size == 0:
         raise PlanError(
             "stage_dp: no stage fits any submesh (every cost is inf or its submesh "
@@ -159,6 +177,7 @@ def _prepare(
     num_devices: int,
     num_micro_batches: int,
     max_stages_after: npt.ArrayLike | None,
+    bottleneck: npt.ArrayLike | None = None,
 ) -> _Problem:
     """Check the inputs and bring them into the layout the DP wants."""
     try:
@@ -219,6 +238,7 @@ def _prepare(
         num_states = 1
         lam = np.zeros(cost.shape, dtype=np.int64)
 
+    pace = cost if bottleneck is None else _bottleneck(bottleneck, cost, relevant)
     d = np.arange(num_devices + 1)[None, :] - sizes[:, None]
     shift_index = np.where(d >= 0, d, num_devices + 1)
     return _Problem(
@@ -227,10 +247,33 @@ def _prepare(
         num_micro_batches=int(num_micro_batches),
         sizes=sizes,
         costs_kmi=np.ascontiguousarray(cost.transpose(0, 2, 1)),
+        pace_kmi=np.ascontiguousarray(pace.transpose(0, 2, 1)),
         lam_kmi=np.ascontiguousarray(lam.astype(np.int64).transpose(0, 2, 1)),
         num_states=num_states,
         shift_index=shift_index,
     )
+
+
+def _bottleneck(bottleneck: npt.ArrayLike, cost: np.ndarray, relevant: np.ndarray) -> np.ndarray:
+    """The checked bottleneck values, ``inf`` wherever the cost is."""
+    try:
+        pace = np.asarray(bottleneck, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise AlpaError("stage_dp: bottleneck must be an array of numbers") from None
+    if pace.shape != cost.shape:
+        raise AlpaError(
+            f"stage_dp: bottleneck must have the shape of costs {cost.shape}, got {pace.shape}"
+        )
+    finite = np.isfinite(cost)
+    if np.any(np.isnan(pace[relevant])) or np.any(pace[finite] < 0):
+        raise AlpaError("stage_dp: bottleneck values must be numbers >= 0")
+    if np.any(pace[finite] > cost[finite] * (1 + 1e-12)):
+        i, j, m = np.argwhere(finite & (pace > cost * (1 + 1e-12)))[0]
+        raise AlpaError(
+            f"stage_dp: bottleneck[{i}, {j}, {m}] = {pace[i, j, m]} exceeds the stage's cost "
+            f"{cost[i, j, m]} (the pace term may not exceed the sum term)"
+        )
+    return np.where(finite, np.minimum(pace, cost), np.inf)
 
 
 def _integer_limits(max_stages_after: npt.ArrayLike, shape: tuple[int, ...]) -> np.ndarray:
@@ -272,10 +315,11 @@ class _Solve:
     latency_sum: float
     stages: tuple[Stage, ...]
     stage_latencies: tuple[float, ...]
+    stage_paces: tuple[float, ...]
 
     @property
     def max_stage(self) -> float:
-        return max(self.stage_latencies)
+        return max(self.stage_paces)
 
     def plan_latency(self, micro_batches: int) -> float:
         """Eq. 2 for this plan, summed in stage order (independent of the DP's order)."""
@@ -359,7 +403,7 @@ def _solve_at(problem: _Problem, t_max: float) -> _Solve | None:
     num_states = problem.num_states
     num_choices = problem.sizes.size
     width = num_devices + 1
-    cost = np.where(problem.costs_kmi <= t_max, problem.costs_kmi, np.inf)  # [L, M, L]
+    cost = np.where(problem.pace_kmi <= t_max, problem.costs_kmi, np.inf)  # [L, M, L]
 
     shifted = np.full((num_states, num_choices, num_layers + 1, width), np.inf)
     last_row = np.full((num_states, width + 1), np.inf)
@@ -423,4 +467,10 @@ def _solve_at(problem: _Problem, t_max: float) -> _Solve | None:
         k = last + 1
     assert d == 0 and state == 0, "stage_dp: inconsistent DP back-pointers"
     latencies = tuple(float(problem.costs_kmi[f, m, j]) for f, j, m in stages)
-    return _Solve(latency_sum=latency_sum, stages=tuple(stages), stage_latencies=latencies)
+    paces = tuple(float(problem.pace_kmi[f, m, j]) for f, j, m in stages)
+    return _Solve(
+        latency_sum=latency_sum,
+        stages=tuple(stages),
+        stage_latencies=latencies,
+        stage_paces=paces,
+    )
