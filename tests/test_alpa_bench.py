@@ -12,6 +12,7 @@ from alpa_ir.ir_types import shape_of
 from alpa_ir.tools.alpa_bench import (
     batch_divisors,
     bench_cluster,
+    default_layers,
     deepspeed_specs,
     deepspeed_views,
     forward_share,
@@ -24,6 +25,19 @@ def test_bench_cluster_below_one_node() -> None:
     cluster = bench_cluster("alpa-testbed", 4)
     assert cluster.num_devices == 4 and cluster.num_nodes == 1
     assert bench_cluster("alpa-testbed", 16).num_nodes == 2
+
+
+def test_automatic_layers_are_one_per_block_and_one_more() -> None:
+    assert default_layers("gpt3-39b") == 48 + 1  # transformer layers
+    assert default_layers("moe-27b") == 16 + 1
+    assert default_layers("wresnet-250m") == 3 + 4 + 6 + 3 + 1  # bottleneck blocks
+    assert default_layers("gpt-tiny") == 2 + 1
+
+
+def test_layers_must_be_auto_or_a_positive_count(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--models=mlp-tiny", "--layers=zero"])
+    assert "--layers must be 'auto' or a positive integer, got 'zero'" in capsys.readouterr().err
 
 
 def test_batch_divisors_are_powers_of_two() -> None:

@@ -172,6 +172,21 @@ def bench_cluster(preset: str, gpus: int) -> Cluster:
     )
 
 
+def default_layers(name: str) -> int:
+    """``--layers auto``: one automatic layer per block of the model (transformer
+    layer, bottleneck block) and one more, where operator clustering then
+    cuts at the block boundaries: the first layer holds the embedding (the
+    stem), the last the head, and the layers between are identical blocks
+    that are costed once (GPT-3 39B: 49 layers of 3 kinds). The stage DP gets
+    the finest slicing, and rematerialization is per block."""
+    from alpa_ir.models.registry import get_config
+
+    config = get_config(name)
+    stages = getattr(config, "stage_sizes", None)  # a ResNet: its bottleneck blocks
+    blocks = sum(stages) if stages else getattr(config, "num_layers", 0)
+    return int(blocks) + 1 if blocks else 8
+
+
 def trace(name: str, num_micro_batches: int, layers: int) -> Any:
     from alpa_ir.frontend.jaxpr_import import import_jax
     from alpa_ir.markers import AutomaticLayers, automatic_layers
@@ -648,7 +663,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--gpus", type=int, default=None, help="default: each size's GPU count")
     parser.add_argument("--micro-batches", default="16", help="an integer or 'auto'")
     parser.add_argument("--max-micro-batches", type=int, default=64)
-    parser.add_argument("--layers", type=int, default=8, help="automatic layers")
+    parser.add_argument(
+        "--layers",
+        default="auto",
+        help="automatic layers: an integer, or 'auto' (one per block of the model and one "
+        "more, see default_layers)",
+    )
     parser.add_argument("--cost-mode", choices=("range", "layer-sum"), default="layer-sum")
     parser.add_argument(
         "--submesh-space",
@@ -683,6 +703,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.workers < 1:
         parser.error(f"--workers must be >= 1, got {args.workers}")
+    if args.layers != "auto" and not (args.layers.isdigit() and int(args.layers) >= 1):
+        parser.error(f"--layers must be 'auto' or a positive integer, got {args.layers!r}")
     from alpa_ir.models.registry import get_config
 
     names = [n for n in args.models.split(",") if n] or list(SUITES[args.suite])
@@ -694,7 +716,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             cluster = bench_cluster(args.cluster, gpus)
             common = {
                 "cluster": cluster,
-                "layers": args.layers,
+                "layers": default_layers(name) if args.layers == "auto" else int(args.layers),
                 "cost_mode": args.cost_mode,
                 "submesh_space": args.submesh_space,
                 "cross_stage_comm": args.cross_stage_comm,
