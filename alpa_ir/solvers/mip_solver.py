@@ -147,20 +147,9 @@ class MipSolver:
                 ):
                     greedy = dived
             if relaxation is not None and greedy is not None:
-                value = core_objective(core, greedy)
-                if value - relaxation.bound <= self._gap_tolerance(value):
-                    done = time.perf_counter()
-                    return self._answer(
-                        problem,
-                        reduced,
-                        greedy,
-                        start,
-                        done,
-                        True,
-                        None,
-                        relaxation.num_variables,
-                        relaxation.num_constraints,
-                    )
+                answer = self._within_gap(problem, reduced, greedy, start, relaxation)
+                if answer is not None:
+                    return answer
         if can_eliminate and not small:
             answer = self._eliminate(problem, reduced, start, time_limit)
             if answer is not None:
@@ -244,20 +233,34 @@ class MipSolver:
         value = core_objective(core, relaxation.rounded)
         if not math.isfinite(value) or not _fits(core, relaxation.rounded):
             return relaxation
-        if value - relaxation.bound <= self._gap_tolerance(value):
-            done = time.perf_counter()
-            return self._answer(
-                problem,
-                reduced,
-                relaxation.rounded,
-                start,
-                done,
-                True,
-                None,
-                relaxation.num_variables,
-                relaxation.num_constraints,
-            )
-        return relaxation
+        answer = self._within_gap(problem, reduced, relaxation.rounded, start, relaxation)
+        return relaxation if answer is None else answer
+
+    def _within_gap(
+        self,
+        problem: ILPProblem,
+        reduced: Presolved,
+        core_choice: tuple[int, ...],
+        start: float,
+        relaxation: Relaxation,
+    ) -> ILPSolution | None:
+        """``core_choice`` as the optimal answer if it is within the gap of the
+        LP's bound, else None."""
+        value = core_objective(reduced.core, core_choice)
+        if value - relaxation.bound > self._gap_tolerance(value):
+            return None
+        done = time.perf_counter()
+        return self._answer(
+            problem,
+            reduced,
+            core_choice,
+            start,
+            done,
+            True,
+            None,
+            relaxation.num_variables,
+            relaxation.num_constraints,
+        )
 
     def _answer(
         self,
