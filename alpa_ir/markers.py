@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
@@ -42,11 +43,16 @@ def _abstract_eval(*avals: Any, kind: str) -> Sequence[Any]:
 
 
 def _jvp(primals: Sequence[Any], tangents: Sequence[Any], *, kind: str) -> tuple[Any, Any]:
-    tangents = [ad.instantiate_zeros(t) for t in tangents]
-    return (
-        pipeline_marker_p.bind(*primals, kind=kind),
-        pipeline_marker_p.bind(*tangents, kind=kind),
-    )
+    """The tangents of differentiable values cross the mirrored boundary; those
+    of integer and boolean values (``float0``, e.g. a causal mask passed from
+    one layer to the next) carry nothing and stay symbolic zeros outside it."""
+    out = pipeline_marker_p.bind(*primals, kind=kind)
+    live = [k for k, p in enumerate(primals) if jnp.issubdtype(jnp.result_type(p), jnp.inexact)]
+    marked = pipeline_marker_p.bind(*(ad.instantiate_zeros(tangents[k]) for k in live), kind=kind)
+    out_tangents: list[Any] = [ad.Zero(jax.typeof(p).to_tangent_aval()) for p in primals]
+    for k, t in zip(live, marked, strict=True):
+        out_tangents[k] = t
+    return out, out_tangents
 
 
 def _transpose(cts: Sequence[Any], *primals: Any, kind: str) -> Sequence[Any]:

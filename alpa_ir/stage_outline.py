@@ -102,12 +102,23 @@ def count_layers(function: func.FuncOp) -> int:
     half = len(markers) // 2
     for k in range(half):
         forward, backward = markers[k], markers[len(markers) - 1 - k]
-        if [v.type for v in forward.operands] != [v.type for v in backward.operands]:
+        # integer and boolean values have no cotangents to mirror
+        differentiable = [v.type for v in forward.operands if _is_float(v.type)]
+        if differentiable != [v.type for v in backward.operands]:
             raise AlpaError(
                 f"layer marker {k} and its backward mirror carry different types; "
                 "mark layer boundaries only inside the differentiated loss function"
             )
     return half + 1
+
+
+def _is_float(type_: object) -> bool:
+    from alpa_ir.ir_types import dtype_of
+
+    try:
+        return dtype_of(type_).kind == "f"  # type: ignore[arg-type]
+    except Exception:  # not a tensor
+        return False
 
 
 def function_name(stage: int, phase: str) -> str:

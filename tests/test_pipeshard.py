@@ -292,3 +292,24 @@ def test_bench_pipeshard_overhead_reports_time_per_instruction(
     assert main([*argv, "--backends", "xla"]) == 0
     out = capsys.readouterr().out
     assert "xla: 2 stages of 1 device, B=2:" in out and "ms per instruction" in out
+
+
+def _masked_loss(p: dict[str, Any], x: jax.Array, y: jax.Array) -> jax.Array:
+    """A boolean mask made in the first layer crosses the boundary with the
+    activations (as a causal mask does): it has no cotangent to mirror."""
+    h = jnp.tanh(x @ p["w0"])
+    mask = h > 0
+    h, mask = alpa_ir.mark_pipeline_boundary(h, mask)
+    h = jnp.where(mask, h, 0.5 * h) @ p["w1"]
+    return jnp.mean((h @ p["w2"] - y) ** 2)
+
+
+def _masked_step(state: dict[str, Any], batch: dict[str, jax.Array]) -> Any:
+    loss, grads = alpa_ir.value_and_grad(_masked_loss)(state["p"], batch["x"], batch["y"])
+    return {"p": jax.tree.map(lambda a, g: a - 0.1 * g, state["p"], grads), "n": state["n"]}, loss
+
+
+def test_a_boolean_crossing_a_layer_boundary_equals_one_device() -> None:
+    state, batch = _example()
+    method = PipeshardParallel(num_micro_batches=2, stage_option=UniformStageOption(num_stages=2))
+    _assert_same_steps(_masked_step, method, state, batch)
