@@ -44,7 +44,7 @@ once per micro-batch; results of theirs that apply-grad functions use or
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from xdsl.dialects import func
@@ -184,6 +184,7 @@ class _Assignment:
                     after_grad.add(op)
         apply_ops = _apply_phase(self.ops, grad_dependent, after_grad, block.last_op)
         last = num_layers - 1
+        apply_ops |= _deferred_gradient_sums(self.ops, segments, last, self.resolve)
         for op, s in segments.items():
             if op not in apply_ops:
                 layer = s if s <= last else 2 * last - s
@@ -239,6 +240,52 @@ def _apply_phase(
         ):
             phase.add(op)
     return phase
+
+
+def _deferred_gradient_sums(
+    ops: Sequence[Operation],
+    segments: dict[Operation, int],
+    last: int,
+    resolve: Callable[[SSAValue], SSAValue],
+) -> set[Operation]:
+    """The additions (``add_any``, how differentiation sums a value's
+    cotangents) of one parameter's gradient contributions computed in
+    different layers, whose sum only reaches the gradient marker: a tied
+    embedding's part from the LM head and its part from the lookup. They join
+    the apply phase, which adds the contributions once per step after each
+    stage has accumulated its own over the micro-batches, instead of one
+    stage sending its contribution to the other on every micro-batch."""
+
+    def layer(op: Operation) -> int:
+        s = segments[op]
+        return s if s <= last else 2 * last - s
+
+    sums: set[Operation] = set()
+    for op in reversed(ops):
+        if (
+            isinstance(op, LaxOp)
+            and op.primitive_name == "add_any"
+            and op in segments
+            and all(
+                is_grad_marker(use.operation) or use.operation in sums
+                for result in op.results
+                for use in result.uses
+            )
+        ):
+            sums.add(op)
+    sources: dict[Operation, set[int]] = {}
+    for op in ops:
+        if op not in sums:
+            continue
+        found: set[int] = set()
+        for operand in op.operands:
+            producer = resolve(operand).owner
+            if producer in sums:
+                found |= sources[producer]  # type: ignore[index]
+            elif producer in segments:
+                found.add(layer(producer))  # type: ignore[arg-type]
+        sources[op] = found
+    return {op for op in sums if len(sources[op]) > 1}
 
 
 @dataclass

@@ -184,3 +184,39 @@ def test_a_counter_shared_by_two_stages_equals_one_device(micro_batches: int) ->
         devices=range(4),
     )
     _assert_same_steps(_decayed_step, method, state, x)
+
+
+def _tied_loss(p: dict[str, Any], tokens: jax.Array) -> jax.Array:
+    """A tied embedding: looked up in the first layer, the LM head in the second."""
+    h = jnp.tanh(p["emb"][tokens] @ p["w"])
+    h = alpa_ir.mark_pipeline_boundary(h)
+    logits = h @ p["emb"].T
+    return -jnp.mean(jax.nn.log_softmax(logits)[:, 0])
+
+
+def _tied_step(state: dict[str, Any], tokens: jax.Array) -> Any:
+    loss, grads = alpa_ir.value_and_grad(_tied_loss)(state, tokens)
+    return jax.tree.map(lambda a, g: a - 0.1 * g, state, grads), loss
+
+
+def _tied_example() -> tuple[dict[str, Any], jax.Array]:
+    k = jax.random.split(jax.random.PRNGKey(1), 3)
+    state = {
+        "emb": jax.random.normal(k[0], (64, 16)) * 0.3,
+        "w": jax.random.normal(k[1], (16, 16)) * 0.3,
+    }
+    return state, jax.random.randint(k[2], (8,), 0, 64)
+
+
+def test_a_tied_parameters_gradient_parts_are_added_once_per_step() -> None:
+    """The LM head's part of the embedding's gradient does not cross to the
+    first stage on every micro-batch: each stage accumulates its part and the
+    apply phase adds them."""
+    from alpa_ir.stage_outline import LayerRanges
+
+    state, tokens = _tied_example()
+    module = import_jax(_tied_step, state, tokens, batch_argnums=(1,))
+    first = LayerRanges(main_function(module)).function(0, 0)
+    assert first.backward_bytes == 8 * 16 * 4  # the activations' gradient, not 64 x 16
+    method = PipeshardParallel(num_micro_batches=2, stage_option=UniformStageOption(num_stages=2))
+    _assert_same_steps(_tied_step, method, state, tokens)
