@@ -19,7 +19,7 @@ from alpa_ir.passes.construct_stages import (
 from alpa_ir.stage_cost import AnalyticalStageCostModel, StageCostOptions
 from alpa_ir.stage_outline import LayerRanges
 
-SMALL_MEMORY = 2**13  # a 16x16 weight's state (4 KiB) is well over 1/16 of it
+SMALL_MEMORY = 2**13  # a 16x16 weight's state (4 KiB) is well over MEMORY_FALLBACK_FROM of it
 
 
 def _middle_layer() -> tuple[func.FuncOp, tuple[int, ...]]:
