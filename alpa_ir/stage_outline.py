@@ -47,6 +47,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 from xdsl.dialects import func
 from xdsl.dialects.builtin import (
     ArrayAttr,
@@ -580,11 +581,21 @@ class LayerRanges:
         """Bytes that layers ``first..last`` pass to each other (the sum over the
         layers of what each receives from another layer of the range); with
         ``backward``, only what later layers send to earlier ones (gradients)."""
-        return sum(
-            self._edges[dst][src]
-            for dst in range(first, last + 1)
-            for src in range(dst + 1 if backward else first, last + 1)
-        )
+        return float(self.internal_bytes_table(backward=backward)[first, last])
+
+    def internal_bytes_table(self, *, backward: bool = False) -> np.ndarray:
+        """:meth:`internal_bytes` of every range at once: ``[first, last]``
+        (``0`` below the diagonal), from 2-D prefix sums of the layer-to-layer
+        bytes."""
+        edges = np.asarray(self._edges, dtype=np.float64)  # [receiver, sender]
+        if backward:
+            edges = np.triu(edges, 1)  # senders after their receivers
+        prefix = np.zeros((self.num_layers + 1, self.num_layers + 1))
+        prefix[1:, 1:] = edges.cumsum(0).cumsum(1)
+        lo = np.arange(self.num_layers)[:, None]
+        hi = np.arange(self.num_layers)[None, :] + 1
+        table = prefix[hi, hi] - prefix[lo, hi] - prefix[hi, lo] + prefix[lo, lo]
+        return np.where(lo < hi, table, 0.0)
 
     def function(self, first: int, last: int, name: str = "main") -> LayerRangeFunction:
         """Layers ``first..last`` (inclusive), forward and backward ops in program order."""

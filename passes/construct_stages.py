@@ -182,31 +182,93 @@ class StageCostTable:
     num_layers: int
     costs: dict[tuple[int, int, tuple[int, ...]], ViewCost] = field(default_factory=dict)
     pairs_costed: int = 0
+    internal: tuple[np.ndarray, np.ndarray] | None = None
+    """``layer-sum`` mode: only single layers are in ``costs``; a range is their
+    sum less the bytes its layers pass each other (all, and those sent back),
+    ``[first, last]`` arrays (:meth:`LayerRanges.internal_bytes_table`)."""
 
     def cost(self, first: int, last: int, view_shape: tuple[int, ...]) -> ViewCost:
-        return self.costs[(first, last, tuple(view_shape))]
+        key = (first, last, tuple(view_shape))
+        cost = self.costs.get(key)
+        if cost is None and self.internal is not None and first < last:
+            cost = self.cost(first, first, view_shape)
+            for layer in range(first + 1, last + 1):
+                cost = _add(cost, self.cost(layer, layer, view_shape))
+            inner, back = (float(a[first, last]) for a in self.internal)
+            cost = self.costs[key] = _without_bytes(cost, inner, back)
+        if cost is None:
+            raise KeyError(key)
+        return cost
+
+    def arrays(self, view_shape: tuple[int, ...]) -> dict[str, np.ndarray]:
+        """Every range's costs on one view as ``[choice, first, last]`` arrays
+        (``latency``, ``persistent``, ``activations``, ``transient``,
+        ``cross_bytes``, ``backward_bytes``): choice 0 is the plan, choice 1
+        the memory-saving plan (the plan itself where there is none); ``inf``
+        latency where a range was not costed."""
+        num, shape = self.num_layers, tuple(view_shape)
+        names = ("latency", "persistent", "activations", "transient", "cross_bytes")
+        names += ("backward_bytes",)
+        if self.internal is None:
+            out = {n: np.zeros((2, num, num)) for n in names}
+            out["latency"][:] = np.inf
+            for (i, j, viewed), cost in self.costs.items():
+                if viewed == shape:
+                    for c, choice in enumerate((cost, cost.memory_saving or cost)):
+                        for n in names:
+                            out[n][c, i, j] = getattr(choice, n)
+            return out
+        layers = [self.cost(k, k, shape) for k in range(num)]
+        per_layer = {
+            n: np.array(
+                [
+                    [getattr(c, n) for c in layers],
+                    [getattr(c.memory_saving or c, n) for c in layers],
+                ]
+            )
+            for n in names
+        }  # [choice, layer]
+        upper = np.triu(np.ones((num, num), dtype=bool))
+        out = {}
+        for n in names:
+            if n == "transient":  # held once: the largest layer's
+                ranged = np.zeros((2, num, num))
+                for i in range(num):
+                    ranged[:, i, i:] = np.maximum.accumulate(per_layer[n][:, i:], axis=1)
+            else:
+                prefix = np.concatenate([np.zeros((2, 1)), per_layer[n].cumsum(axis=1)], axis=1)
+                ranged = prefix[:, None, 1:] - prefix[:, :-1, None]
+            out[n] = np.where(upper, ranged, np.inf if n == "latency" else 0.0)
+        inner, back = self.internal
+        out["cross_bytes"] = out["cross_bytes"] - inner
+        out["backward_bytes"] = out["backward_bytes"] - back
+        return out
 
     def transfer_times(self, cost: ViewCost, submesh: tuple[int, int]) -> tuple[float, float]:
         """Seconds for the stage on ``submesh`` to receive one micro-batch's
         activations from the stage before it and its gradients from the stage
         after it (module docstring: ``α + β·bytes / links`` each)."""
+        forward = self.transfer_seconds(np.array(cost.cross_bytes - cost.backward_bytes), submesh)
+        backward = self.transfer_seconds(np.array(cost.backward_bytes), submesh)
+        return float(forward), float(backward)
+
+    def transfer_seconds(self, nbytes: np.ndarray, submesh: tuple[int, int]) -> np.ndarray:
+        """``α + β·bytes / links`` of each entry of ``nbytes`` (0 where nothing
+        crosses) into a stage on ``submesh``: on the link that joins nodes, with
+        as many parallel links as the submesh has there."""
         c = self.cluster
         if c.num_nodes > 1:
             link = c.logical_mesh((2,), (0, c.devices_per_node))
             shared = c.levels[0].shared
             links = max(1, submesh[0]) if shared else submesh[0] * submesh[1]
-        else:
-            link = c.logical_mesh((2,), (0, 1)) if c.num_devices > 1 else None
+        elif c.num_devices > 1:
+            link = c.logical_mesh((2,), (0, 1))
             links = submesh[0] * submesh[1]
-        if link is None:
-            return 0.0, 0.0
+        else:
+            return np.zeros_like(nbytes, dtype=np.float64)
         assert link.alpha is not None and link.beta is not None
-        alpha, beta = link.alpha[0], link.beta[0]
-
-        def seconds(nbytes: float) -> float:
-            return alpha + beta * nbytes / links if nbytes > 0 else 0.0
-
-        return seconds(cost.cross_bytes - cost.backward_bytes), seconds(cost.backward_bytes)
+        seconds = link.alpha[0] + link.beta[0] * nbytes / links
+        return np.where(nbytes >= 1, seconds, 0.0)  # less than a byte: rounding of sums
 
     def comm_time(self, cost: ViewCost, submesh: tuple[int, int]) -> float:
         """Both transfers into a stage per micro-batch (:meth:`transfer_times`)."""
@@ -291,15 +353,12 @@ def cost_table(
                     table.pairs_costed == total,
                 )
     if cost_mode == "layer-sum":
-        for view in all_views:
-            for first in range(num):
-                acc = table.costs[(first, first, view.shape)]
-                for last in range(first + 1, num):
-                    acc = _add(acc, table.costs[(last, last, view.shape)])
-                    # layers inside one stage do not cross stages
-                    inner = ranges.internal_bytes(first, last)
-                    back = ranges.internal_bytes(first, last, backward=True)
-                    table.costs[(first, last, view.shape)] = _without_bytes(acc, inner, back)
+        # ranges are summed from their layers when asked for; the layers inside
+        # one stage do not cross stages
+        table.internal = (
+            ranges.internal_bytes_table(),
+            ranges.internal_bytes_table(backward=True),
+        )
     return table
 
 
@@ -421,20 +480,50 @@ def solve_stages(
             f"construct-stages: the {devices} devices need at least {need} stages of at most "
             f"{largest} devices but the step has only {num} layers"
         )
-    costs = np.full((num, num, len(chosen)), np.inf)
-    pace = np.full((num, num, len(chosen)), np.inf)
-    limit = np.full((num, num, len(chosen)), -1.0)
-    best: dict[tuple[int, int, int], tuple[LogicalDeviceMesh, ViewCost, float]] = {}
-    for i in range(num):
-        for j in range(i, num):
-            for m, submesh in enumerate(chosen):
-                view, cost, latency = table.best(i, j, submesh, cross_stage_comm)
-                best[(i, j, m)] = (view, cost, latency)
-                costs[i, j, m] = latency
-                if cross_stage_comm:
-                    forward, backward = table.transfer_times(cost, submesh)
-                    pace[i, j, m] = max(latency - forward - backward, forward, backward)
-                limit[i, j, m] = cost.max_stages_after(cluster.device_memory)
+    memory = cluster.device_memory
+    shape = (num, num, len(chosen))
+    costs, pace, limit, peak = (
+        np.full(shape, np.inf),
+        np.full(shape, np.inf),
+        np.zeros(shape),
+        np.zeros(shape),
+    )
+    picked: dict[int, np.ndarray] = {}  # per submesh choice: [first, last] -> option
+    for m, submesh in enumerate(chosen):
+        options = [table.arrays(view.shape) for view in table.views[submesh]]
+        # option 2v + c: view v, plan c (0: the plan, 1: the memory-saving one)
+        stacked = {n: np.concatenate([o[n] for o in options]) for n in options[0]}
+        total = stacked["latency"]
+        forward = backward = np.zeros_like(total)
+        if cross_stage_comm:
+            forward = table.transfer_seconds(
+                stacked["cross_bytes"] - stacked["backward_bytes"], submesh
+            )
+            backward = table.transfer_seconds(stacked["backward_bytes"], submesh)
+            total = total + forward + backward
+        persistent = stacked["persistent"] + stacked["transient"]
+        activations = stacked["activations"]
+        fits = persistent + activations <= memory
+        # the fastest option that fits with one micro-batch in flight, else the fastest
+        index = np.where(
+            fits.any(axis=0),
+            np.where(fits, total, np.inf).argmin(axis=0),
+            total.argmin(axis=0),
+        )
+        picked[m] = index
+
+        def take(values: np.ndarray, at: np.ndarray = index) -> np.ndarray:
+            return np.take_along_axis(values, at[None], axis=0)[0]
+
+        costs[:, :, m] = take(total)
+        pace[:, :, m] = take(np.maximum(np.maximum(stacked["latency"], forward), backward))
+        free = memory - take(persistent) - take(activations)
+        act = take(activations)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            limit[:, :, m] = np.where(
+                free < 0, -1.0, np.where(act <= 0, np.inf, np.floor(free / act))
+            )
+        peak[:, :, m] = take(persistent) + act
     sizes = [a * b for a, b in chosen]
     try:
         result: StageDPResult = stage_dp(
@@ -450,7 +539,7 @@ def solve_stages(
         whole = [m for m, s in enumerate(sizes) if s == devices]
         if not whole:
             raise
-        one_stage = min(best[(0, num - 1, m)][1].peak(1) for m in whole)
+        one_stage = min(peak[0, num - 1, m] for m in whole)
         raise PlanError(
             f"construct-stages: no pipeline plan fits in {cluster.device_memory / 2**30:.1f} GiB "
             f"per device; the best one-stage plan on all {devices} devices needs "
@@ -459,8 +548,13 @@ def solve_stages(
     stages = _place(cluster, [(i, j, chosen[m]) for i, j, m in result.stages])
     out = []
     for (i, j, m), (submesh, devices_of) in zip(result.stages, stages, strict=True):
-        view, cost, latency = best[(i, j, m)]
-        mesh = cluster.logical_mesh(view.shape, devices_of)
+        view, plan = divmod(int(picked[m][i, j]), 2)
+        shape_of_view = table.views[submesh][view].shape
+        cost = table.cost(i, j, shape_of_view)
+        if plan and cost.memory_saving is not None:
+            cost = cost.memory_saving
+        mesh = cluster.logical_mesh(shape_of_view, devices_of)
+        latency = float(costs[i, j, m])
         stage_pace = float(pace[i, j, m]) if cross_stage_comm else latency
         out.append(StageChoice(i, j, submesh, mesh, cost, latency, stage_pace))
     return StagePlan(tuple(out), result.total_latency, result.dp_solves)

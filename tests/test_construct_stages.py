@@ -88,6 +88,28 @@ def test_layer_sum_adds_single_layers() -> None:
         )
 
 
+def test_the_arrays_hold_every_ranges_cost() -> None:
+    """``arrays`` (what the DP reads) agrees with ``cost`` for every range, in
+    both modes; a layer-sum range is summed only when asked for."""
+    ranges = LayerRanges(main_function(_deep_module()))
+    for mode in ("range", "layer-sum"):
+        table = cost_table(
+            ranges, _cluster(), AnalyticalStageCostModel(), cost_mode=mode, progress=False
+        )
+        for shape in [(1, 1), (1, 2)]:
+            arrays = table.arrays(shape)
+            for i in range(4):
+                for j in range(i, 4):
+                    cost = table.cost(i, j, shape)
+                    for name, values in arrays.items():
+                        assert values[0, i, j] == pytest.approx(getattr(cost, name)), (mode, name)
+            assert arrays["latency"][0, 1, 0] == float("inf")  # not a range
+        if mode == "layer-sum":
+            assert ranges.internal_bytes(1, 2) == pytest.approx(
+                sum(ranges._edges[d][s] for d in (1, 2) for s in (1, 2))
+            )
+
+
 def test_the_pass_writes_meshes_and_the_plan() -> None:
     module = _deep_module()
     module.body.block.insert_op_before(_cluster(4).to_op(), main_function(module))
