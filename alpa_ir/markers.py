@@ -96,6 +96,9 @@ class AutomaticLayers:
 
     layers: int
     delta: float = 0.5
+    fit_delta: bool = False
+    """``cluster-operators``' ``fit-delta``: raise δ while that lowers the bytes
+    layers receive."""
 
 
 _AUTOMATIC_LAYERS: ContextVar[AutomaticLayers | None] = ContextVar(
@@ -143,7 +146,9 @@ def _layered(fun: Callable[..., Any]) -> Callable[..., Any]:
 
         consts = list(closed.consts)
         module = import_jax(explicit, [shape_of(c) for c in consts], *jax.tree.map(shape_of, a))
-        ClusterOperators(layers=option.layers, delta=option.delta).apply(Context(), module)
+        ClusterOperators(
+            layers=option.layers, delta=option.delta, fit_delta=option.fit_delta
+        ).apply(Context(), module)
         outs = eval_block(main_function(module).body.block, [*consts, *jax.tree.leaves(a)])
         return jax.tree.unflatten(jax.tree.structure(out_shape), outs)
 

@@ -27,6 +27,7 @@ from xdsl.ir import Operation, SSAValue
 from xdsl.passes import ModulePass
 
 from alpa_ir.algorithms import cluster_operators
+from alpa_ir.algorithms.operator_clustering import ClusteringResult, Edge
 from alpa_ir.dialects.lax import PRIMITIVE_OPS
 from alpa_ir.errors import AlpaError
 from alpa_ir.flops import op_flops
@@ -49,6 +50,12 @@ class ClusterOperators(ModulePass):
     delta: float = 0.5
     relax_delta: bool = True
     """Use the smallest feasible δ when ``delta`` admits no clustering."""
+    fit_delta: bool = False
+    """Raise δ (doubling, up to FIT_DELTA_MAX) to the least value that lets the
+    layers receive as few bytes as any δ up to there allows. A model whose
+    head has several blocks' FLOPs (GPT-3 350M's logits: 4 blocks) cannot keep
+    it in one layer within δ = 0.5: the clustering then cuts through the
+    logits, and every layer may receive as much."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         del ctx
@@ -77,11 +84,31 @@ class ClusterOperators(ModulePass):
         result = cluster_operators(
             flops, edges, self.layers, self.delta, relax_delta=self.relax_delta
         )
+        if self.fit_delta:
+            result = _fitted(result, flops, edges, self.layers)
         layer_of = {o: layer for layer, (a, b) in enumerate(result.layers) for o in ops[a : b + 1]}
         for layer, (_, last) in enumerate(result.layers[:-1]):
             _insert_marker(ops[last], layer, layer_of)
         function.attributes["pipeline.layer_flops"] = _floats(result.layer_flops)
         function.attributes["pipeline.layer_bytes"] = _floats(result.bytes_received)
+
+
+FIT_DELTA_MAX = 8.0
+"""The largest δ ``fit-delta`` tries (a layer of up to 9 average layers' FLOPs)."""
+
+
+def _fitted(
+    result: ClusteringResult, flops: list[float], edges: list[Edge], layers: int
+) -> ClusteringResult:
+    """``fit-delta``: the clustering at the least δ (doubling from the one
+    used) whose largest received bytes are those at FIT_DELTA_MAX."""
+    tried = [result]
+    delta = result.delta
+    while delta < FIT_DELTA_MAX:
+        delta = min(max(2 * delta, 0.5), FIT_DELTA_MAX)
+        tried.append(cluster_operators(flops, edges, layers, delta, relax_delta=True))
+    least = tried[-1].objective
+    return next(r for r in tried if r.objective <= least)
 
 
 def _insert_marker(last_op: Operation, layer: int, layer_of: dict[Operation, int]) -> None:

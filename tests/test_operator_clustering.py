@@ -248,3 +248,33 @@ def test_bad_inputs_raise_alpa_error(args: tuple, kwargs: dict, message: str) ->
         cluster_operators(*args, **kwargs)
     assert "\n" not in str(info.value)
     assert not isinstance(info.value, PlanError)
+
+
+def test_fit_delta_keeps_a_heavy_head_in_one_layer() -> None:
+    """Three cheap layers and a head of many layers' FLOPs: within δ = 0.5 the
+    clustering must cut the head and a layer receives its wide intermediate;
+    ``fit-delta`` raises δ until every layer receives only the narrow chain."""
+    import jax
+    import jax.numpy as jnp
+    from xdsl.context import Context
+
+    from alpa_ir.frontend.jaxpr_import import import_jax
+    from alpa_ir.module_utils import main_function
+    from alpa_ir.passes.cluster_operators import ClusterOperators
+
+    def loss(w: jax.Array, head: jax.Array, x: jax.Array) -> jax.Array:
+        for k in range(3):
+            x = jnp.tanh(x @ w[k])
+        wide = jnp.tanh(x @ head)  # [8, 1024]: the head's FLOPs and bytes
+        return jnp.sum(jnp.tanh(wide @ head.T))
+
+    args = (jnp.zeros((3, 16, 16)), jnp.zeros((16, 1024)), jnp.zeros((8, 16)))
+
+    def received(fit: bool) -> float:
+        module = import_jax(loss, *args)
+        ClusterOperators(layers=4, delta=0.5, fit_delta=fit).apply(Context(), module)
+        layer_bytes = main_function(module).attributes["pipeline.layer_bytes"]
+        return max(float(b.value.data) for b in layer_bytes.data)  # type: ignore[attr-defined]
+
+    assert received(False) >= 8 * 1024 * 4  # a cut through the head
+    assert received(True) <= 8 * 16 * 4 * 2  # only the chain (and the input) crosses

@@ -195,7 +195,7 @@ def trace(name: str, num_micro_batches: int, layers: int) -> Any:
 
     step, args = make_train_step(name, abstract=True)
     micro = _micro_batch_args(tuple(args), (1,), num_micro_batches)
-    with automatic_layers(AutomaticLayers(layers, 0.5)):
+    with automatic_layers(AutomaticLayers(layers, 0.5, fit_delta=True)):
         # a fresh function object: JAX's trace cache must not reuse an unmarked trace
         return import_jax(lambda *a: step(*a), *micro, batch_argnums=(1,))
 
