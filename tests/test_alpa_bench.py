@@ -12,9 +12,10 @@ from alpa_ir.ir_types import shape_of
 from alpa_ir.tools.alpa_bench import (
     batch_divisors,
     bench_cluster,
-    default_layers,
+    bench_optimizer,
     deepspeed_specs,
     deepspeed_views,
+    default_layers,
     forward_share,
     main,
     trace,
@@ -38,6 +39,22 @@ def test_layers_must_be_auto_or_a_positive_count(capsys: pytest.CaptureFixture[s
     with pytest.raises(SystemExit):
         main(["--models=mlp-tiny", "--layers=zero"])
     assert "--layers must be 'auto' or a positive integer, got 'zero'" in capsys.readouterr().err
+
+
+def test_moe_trains_with_adafactor_as_alpas_benchmark() -> None:
+    assert bench_optimizer("moe-70b") == ("adafactor", 0.0)
+    assert bench_optimizer("gpt3-39b") == ("adam", 2.0)
+
+
+def test_an_adafactor_step_runs() -> None:
+    import jax
+
+    from alpa_ir.models.train_step import make_train_step
+
+    step, (state, batch) = make_train_step("moe-tiny", optimizer="adafactor")
+    new_state, loss = jax.jit(step)(state, batch)
+    assert bool(jax.numpy.isfinite(loss))
+    assert jax.tree.structure(new_state) == jax.tree.structure(state)
 
 
 def test_batch_divisors_are_powers_of_two() -> None:
