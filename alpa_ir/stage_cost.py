@@ -63,6 +63,13 @@ Alpa compiles and profiles every stage-mesh pair; this model predicts instead:
 Results are cached per (structural fingerprint of the function, mesh shape
 and α/β, device figures, options, parameter arguments): identical layer ranges
 (the same ops on the same shapes, whatever their value names) are planned once.
+A view is planned on its *live* axes: an axis whose size divides no dimension
+of the function can split nothing, so (5, 8) costs what (1, 8) does, except
+that ZeRO also partitions over its replicas (:meth:`AnalyticalStageCostModel.adjust`).
+The functions planned on one mesh share their strategies
+(:class:`~alpa_ir.autosharding.graph.StrategyCache`), and ILP plans within
+``mip_gap`` (1%) of the LP bound are accepted. The model can be run in worker
+processes (:class:`ParallelStageCostModel`, :mod:`alpa_ir.costing_workers`).
 """
 
 from __future__ import annotations
