@@ -80,6 +80,8 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol, runtime_checkable
 
+import numpy as np
+import numpy.typing as npt
 from xdsl.dialects import func
 from xdsl.dialects.builtin import (
     ArrayAttr,
@@ -206,15 +208,10 @@ class StageMemory:
         return self.persistent + self.transient + in_flight * self.activations
 
     def max_stages_after(self, device_memory: float) -> float:
-        """Eq. 5: the most later stages (1F1B keeps ``s + 1`` micro-batches) that
-        fit in ``device_memory``; ``-1`` if not even one micro-batch fits,
-        ``inf`` if activations take no memory."""
-        free = device_memory - self.persistent - self.transient - self.activations
-        if free < 0:
-            return -1
-        if self.activations <= 0:
-            return math.inf
-        return float(math.floor(free / self.activations))
+        """Eq. 5 (:func:`max_stages_after`) for this stage."""
+        return float(
+            max_stages_after(device_memory, self.persistent + self.transient, self.activations)
+        )
 
 
 @dataclass(frozen=True)
@@ -561,6 +558,23 @@ def _spread(cost: StageCost, replicas: int) -> StageCost:
     return replace(cost, memory=memory, memory_saving=saving)
 
 
+def max_stages_after(
+    device_memory: float, held: npt.ArrayLike, activations: npt.ArrayLike
+) -> npt.NDArray[np.float64]:
+    """Eq. 5, elementwise: the most later stages a stage can have (1F1B keeps
+    ``s + 1`` of its micro-batches) within ``device_memory``, given the bytes it
+    holds whatever the micro-batches (``held``: persistent + transient) and
+    its ``activations`` per micro-batch; ``-1`` if not even one micro-batch
+    fits, ``inf`` if activations take no memory."""
+    held_bytes = np.asarray(held, dtype=np.float64)
+    per_batch = np.asarray(activations, dtype=np.float64)
+    free = device_memory - held_bytes - per_batch
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(
+            free < 0, -1.0, np.where(per_batch <= 0, np.inf, np.floor(free / per_batch))
+        )
+
+
 def function_dimensions(function: func.FuncOp) -> frozenset[int]:
     """Every dimension size of every value of ``function`` (regions included)."""
     sizes: set[int] = set()
@@ -846,6 +860,7 @@ __all__ = [
     "forward_inputs",
     "function_dimensions",
     "function_fingerprint",
+    "max_stages_after",
     "peak_live_bytes",
     "plan_function",
     "replication",

@@ -73,6 +73,7 @@ from alpa_ir.stage_cost import (
     ParallelStageCostModel,
     StageCost,
     StageCostModel,
+    max_stages_after,
 )
 from alpa_ir.stage_outline import LayerRanges, StageSlice, outline_stages
 
@@ -95,7 +96,7 @@ class ViewCost:
     """The part of ``cross_bytes`` the next stage sends back (gradients)."""
     memory_saving: ViewCost | None = None
     """A second plan of the same range on the same view that keeps no parameter
-    replicated (``StageCost.memory_saving``); :meth:`StageCostTable.best`
+    replicated (``StageCost.memory_saving``); :meth:`StageCostTable.picks`
     considers both."""
 
     def choices(self) -> tuple[ViewCost, ...]:
@@ -107,10 +108,9 @@ class ViewCost:
         return min(self.choices(), key=lambda c: (c.peak(1) > device_memory, c.latency))
 
     def max_stages_after(self, device_memory: float) -> float:
-        free = device_memory - self.persistent - self.transient - self.activations
-        if free < 0:
-            return -1.0
-        return math.inf if self.activations <= 0 else float(math.floor(free / self.activations))
+        return float(
+            max_stages_after(device_memory, self.persistent + self.transient, self.activations)
+        )
 
     def peak(self, in_flight: int) -> float:
         return self.persistent + self.transient + in_flight * self.activations
@@ -270,23 +270,70 @@ class StageCostTable:
         seconds = link.alpha[0] + link.beta[0] * nbytes / links
         return np.where(nbytes >= 1, seconds, 0.0)  # less than a byte: rounding of sums
 
-    def comm_time(self, cost: ViewCost, submesh: tuple[int, int]) -> float:
-        """Both transfers into a stage per micro-batch (:meth:`transfer_times`)."""
-        return sum(self.transfer_times(cost, submesh))
+    def picks(self, submesh: tuple[int, int], cross_stage_comm: bool = False) -> SubmeshPicks:
+        """Every layer range's best option on ``submesh``: of its views and
+        plans, the fastest that fits with one micro-batch in flight, else the
+        fastest (with ``cross_stage_comm``, latencies include the transfers
+        into the stage, module docstring)."""
+        options = [self.arrays(view.shape) for view in self.views[submesh]]
+        # option 2v + c: view v, plan c (0: the plan, 1: the memory-saving one)
+        stacked = {n: np.concatenate([o[n] for o in options]) for n in options[0]}
+        total = stacked["latency"]
+        forward = backward = np.zeros_like(total)
+        if cross_stage_comm:
+            forward = self.transfer_seconds(
+                stacked["cross_bytes"] - stacked["backward_bytes"], submesh
+            )
+            backward = self.transfer_seconds(stacked["backward_bytes"], submesh)
+            total = total + forward + backward
+        held = stacked["persistent"] + stacked["transient"]
+        activations = stacked["activations"]
+        fits = held + activations <= self.cluster.device_memory
+        index = np.where(
+            fits.any(axis=0),
+            np.where(fits, total, np.inf).argmin(axis=0),
+            total.argmin(axis=0),
+        )
 
-    def best(
-        self, first: int, last: int, submesh: tuple[int, int], cross_stage_comm: bool = False
-    ) -> tuple[LogicalDeviceMesh, ViewCost, float]:
-        """The best view of ``submesh`` for the range: the fastest one that fits
-        (one micro-batch in flight), else the fastest; with its latency."""
-        memory = self.cluster.device_memory
-        options = []
-        for view in self.views[submesh]:
-            for cost in self.cost(first, last, view.shape).choices():
-                comm = self.comm_time(cost, submesh) if cross_stage_comm else 0.0
-                options.append((cost.peak(1) > memory, cost.latency + comm, view, cost))
-        _, latency, view, cost = min(options, key=lambda o: (o[0], o[1]))
-        return view, cost, latency
+        def take(values: np.ndarray) -> np.ndarray:
+            return np.take_along_axis(values, index[None], axis=0)[0]
+
+        held, activations = take(held), take(activations)
+        return SubmeshPicks(
+            latency=take(total),
+            pace=take(np.maximum(np.maximum(stacked["latency"], forward), backward)),
+            max_stages_after=max_stages_after(self.cluster.device_memory, held, activations),
+            peak=held + activations,
+            option=index,
+        )
+
+    def picked(
+        self, submesh: tuple[int, int], picks: SubmeshPicks, first: int, last: int
+    ) -> tuple[LogicalDeviceMesh, ViewCost]:
+        """The view and plan :meth:`picks` chose for layers ``first..last``."""
+        view_index, plan = divmod(int(picks.option[first, last]), 2)
+        view = self.views[submesh][view_index]
+        cost = self.cost(first, last, view.shape)
+        if plan and cost.memory_saving is not None:
+            cost = cost.memory_saving
+        return view, cost
+
+
+@dataclass(frozen=True)
+class SubmeshPicks:
+    """:meth:`StageCostTable.picks`: per layer range (``[first, last]`` arrays)
+    on one submesh, the chosen option and what the DP needs of it."""
+
+    latency: np.ndarray
+    """Eq. 2's stage latency (``inf`` where no range)."""
+    pace: np.ndarray
+    """The value in the ``(B − 1)·max`` term (``stage_dp``'s ``bottleneck``)."""
+    max_stages_after: np.ndarray
+    """Eq. 5."""
+    peak: np.ndarray
+    """Bytes per device with one micro-batch in flight."""
+    option: np.ndarray
+    """2 × view index + plan (0: the plan, 1: the memory-saving one)."""
 
 
 def submesh_views(
@@ -480,50 +527,10 @@ def solve_stages(
             f"construct-stages: the {devices} devices need at least {need} stages of at most "
             f"{largest} devices but the step has only {num} layers"
         )
-    memory = cluster.device_memory
-    shape = (num, num, len(chosen))
-    costs, pace, limit, peak = (
-        np.full(shape, np.inf),
-        np.full(shape, np.inf),
-        np.zeros(shape),
-        np.zeros(shape),
-    )
-    picked: dict[int, np.ndarray] = {}  # per submesh choice: [first, last] -> option
-    for m, submesh in enumerate(chosen):
-        options = [table.arrays(view.shape) for view in table.views[submesh]]
-        # option 2v + c: view v, plan c (0: the plan, 1: the memory-saving one)
-        stacked = {n: np.concatenate([o[n] for o in options]) for n in options[0]}
-        total = stacked["latency"]
-        forward = backward = np.zeros_like(total)
-        if cross_stage_comm:
-            forward = table.transfer_seconds(
-                stacked["cross_bytes"] - stacked["backward_bytes"], submesh
-            )
-            backward = table.transfer_seconds(stacked["backward_bytes"], submesh)
-            total = total + forward + backward
-        persistent = stacked["persistent"] + stacked["transient"]
-        activations = stacked["activations"]
-        fits = persistent + activations <= memory
-        # the fastest option that fits with one micro-batch in flight, else the fastest
-        index = np.where(
-            fits.any(axis=0),
-            np.where(fits, total, np.inf).argmin(axis=0),
-            total.argmin(axis=0),
-        )
-        picked[m] = index
-
-        def take(values: np.ndarray, at: np.ndarray = index) -> np.ndarray:
-            return np.take_along_axis(values, at[None], axis=0)[0]
-
-        costs[:, :, m] = take(total)
-        pace[:, :, m] = take(np.maximum(np.maximum(stacked["latency"], forward), backward))
-        free = memory - take(persistent) - take(activations)
-        act = take(activations)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            limit[:, :, m] = np.where(
-                free < 0, -1.0, np.where(act <= 0, np.inf, np.floor(free / act))
-            )
-        peak[:, :, m] = take(persistent) + act
+    picks = [table.picks(submesh, cross_stage_comm) for submesh in chosen]
+    costs = np.stack([p.latency for p in picks], axis=-1)
+    pace = np.stack([p.pace for p in picks], axis=-1)
+    limit = np.stack([p.max_stages_after for p in picks], axis=-1)
     sizes = [a * b for a, b in chosen]
     try:
         result: StageDPResult = stage_dp(
@@ -539,7 +546,7 @@ def solve_stages(
         whole = [m for m, s in enumerate(sizes) if s == devices]
         if not whole:
             raise
-        one_stage = min(peak[0, num - 1, m] for m in whole)
+        one_stage = min(picks[m].peak[0, num - 1] for m in whole)
         raise PlanError(
             f"construct-stages: no pipeline plan fits in {cluster.device_memory / 2**30:.1f} GiB "
             f"per device; the best one-stage plan on all {devices} devices needs "
@@ -548,12 +555,8 @@ def solve_stages(
     stages = _place(cluster, [(i, j, chosen[m]) for i, j, m in result.stages])
     out = []
     for (i, j, m), (submesh, devices_of) in zip(result.stages, stages, strict=True):
-        view, plan = divmod(int(picked[m][i, j]), 2)
-        shape_of_view = table.views[submesh][view].shape
-        cost = table.cost(i, j, shape_of_view)
-        if plan and cost.memory_saving is not None:
-            cost = cost.memory_saving
-        mesh = cluster.logical_mesh(shape_of_view, devices_of)
+        view, cost = table.picked(submesh, picks[m], i, j)
+        mesh = cluster.logical_mesh(view.shape, devices_of)
         latency = float(costs[i, j, m])
         stage_pace = float(pace[i, j, m]) if cross_stage_comm else latency
         out.append(StageChoice(i, j, submesh, mesh, cost, latency, stage_pace))

@@ -491,11 +491,12 @@ def inter_op(
         return restricted("inter-op", table, [(1, 1)], num_micro_batches, model_flops, remat)
     # a layer per device: the only slicing, simulated even where it does not fit
     # (the outcome then reports the out-of-memory peak)
+    picks = table.picks((1, 1))
     stages = []
     for k in range(table.num_layers):
-        view, cost, latency = table.best(k, k, (1, 1))
+        view, cost = table.picked((1, 1), picks, k, k)
         mesh = cluster.logical_mesh(view.shape, (k,))
-        stages.append(StageChoice(k, k, (1, 1), mesh, cost, latency))
+        stages.append(StageChoice(k, k, (1, 1), mesh, cost, float(picks.latency[k, k])))
     return outcome("inter-op", table, stages, num_micro_batches, model_flops, remat)
 
 
