@@ -64,6 +64,7 @@ from alpa_ir.dialects.lax import LaxOp
 from alpa_ir.dialects.mesh import MESH_ATTR
 from alpa_ir.dialects.pipeline import SCHEDULES, PlanOp, StageOp
 from alpa_ir.errors import AlpaError
+from alpa_ir.ir_types import dtype_of
 from alpa_ir.module_utils import main_function
 from alpa_ir.step_partition import is_grad_marker, partition_step
 
@@ -114,8 +115,6 @@ def count_layers(function: func.FuncOp) -> int:
 
 
 def _is_float(type_: object) -> bool:
-    from alpa_ir.ir_types import dtype_of
-
     try:
         return dtype_of(type_).kind == "f"  # type: ignore[arg-type]
     except Exception:  # not a tensor
@@ -188,7 +187,7 @@ class _Assignment:
         apply_ops |= _deferred_gradient_sums(self.ops, segments, last, self.resolve)
         for op, s in segments.items():
             if op not in apply_ops:
-                layer = s if s <= last else 2 * last - s
+                layer = _layer_of_segment(s, last)
                 phase = "forward" if s <= last else "backward"
                 self.group[op] = (stage_of_layer[layer], phase)
         self._assign_apply([op for op in self.ops if op in apply_ops])
@@ -243,6 +242,14 @@ def _apply_phase(
     return phase
 
 
+def _layer_of_segment(segment: int, last: int) -> int:
+    """The layer of an op in ``segment`` of the step (segments counted across
+    the layer markers): segments ``0..last`` hold the forward of layers
+    ``0..last`` (the last also its backward), the later ones the backward of
+    the layers before it, mirrored (segment ``last + 1`` is layer ``last - 1``)."""
+    return segment if segment <= last else 2 * last - segment
+
+
 def _deferred_gradient_sums(
     ops: Sequence[Operation],
     segments: dict[Operation, int],
@@ -256,10 +263,6 @@ def _deferred_gradient_sums(
     the apply phase, which adds the contributions once per step after each
     stage has accumulated its own over the micro-batches, instead of one
     stage sending its contribution to the other on every micro-batch."""
-
-    def layer(op: Operation) -> int:
-        s = segments[op]
-        return s if s <= last else 2 * last - s
 
     sums: set[Operation] = set()
     for op in reversed(ops):
@@ -284,7 +287,7 @@ def _deferred_gradient_sums(
             if producer in sums:
                 found |= sources[producer]  # type: ignore[index]
             elif producer in segments:
-                found.add(layer(producer))  # type: ignore[arg-type]
+                found.add(_layer_of_segment(segments[producer], last))  # type: ignore[index]
         sources[op] = found
     return {op for op in sums if len(sources[op]) > 1}
 
