@@ -132,12 +132,12 @@ class MipSolver:
             if answer is not None:
                 return answer
         relaxation = None
-        greedy = greedy_choice(core)
+        greedy = None  # the MIP's start: computed once the LP has not settled it
         if self.lp_first:
             relaxation = self._relax(problem, reduced, start, time_limit)
             if isinstance(relaxation, ILPSolution):
                 return relaxation
-            greedy = _better_start(core, greedy, relaxation)
+            greedy = _better_start(core, greedy_choice(core), relaxation)
             if relaxation is not None:
                 # a fractional LP: the best plan read off it, or found by
                 # diving from it, may already be within the gap of its bound
@@ -154,6 +154,8 @@ class MipSolver:
             answer = self._eliminate(problem, reduced, start, time_limit)
             if answer is not None:
                 return answer
+        if not self.lp_first:
+            greedy = greedy_choice(core)
         built = build_core_model(core, self.name)
         model = built.model
         model.max_mip_gap = self.mip_gap
