@@ -36,6 +36,12 @@ from alpa_ir.dialects.sharding import ReshardOp
 from alpa_ir.ir_types import dtype_of
 
 _FUSIBLE = (OpKind.ELEMENTWISE, OpKind.LAYOUT, OpKind.MARKER)
+IDENTITY_PRIMITIVES = frozenset({"pipeline_marker", "optimization_barrier"})
+
+
+def is_identity(op: Operation) -> bool:
+    """An op whose results are its operands (pipeline markers, optimization barriers)."""
+    return isinstance(op, LaxOp) and op.primitive_name in IDENTITY_PRIMITIVES
 
 
 def is_fusible(op: Operation) -> bool:
@@ -73,11 +79,23 @@ class BlockFusion:
         return op
 
     def users(self, value: SSAValue) -> list[Operation]:
-        return [self.top(use.operation) for use in value.uses]
+        """The top-level ops that read ``value``, seeing through identity ops
+        (a marker's result is its operand's buffer)."""
+        out: list[Operation] = []
+        for use in value.uses:
+            user = self.top(use.operation)
+            if is_identity(user) and user.parent_block() is self.block:
+                out += self.users(user.results[use.index])
+            else:
+                out.append(user)
+        return out
 
     def _decide(self, op: Operation) -> None:
         """Called in reverse program order: every user's decision is made."""
         here = self.position[op]
+        if is_identity(op):
+            self.runs_until[op] = here
+            return
         fusible = is_fusible(op)
         fused_until = here
         for result in op.results:
@@ -120,6 +138,31 @@ class BlockFusion:
                 if result not in self.materialized:
                     stack.extend(u for u in self.users(result) if u is not self.block.last_op)
         return kernels
+
+
+def merge_identity_ranges(
+    block: Block, ranges: list[tuple[SSAValue, int, int]]
+) -> list[tuple[SSAValue, int, int]]:
+    """Live ranges where an identity op's result (a pipeline marker, an
+    optimization barrier) is the buffer of its operand: the operand's range
+    extends to the result's last read and the result takes no memory of its own
+    (when the operand has no range, being fused into the marker, the result's
+    range stands for the buffer)."""
+    index = {value: k for k, (value, _, _) in enumerate(ranges)}
+    merged = list(ranges)
+    dropped: set[int] = set()
+    for op in block.ops:
+        if not is_identity(op):
+            continue
+        for operand, result in zip(op.operands, op.results, strict=True):
+            if operand not in index or result not in index:
+                continue
+            i, j = index[operand], index[result]
+            value, born, last = merged[i]
+            merged[i] = (value, born, max(last, merged[j][2]))
+            dropped.add(j)
+            index[result] = i
+    return [r for k, r in enumerate(merged) if k not in dropped]
 
 
 def fused_live_ranges(block: Block, excluded_args: set[int]) -> list[tuple[SSAValue, int, int]]:
@@ -165,4 +208,6 @@ __all__ = [
     "fused_traffic_bytes",
     "fuses_inputs",
     "is_fusible",
+    "is_identity",
+    "merge_identity_ranges",
 ]

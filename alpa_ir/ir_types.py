@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import cache
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -15,6 +16,7 @@ from xdsl.dialects.builtin import (
     Float64Type,
     IntegerType,
     Signedness,
+    StringAttr,
     TensorType,
     bf16,
     f16,
@@ -24,6 +26,7 @@ from xdsl.dialects.builtin import (
 )
 from xdsl.ir import Attribute
 
+from alpa_ir.dialects.key_type import KeyType
 from alpa_ir.errors import AlpaError
 
 
@@ -49,20 +52,52 @@ def _type_table() -> dict[Attribute, np.dtype]:
     return {attr: dtype for dtype, attr in _dtype_table().items()}
 
 
-def element_type(dtype: np.dtype | type) -> Attribute:
-    """The xDSL element type of a numpy/JAX dtype (``float32`` -> ``f32``)."""
+def _key_tag(dtype: object) -> str | None:
+    """The implementation tag of a JAX PRNG key dtype (``key<fry>`` -> ``fry``), else None."""
+    impl = getattr(dtype, "_impl", None)
+    tag = getattr(impl, "tag", None)
+    return tag if isinstance(tag, str) and str(dtype) == f"key<{tag}>" else None
+
+
+@cache
+def _key_dtype(tag: str) -> object:
+    """JAX's key dtype for an implementation tag (imports JAX on first use)."""
+    import jax.extend.random as jr
+
+    for impl in (jr.threefry_prng_impl, jr.rbg_prng_impl, jr.unsafe_rbg_prng_impl):
+        if impl.tag == tag:
+            import jax
+
+            return jax.random.key(0, impl=impl.name).dtype
+    raise AlpaError(f"unsupported PRNG key implementation '{tag}'")
+
+
+def element_type(dtype: np.dtype | type | object) -> Attribute:
+    """The xDSL element type of a numpy/JAX dtype (``float32`` -> ``f32``,
+    JAX's ``key<fry>`` -> ``!lax.key<fry>``)."""
+    tag = _key_tag(dtype)
+    if tag is not None:
+        return KeyType(StringAttr(tag))
     try:
-        return _dtype_table()[np.dtype(dtype)]
+        return _dtype_table()[np.dtype(dtype)]  # type: ignore[arg-type]
     except (KeyError, TypeError):
         raise AlpaError(f"unsupported element type {dtype}") from None
 
 
-def numpy_dtype(elem: Attribute) -> np.dtype:
-    """The numpy dtype of an xDSL element type (``f32`` -> ``float32``)."""
+def numpy_dtype(elem: Attribute) -> Any:
+    """The numpy dtype of an xDSL element type (``f32`` -> ``float32``); JAX's
+    key dtype for ``!lax.key<...>``."""
+    if isinstance(elem, KeyType):
+        return _key_dtype(elem.tag)
     try:
         return _type_table()[elem]
     except KeyError:
         raise AlpaError(f"unsupported element type {elem}") from None
+
+
+def is_key_type(ty: Attribute) -> bool:
+    """Whether ``ty`` is a tensor of PRNG keys."""
+    return isinstance(ty, TensorType) and isinstance(ty.element_type, KeyType)
 
 
 def tensor_type(shape: Sequence[int], dtype: np.dtype | type) -> TensorType:
@@ -75,7 +110,7 @@ def shape_of(ty: Attribute) -> tuple[int, ...]:
     return tuple(int(d) for d in ty.get_shape())
 
 
-def dtype_of(ty: Attribute) -> np.dtype:
+def dtype_of(ty: Attribute) -> Any:
     if not isinstance(ty, TensorType):
         raise AlpaError(f"expected a tensor type, got {ty}")
     return numpy_dtype(ty.element_type)
@@ -83,7 +118,11 @@ def dtype_of(ty: Attribute) -> np.dtype:
 
 def nbytes_of(ty: Attribute) -> int:
     """Bytes of a whole tensor of type ``ty``."""
-    return int(np.prod(shape_of(ty), dtype=np.int64)) * dtype_of(ty).itemsize
+    if not isinstance(ty, TensorType):
+        raise AlpaError(f"expected a tensor type, got {ty}")
+    elem = ty.element_type
+    itemsize = elem.itemsize if isinstance(elem, KeyType) else numpy_dtype(elem).itemsize
+    return int(np.prod(shape_of(ty), dtype=np.int64)) * itemsize
 
 
 FLOAT_TYPES = (Float16Type, BFloat16Type, Float32Type, Float64Type)

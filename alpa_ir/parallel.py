@@ -26,6 +26,15 @@ from alpa_ir.device_mesh import LogicalDeviceMesh
 from alpa_ir.dialects.mesh import MESH_ATTR
 from alpa_ir.dialects.sharding import SPEC_ATTR, ShardingSpec, spec_of_value
 from alpa_ir.errors import AlpaError
+from alpa_ir.frontend.arguments import (
+    CompiledSignature,
+    StaticArgnums,
+    StepArguments,
+    compiled_signature,
+    signature_key,
+    step_arguments,
+)
+from alpa_ir.frontend.pytree_codec import leaf_path_name
 from alpa_ir.pass_manager import PassManager
 from alpa_ir.plugins.registry import PluginRegistry, default_registry
 
@@ -223,8 +232,7 @@ class ShardedExecutable:
         self,
         module: ModuleOp,
         mesh: LogicalDeviceMesh,
-        in_tree: Any,
-        out_tree: Any,
+        signature: CompiledSignature,
         batch_leaves: Sequence[int],
         num_micro_batches: int,
     ) -> None:
@@ -235,7 +243,8 @@ class ShardedExecutable:
         self.module = module
         self.mesh = mesh
         self.function: func.FuncOp = main_function(module)
-        self.in_tree, self.out_tree = in_tree, out_tree
+        self.signature = signature
+        self.in_tree, self.out_tree = signature.in_tree, signature.out_tree
         self.batch_leaves = tuple(batch_leaves)
         self.num_micro_batches = num_micro_batches
         assert mesh.devices is not None and mesh.axis_names is not None
@@ -279,11 +288,7 @@ class ShardedExecutable:
         return total_wire_bytes(hlo_collectives(self.get_hlo_text(*args)), self.mesh.size)
 
     def _flat_inputs(self, args: tuple[Any, ...]) -> list[Any]:
-        flat, tree = jax.tree.flatten(args)
-        if tree != self.in_tree:
-            raise AlpaError(
-                f"arguments have structure {tree}, the step was compiled for {self.in_tree}"
-            )
+        flat = self.signature.flatten(args)
         if self.num_micro_batches > 1:
             b = self.num_micro_batches
             flat = [
@@ -296,7 +301,7 @@ class ShardedExecutable:
 
     def __call__(self, *args: Any) -> Any:
         outs = self._run(*self._flat_inputs(args))
-        return jax.tree.unflatten(self.out_tree, list(outs))
+        return self.signature.unflatten_outputs(outs)
 
     def get_hlo_text(self, *args: Any) -> str:
         """The compiled HLO of the SPMD program (after XLA's passes)."""
@@ -354,17 +359,52 @@ class ShardedExecutable:
 
 
 def _micro_batch_args(
-    args: tuple[Any, ...], batch_argnums: Sequence[int], b: int
+    args: tuple[Any, ...], batch_argnums: Sequence[int], b: int, names: Sequence[str] = ()
 ) -> tuple[Any, ...]:
-    def shrink(x: Any) -> jax.ShapeDtypeStruct:
+    """``args`` with every leaf of the batch arguments shrunk to one micro-batch."""
+
+    def shrink(name: str, x: Any) -> jax.ShapeDtypeStruct:
         shape = tuple(np.shape(x))
         if not shape or shape[0] % b:
+            where = f"{name}: " if name else ""
             raise AlpaError(
-                f"a batch array of shape {list(shape)} cannot be split into {b} micro-batches"
+                f"{where}a batch array of shape {list(shape)} cannot be split into "
+                f"{b} micro-batches"
             )
         return jax.ShapeDtypeStruct((shape[0] // b, *shape[1:]), x.dtype)
 
-    return tuple(jax.tree.map(shrink, a) if k in batch_argnums else a for k, a in enumerate(args))
+    out = []
+    for k, a in enumerate(args):
+        if k not in batch_argnums:
+            out.append(a)
+            continue
+        arg_name = names[k] if k < len(names) else f"arg{k}"
+        out.append(
+            jax.tree_util.tree_map_with_path(
+                lambda path, x, n=arg_name: shrink(leaf_path_name((None, *path), [n]), x), a
+            )
+        )
+    return tuple(out)
+
+
+def trace_arguments(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    static_argnums: StaticArgnums,
+    batch_argnums: Sequence[int],
+    num_micro_batches: int,
+) -> tuple[StepArguments, tuple[Any, ...]]:
+    """The call's arguments, and the arguments to trace the step with (every
+    dynamic leaf abstract, batch leaves at the micro-batch shape)."""
+    arguments = step_arguments(fn, args, static_argnums)
+    traced = list(arguments.args)
+    abstract = arguments.abstract()
+    for k, a in zip(arguments.dynamic_argnums, abstract, strict=True):
+        traced[k] = a
+    if num_micro_batches > 1:
+        batch = [k for k in batch_argnums if k not in arguments.static_argnums]
+        traced = list(_micro_batch_args(tuple(traced), batch, num_micro_batches, arguments.names))
+    return arguments, tuple(traced)
 
 
 def compile_step(
@@ -374,11 +414,11 @@ def compile_step(
     *,
     donate_argnums: Sequence[int],
     batch_argnums: Sequence[int],
+    static_argnums: StaticArgnums = (),
     registry: PluginRegistry | None = None,
 ) -> ShardedExecutable:
     """Plan and compile ``fn`` for ``args`` with ``method`` (no execution)."""
-    from alpa_ir.frontend.jaxpr_import import import_jax
-    from alpa_ir.frontend.pytree_codec import decode_treedef
+    from alpa_ir.frontend.jaxpr_import import import_step
     from alpa_ir.module_utils import main_function
 
     registry = registry or default_registry()
@@ -388,21 +428,26 @@ def compile_step(
     ):
         mesh = mesh.flattened()
     b = method.num_micro_batches or 1
-    traced = _micro_batch_args(args, batch_argnums, b) if b > 1 else args
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), traced)
-    module = import_jax(fn, *abstract, donate_argnums=donate_argnums, batch_argnums=batch_argnums)
+    arguments, traced = trace_arguments(fn, args, static_argnums, batch_argnums, b)
+    imported = import_step(
+        fn,
+        *traced,
+        static_argnums=arguments.static_argnums,
+        donate_argnums=donate_argnums,
+        batch_argnums=batch_argnums,
+    )
+    module = imported.module
     function = main_function(module)
     module.body.block.insert_op_before(mesh.to_op("mesh"), function)
     function.attributes[MESH_ATTR] = FlatSymbolRefAttr("mesh")
     option = method.auto_sharding_option
     if isinstance(method, ManualShardParallel):
-        _annotate_manual(function, args, method.in_specs, mesh)
+        _annotate_manual(function, arguments.dynamic, method.in_specs, mesh)
         option = replace(option, force_data_parallel=False)
     PassManager(registry, option.pipeline(b)).run(module)
-    in_tree = decode_treedef(function.attributes["alpa.in_tree"].data)  # type: ignore[attr-defined]
-    out_tree = decode_treedef(function.attributes["alpa.out_tree"].data)  # type: ignore[attr-defined]
-    batch_leaves = _leaf_indices(args, batch_argnums)
-    executable = ShardedExecutable(module, mesh, in_tree, out_tree, batch_leaves, b)
+    signature = compiled_signature(arguments, imported.in_tree, imported.out_tree)
+    batch_leaves = _leaf_indices(arguments.dynamic, arguments.dynamic_positions(batch_argnums))
+    executable = ShardedExecutable(module, mesh, signature, batch_leaves, b)
     executable._example_args = args
     return executable
 
@@ -453,20 +498,16 @@ class ParallelizedFunction:
         method: Method,
         donate_argnums: Sequence[int],
         batch_argnums: Sequence[int],
+        static_argnums: StaticArgnums = "auto",
     ) -> None:
         functools.update_wrapper(self, fn)
         self.fn, self.method = fn, method
         self.donate_argnums, self.batch_argnums = tuple(donate_argnums), tuple(batch_argnums)
+        self.static_argnums = static_argnums
         self._cache: dict[Any, ShardedExecutable] = {}
 
     def get_executable(self, *args: Any) -> ShardedExecutable:
-        flat, tree = jax.tree.flatten(args)
-        key = (
-            tree,
-            tuple(
-                (np.shape(x), np.result_type(x.dtype if hasattr(x, "dtype") else x)) for x in flat
-            ),
-        )
+        key = signature_key(step_arguments(self.fn, args, self.static_argnums))
         if key not in self._cache and _is_pipeshard(self.method):
             from alpa_ir.pipeshard_executable import compile_pipeshard
 
@@ -476,6 +517,7 @@ class ParallelizedFunction:
                 self.method,  # type: ignore[arg-type]
                 donate_argnums=self.donate_argnums,
                 batch_argnums=self.batch_argnums,
+                static_argnums=self.static_argnums,
             )
         if key not in self._cache:
             self._cache[key] = compile_step(
@@ -484,6 +526,7 @@ class ParallelizedFunction:
                 self.method,
                 donate_argnums=self.donate_argnums,
                 batch_argnums=self.batch_argnums,
+                static_argnums=self.static_argnums,
             )
         return self._cache[key]
 
@@ -495,14 +538,20 @@ def parallelize(
     fn: Callable[..., Any] | None = None,
     *,
     method: Method | None = None,
+    static_argnums: StaticArgnums = "auto",
     donate_argnums: Sequence[int] = (0,),
     batch_argnums: Sequence[int] = (1,),
 ) -> Any:
     """Parallelize a training step; usable as ``@parallelize`` or
     ``@parallelize(method=...)``. Defaults follow Alpa: the state (argument 0)
-    is donated, argument 1 is the batch."""
+    is donated, argument 1 is the batch, and with ``static_argnums="auto"``
+    the arguments that are Python ``bool``/``int``/``float``/``str`` (or
+    hold a leaf that is not an array) are static: bound at compile time, a new
+    value compiles again."""
 
     def wrap(f: Callable[..., Any]) -> ParallelizedFunction:
-        return ParallelizedFunction(f, method or ShardParallel(), donate_argnums, batch_argnums)
+        return ParallelizedFunction(
+            f, method or ShardParallel(), donate_argnums, batch_argnums, static_argnums
+        )
 
     return wrap(fn) if fn is not None else wrap

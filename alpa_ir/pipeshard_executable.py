@@ -13,6 +13,8 @@ from xdsl.dialects.builtin import ModuleOp
 
 from alpa_ir.device_mesh import LogicalDeviceMesh
 from alpa_ir.errors import AlpaError
+from alpa_ir.frontend.arguments import CompiledSignature, StaticArgnums, compiled_signature
+from alpa_ir.frontend.jaxpr_import import ImportedStep
 from alpa_ir.module_utils import main_function, symbol_op
 from alpa_ir.pipeshard import (
     AutoLayerOption,
@@ -56,19 +58,16 @@ class PipeshardExecutable:
         placements: Sequence[StagePlacement],
         program: StepProgram,
         functions: dict[str, CompiledFunction],
-        in_tree: Any,
-        out_tree: Any,
-        input_avals: Sequence[jax.ShapeDtypeStruct],
+        signature: CompiledSignature,
     ) -> None:
         from alpa_ir.backends.xla import local_devices_for
 
         self.module = module
         self.placements = tuple(placements)
         self.program = program
-        self.in_tree, self.out_tree = in_tree, out_tree
+        self.signature = signature
+        self.in_tree, self.out_tree = signature.in_tree, signature.out_tree
         self.functions = functions
-        self.input_avals = tuple(input_avals)
-        """Shape and dtype of each flat input (whole batch)."""
         self.transport = TilePlanTransport(program)
         self.interpreters = []
         for name, info in program.meshes.items():
@@ -91,16 +90,12 @@ class PipeshardExecutable:
         return sum(len(v) for v in self.program.instructions.values())
 
     def __call__(self, *args: Any) -> Any:
-        flat, tree = jax.tree.flatten(args)
-        if tree != self.in_tree:
-            raise AlpaError(
-                f"arguments have structure {tree}, the step was compiled for {self.in_tree}"
-            )
+        flat = self.signature.flatten(args)
         if self.remote is not None:
-            return self.remote(*args)
+            return self.remote(*self.signature.dynamic(args))
         inputs = {m: split_inputs(self.program, flat, m) for m in self.program.meshes}
         values = run_interleaved(self.interpreters, inputs)
-        return jax.tree.unflatten(self.out_tree, gather_outputs(self.program, flat, values))
+        return self.signature.unflatten_outputs(gather_outputs(self.program, flat, values))
 
     def get_input_shardings(self) -> Any:
         """Where each input array lives, as a pytree like the arguments: the
@@ -117,7 +112,7 @@ class PipeshardExecutable:
                 if value.startswith("main:"):
                     first.setdefault(value, sharding)
         default = SingleDeviceSharding(jax.devices()[0])
-        leaves = [first.get(f"main:{k}", default) for k in range(len(self.input_avals))]
+        leaves = [first.get(f"main:{k}", default) for k in range(len(self.signature.avals))]
         return jax.tree.unflatten(self.in_tree, leaves)
 
     def get_input_avals(self) -> Any:
@@ -127,8 +122,8 @@ class PipeshardExecutable:
             self.get_input_shardings(), is_leaf=lambda x: isinstance(x, jax.sharding.Sharding)
         )
         avals = [
-            jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s)
-            for a, s in zip(self.input_avals, shardings, strict=True)
+            jax.ShapeDtypeStruct(shape, dtype, sharding=s)
+            for (shape, dtype), s in zip(self.signature.avals, shardings, strict=True)
         ]
         return jax.tree.unflatten(self.in_tree, avals)
 
@@ -230,13 +225,17 @@ def _map_mesh_devices(module: ModuleOp, devices: tuple[int, ...]) -> None:
 
 
 def _import_step(
-    fn: Callable[..., Any], abstract: Any, method: PipeshardParallel, batch_argnums: Sequence[int]
-) -> ModuleOp:
+    fn: Callable[..., Any],
+    traced: tuple[Any, ...],
+    static_argnums: Sequence[int],
+    method: PipeshardParallel,
+    batch_argnums: Sequence[int],
+) -> ImportedStep:
     """Import the step; with :class:`AutoLayerOption` its differentiated
     functions get the layer markers of ``cluster-operators``."""
     import contextlib
 
-    from alpa_ir.frontend.jaxpr_import import import_jax
+    from alpa_ir.frontend.jaxpr_import import import_step
     from alpa_ir.markers import AutomaticLayers, automatic_layers
 
     option = method.layer_option
@@ -248,7 +247,12 @@ def _import_step(
     with scope:
         # A fresh function object: JAX's trace cache must not return a trace
         # made without (or with other) layer markers.
-        return import_jax(lambda *a: fn(*a), *abstract, batch_argnums=batch_argnums)
+        return import_step(
+            lambda *a: fn(*a),
+            *traced,
+            static_argnums=static_argnums,
+            batch_argnums=batch_argnums,
+        )
 
 
 def compile_pipeshard(
@@ -258,11 +262,11 @@ def compile_pipeshard(
     *,
     donate_argnums: Sequence[int],
     batch_argnums: Sequence[int],
+    static_argnums: StaticArgnums = (),
     registry: PluginRegistry | None = None,
 ) -> PipeshardExecutable:
     """Plan and compile ``fn`` for ``args`` with ``method``."""
-    from alpa_ir.frontend.pytree_codec import decode_treedef
-    from alpa_ir.parallel import _micro_batch_args
+    from alpa_ir.parallel import trace_arguments
     from alpa_ir.pass_manager import PassManager
     from alpa_ir.stage_outline import StageSlice, count_layers, outline_stages
 
@@ -272,12 +276,10 @@ def compile_pipeshard(
     b = method.num_micro_batches
     if b < 1:
         raise AlpaError(f"num_micro_batches must be at least 1, got {b}")
-    traced = _micro_batch_args(args, batch_argnums, b) if b > 1 else args
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), traced)
-    module = _import_step(fn, abstract, method, batch_argnums)
+    arguments, traced = trace_arguments(fn, args, static_argnums, batch_argnums, b)
+    imported = _import_step(fn, traced, arguments.static_argnums, method, batch_argnums)
+    module = imported.module
     main = main_function(module)
-    in_tree = decode_treedef(main.attributes["alpa.in_tree"].data)  # type: ignore[attr-defined]
-    out_tree = decode_treedef(main.attributes["alpa.out_tree"].data)  # type: ignore[attr-defined]
     if isinstance(method.stage_option, AutoStageOption):
         placements = _auto_placements(module, method, devices, registry)
     else:
@@ -298,13 +300,8 @@ def compile_pipeshard(
     shard_in_call_order(module, shard)
     PassManager(registry, "builtin.module(cross-mesh-resharding,emit-instructions)").run(module)
     functions = {name: CompiledFunction(c.run, c.in_shardings) for name, c in compiled.items()}
-    input_avals = [
-        jax.ShapeDtypeStruct(np.shape(x), getattr(x, "dtype", None) or np.result_type(x))
-        for x in jax.tree.leaves(args)
-    ]
-    executable = PipeshardExecutable(
-        module, placements, step_program(module), functions, in_tree, out_tree, input_avals
-    )
+    signature = compiled_signature(arguments, imported.in_tree, imported.out_tree)
+    executable = PipeshardExecutable(module, placements, step_program(module), functions, signature)
     if method.backend == "ray":
         from alpa_ir.backends.ray import RayExecutable
 

@@ -109,7 +109,7 @@ from alpa_ir.dialects.sharding import (
 )
 from alpa_ir.errors import AlpaError
 from alpa_ir.flops import function_flops, op_bytes
-from alpa_ir.fusion import fused_live_ranges, fused_traffic_bytes
+from alpa_ir.fusion import fused_live_ranges, fused_traffic_bytes, merge_identity_ranges
 from alpa_ir.ir_types import dtype_of, shape_of
 from alpa_ir.module_utils import main_function
 
@@ -794,12 +794,15 @@ def peak_live_bytes(
         (a, 0) for k, a in enumerate(block.args) if k not in excluded_args
     ]
     values += [(r, i) for i, op in enumerate(ops) for r in op.results]
-    ranges = [
-        (nbytes(value), born, last_use(value, born))
-        for value, born in values
-        if value.uses or born != 0 or not isinstance(value.owner, Block)  # not an unused argument
-    ]
-    return _peak(ranges, end)
+    ranges = merge_identity_ranges(
+        block,
+        [
+            (value, born, last_use(value, born))
+            for value, born in values
+            if value.uses or born != 0 or not isinstance(value.owner, Block)  # not unused
+        ],
+    )
+    return _peak([(nbytes(value), born, last) for value, born, last in ranges], end)
 
 
 def _peak(ranges: list[tuple[float, int, int]], end: int) -> float:

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from xdsl.dialects.builtin import ModuleOp, StringAttr
+from xdsl.dialects.builtin import ModuleOp
 
 from alpa_ir.errors import AlpaError
 from alpa_ir.runtime.program import StepProgram, step_program
@@ -40,14 +40,6 @@ POLL_S = 0.5
 def _one_line(err: BaseException) -> str:
     text = str(err).strip()
     return text.splitlines()[0] if text else type(err).__name__
-
-
-def _tree(module: ModuleOp, attr: str) -> Any:
-    from alpa_ir.frontend.pytree_codec import decode_treedef
-    from alpa_ir.module_utils import main_function
-
-    text = main_function(module).attributes.get(attr)
-    return decode_treedef(text.data) if isinstance(text, StringAttr) else None
 
 
 def check_devices(program: StepProgram, available: int, where: str) -> int:
@@ -67,15 +59,15 @@ class RayExecutable:
         step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S,
         start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
     ) -> None:
-        from alpa_ir.frontend.jaxpr_import import IN_TREE_ATTR, OUT_TREE_ATTR
+        from alpa_ir.backends.xla import tree_texts
+        from alpa_ir.module_utils import main_function
         from alpa_ir.runtime.ray_cluster import device_resource, require_ray
 
         self.ray = require_ray()
         self.module = module
         self.program = step_program(module)
         self.step_timeout_s = step_timeout_s
-        self.in_tree = _tree(module, IN_TREE_ATTR)
-        self.out_tree = _tree(module, OUT_TREE_ATTR)
+        self.trees = tree_texts(main_function(module))
         resource = device_resource()
         check_devices(self.program, resource.total, f"the Ray cluster ({resource.name})")
         self.broken = ""
@@ -158,10 +150,7 @@ class RayExecutable:
         if self.broken:
             raise AlpaError(f"this executable's workers are stopped after an error: {self.broken}")
         flat, tree = jax.tree.flatten(args)
-        if self.in_tree is not None and tree != self.in_tree:
-            raise AlpaError(
-                f"arguments have structure {tree}, the module was imported with {self.in_tree}"
-            )
+        self.trees.check_inputs(tree)
         if len(flat) != self.program.num_inputs:
             raise AlpaError(f"the step takes {self.program.num_inputs} arrays, got {len(flat)}")
         host = [np.asarray(x) for x in flat]
@@ -174,7 +163,8 @@ class RayExecutable:
         per_mesh = self._wait(refs, self.step_timeout_s, "finish the step")
         values = {k: v for outputs in per_mesh.values() for k, v in outputs.items()}
         outs = gather_outputs(self.program, host, values)
-        return outs if self.out_tree is None else jax.tree.unflatten(self.out_tree, outs)
+        out_tree = self.trees.out_tree(tree)
+        return outs if out_tree is None else jax.tree.unflatten(out_tree, outs)
 
     def _check_batch(self, host: list[np.ndarray]) -> None:
         b = self.program.num_micro_batches

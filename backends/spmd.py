@@ -23,7 +23,14 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Block, Operation, SSAValue
 
-from alpa_ir.autosharding.local_ops import LOCALIZERS, LocalContext, iota_offset, linear_axis_index
+from alpa_ir.autosharding.local_ops import (
+    LOCALIZERS,
+    LocalContext,
+    block_offsets,
+    iota_offset,
+    linear_axis_index,
+)
+from alpa_ir.autosharding.local_random import local_random_bits
 from alpa_ir.dialects.lax import ConstantOp, LaxOp, PrimitiveOp
 from alpa_ir.dialects.sharding import (
     AllGatherOp,
@@ -209,6 +216,16 @@ class _LocalEvaluator:
         params = localize(op.jax_params(), ctx)
         from alpa_ir.frontend.primitives import lookup_primitive
 
+        if name == "random_bits":
+            return [
+                local_random_bits(
+                    xs[0],
+                    params["bit_width"],
+                    ctx.result_shapes[0],
+                    ctx.local_result(0),
+                    block_offsets(ctx, 0, self.names),
+                )
+            ]
         out = lookup_primitive(name).bind(*xs, **params)
         if name == "iota":
             out = iota_offset(out, params, ctx, self.names)

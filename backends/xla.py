@@ -31,9 +31,10 @@ from alpa_ir.dialects.sharding import (
     result_specs,
 )
 from alpa_ir.errors import AlpaError
+from alpa_ir.frontend.arguments import abstract_leaf
 from alpa_ir.frontend.jax_export import OpHandler, eval_block
 from alpa_ir.frontend.jaxpr_import import IN_TREE_ATTR, OUT_TREE_ATTR
-from alpa_ir.frontend.pytree_codec import decode_treedef
+from alpa_ir.frontend.pytree_codec import TreeTexts
 from alpa_ir.ir_types import dtype_of, shape_of
 from alpa_ir.module_utils import main_function, symbol_op
 
@@ -102,10 +103,10 @@ def check_arguments(function: func.FuncOp, flat_args: Sequence[Any]) -> None:
         raise AlpaError(f"the module takes {len(types)} array arguments, got {len(flat_args)}")
     for k, (arg, ty, block_arg) in enumerate(zip(flat_args, types, function.args, strict=True)):
         want_shape, want_dtype = shape_of(ty), dtype_of(ty)
-        shape = tuple(np.shape(arg))
-        dtype = arg.dtype if hasattr(arg, "dtype") else np.result_type(arg)
-        if shape != want_shape or dtype != want_dtype:
-            name = block_arg.name_hint or f"#{k}"
+        name = block_arg.name_hint or f"#{k}"
+        aval = abstract_leaf(arg, name)
+        shape, dtype = tuple(aval.shape), aval.dtype
+        if shape != want_shape or str(dtype) != str(want_dtype):
             raise AlpaError(
                 f"argument {k} ({name}) is {dtype}{list(shape)}, the module expects "
                 f"{want_dtype}{list(want_shape)}"
@@ -119,26 +120,23 @@ class XlaExecutable:
     module: ModuleOp
     function: func.FuncOp
     jitted: Callable[..., Any]
-    in_tree: Any
-    out_tree: Any
+    trees: TreeTexts
     mesh: Mesh | None = None
     in_shardings: tuple[Any, ...] | None = None
 
     def __call__(self, *args: Any) -> Any:
         flat, tree = jax.tree.flatten(args)
-        if self.in_tree is not None and tree != self.in_tree:
-            raise AlpaError(
-                f"arguments have structure {tree}, the module was imported with {self.in_tree}"
-            )
+        self.trees.check_inputs(tree)
         check_arguments(self.function, flat)
         if self.in_shardings is not None:
             # Place inputs as the program expects, so that the first call (host
             # arrays) and later calls (sharded results) hit the same executable.
             flat = jax.device_put(flat, list(self.in_shardings))
         outs = self.jitted(*flat)
-        if self.out_tree is None:
+        out_tree = self.trees.out_tree(tree)
+        if out_tree is None:
             return list(outs)
-        return jax.tree.unflatten(self.out_tree, list(outs))
+        return jax.tree.unflatten(out_tree, list(outs))
 
     def hlo_text(self, *args: Any) -> str:
         """The compiled HLO text for these arguments (after XLA's SPMD partitioner)."""
@@ -196,13 +194,12 @@ class XlaBackend:
 
     def compile(self, module: ModuleOp) -> XlaExecutable:
         function = main_function(module)
-        in_tree = _tree(function, IN_TREE_ATTR)
-        out_tree = _tree(function, OUT_TREE_ATTR)
+        trees = tree_texts(function)
         mesh_op = function_mesh(module, function)
         if mesh_op is None:
             block = function.body.block
             jitted = jax.jit(lambda *flat: tuple(eval_block(block, list(flat))))
-            return XlaExecutable(module, function, jitted, in_tree, out_tree)
+            return XlaExecutable(module, function, jitted, trees)
         mesh = jax_mesh(mesh_op)
         names = mesh_axis_names(mesh_op)
         ins = function.function_type.inputs.data
@@ -222,15 +219,17 @@ class XlaBackend:
             in_shardings=in_shardings,
             out_shardings=out_shardings,
         )
-        return XlaExecutable(module, function, jitted, in_tree, out_tree, mesh, in_shardings)
+        return XlaExecutable(module, function, jitted, trees, mesh, in_shardings)
 
     def execute(self, module: ModuleOp, *args: Any) -> Any:
         return self.compile(module)(*args)
 
 
-def _tree(function: func.FuncOp, attr: str) -> Any:
-    text = function.attributes.get(attr)
-    if text is None:
-        return None
-    assert isinstance(text, StringAttr)
-    return decode_treedef(text.data)
+def tree_texts(function: func.FuncOp) -> TreeTexts:
+    """The pytree structures @main records (``alpa.in_tree``, ``alpa.out_tree``)."""
+
+    def text(attr: str) -> str | None:
+        value = function.attributes.get(attr)
+        return value.data if isinstance(value, StringAttr) else None
+
+    return TreeTexts(text(IN_TREE_ATTR), text(OUT_TREE_ATTR))

@@ -258,6 +258,28 @@ def _control_flow() -> list[Case]:
     ]
 
 
+def _random() -> list[Case]:
+    from jax.extend.random import threefry_2x32
+
+    def typed(x: jax.Array) -> Any:
+        key = jax.random.clone(jax.random.key(3))  # random_seed, random_clone
+        k1, k2 = jax.random.split(key)  # random_split
+        k3 = jax.random.fold_in(k1, 5)  # random_fold_in
+        data = jax.random.key_data(k3)  # random_unwrap
+        k4 = jax.random.wrap_key_data(data)  # random_wrap
+        return x * jax.random.uniform(k4, x.shape) + jax.random.normal(k2, x.shape)  # random_bits
+
+    return [
+        ("random_typed_keys", typed, (X,)),
+        (
+            "random_raw_key",
+            lambda k, x: x + jax.random.normal(k, x.shape),
+            (jax.random.PRNGKey(1), X),
+        ),
+        ("threefry2x32", lambda k, c: threefry_2x32(k, c), (jnp.asarray([1, 2], jnp.uint32), U)),
+    ]
+
+
 def all_cases() -> list[Case]:
     return (
         _unary()
@@ -266,4 +288,5 @@ def all_cases() -> list[Case]:
         + _indexing()
         + _windows_and_conv()
         + _control_flow()
+        + _random()
     )

@@ -29,7 +29,7 @@ from alpa_ir.autosharding.resharding import INF, ReshardCoster, local_nbytes
 from alpa_ir.autosharding.rules import RULES, TRANSPARENT_PRIMITIVES
 from alpa_ir.dialects.lax import ConstantOp, LaxOp
 from alpa_ir.dialects.sharding import ShardingSpec
-from alpa_ir.ir_types import dtype_of, shape_of
+from alpa_ir.ir_types import dtype_of, is_key_type, shape_of
 
 RuleLookup = Callable[[str], Callable[[LaxOp], object] | None]
 
@@ -67,6 +67,21 @@ class StrategyGraph:
 
 def _itemsize(value: SSAValue) -> int:
     return dtype_of(value.type).itemsize
+
+
+def _keys_replicated(op: Operation, strategies: list[Strategy]) -> list[Strategy]:
+    """The strategies that keep every PRNG key operand and result replicated:
+    a key is one value, drawn from whole on every device."""
+    operands = [k for k, t in enumerate(op.operand_types) if is_key_type(t)]
+    results = [k for k, t in enumerate(op.result_types) if is_key_type(t)]
+    if not operands and not results:
+        return strategies
+    return [
+        s
+        for s in strategies
+        if not any(s.operand_specs[k].used_axes() for k in operands)
+        and not any(s.result_specs[k].used_axes() or s.result_specs[k].partial for k in results)
+    ]
 
 
 def _spec_options(shape: tuple[int, ...], mesh_shape: Sequence[int]) -> list[ShardingSpec]:
@@ -150,7 +165,10 @@ class GraphBuilder:
         if isinstance(op, LaxOp):
             rule_fn = self.rule_lookup(op.primitive_name)
             if rule_fn is not None:
-                strategies = enumerate_strategies(rule_fn(op), self.mesh_shape)  # type: ignore[arg-type]
+                strategies = _keys_replicated(
+                    op,
+                    enumerate_strategies(rule_fn(op), self.mesh_shape),  # type: ignore[arg-type]
+                )
                 if strategies:
                     return strategies
         name = getattr(op, "primitive_name", op.name)
@@ -219,7 +237,10 @@ class GraphBuilder:
     def _arg_strategies(self, index: int, arg: SSAValue) -> list[NodeStrategy]:
         shape = shape_of(arg.type)
         out = []
-        for spec in _spec_options(shape, self.mesh_shape):
+        options = _spec_options(shape, self.mesh_shape)
+        if is_key_type(arg.type):  # PRNG keys stay whole on every device
+            options = [ShardingSpec.replicated(len(shape))]
+        for spec in options:
             cost = self.arg_filter(index, arg, spec) if self.arg_filter else 0.0
             out.append(NodeStrategy(str(spec), cost, {arg: spec}, {}, {}))
         return out

@@ -72,6 +72,7 @@ LOCALIZERS: Mapping[str, Localizer] = MappingProxyType(
         "broadcast_in_dim": _result_shape_param("shape"),
         "reshape": _result_shape_param("new_sizes"),
         "iota": _result_shape_param("shape"),
+        "random_bits": _result_shape_param("shape"),
         "slice": _slice,
         "gather": _slice_sizes,
         "dynamic_slice": _slice_sizes,
@@ -95,3 +96,14 @@ def iota_offset(value: Any, params: dict[str, Any], ctx: LocalContext, names: Se
         return value
     start = linear_axis_index(axes, ctx.mesh_shape, names) * ctx.local_result(0)[dim]
     return value + start.astype(value.dtype)
+
+
+def block_offsets(ctx: LocalContext, result: int, names: Sequence[str]) -> list[Any]:
+    """The start of this device's block of result ``result`` along every dimension."""
+    spec, local = ctx.result_specs[result], ctx.local_result(result)
+    return [
+        linear_axis_index(axes, ctx.mesh_shape, names).astype(jnp.uint32) * local[d]
+        if axes
+        else jnp.uint32(0)
+        for d, axes in enumerate(spec.dims)
+    ]

@@ -313,6 +313,35 @@ def iota(op: LaxOp) -> FactorRule:
     return b.rule([], [tuple(_one(b.add(s, P, f"d{k}")) for k, s in enumerate(outs[0]))])
 
 
+def replicated(op: LaxOp) -> FactorRule:
+    """No dimension is ever split (the ops on PRNG keys: a key is one value)."""
+    ins, outs = _shapes(op)
+    return _Builder().rule(
+        [tuple(() for _ in shape) for shape in ins], [tuple(() for _ in shape) for shape in outs]
+    )
+
+
+def random_bits(op: LaxOp) -> FactorRule:
+    """Bits drawn from one threefry key may be split like any new tensor (a
+    device draws its block from the global indices, see
+    :mod:`alpa_ir.autosharding.local_random`); the dims of a key array, bits of
+    another implementation and 64-bit bits stay whole."""
+    from alpa_ir.dialects.key_type import KeyType
+
+    ins, outs = _shapes(op)
+    key_elem = op.operand_types[0].element_type  # type: ignore[attr-defined]
+    splittable = (
+        not ins[0]
+        and isinstance(key_elem, KeyType)
+        and key_elem.tag == "fry"
+        and op.param("bit_width") <= 32
+    )
+    b = _Builder()
+    kind = P if splittable else N
+    dims = tuple(_one(b.add(s, kind, f"d{k}")) for k, s in enumerate(outs[0]))
+    return b.rule([tuple(() for _ in ins[0])], [dims])
+
+
 def dynamic_slice(op: LaxOp) -> FactorRule:
     ins, _ = _shapes(op)
     sizes = op.param("slice_sizes")
@@ -414,6 +443,19 @@ def _default_rules() -> dict[str, RuleFn]:
             "concatenate": concatenate,
             "split": along_axis("axis"),
             "iota": iota,
+            "random_bits": random_bits,
+            **{
+                n: replicated
+                for n in (
+                    "random_seed",
+                    "random_wrap",
+                    "random_unwrap",
+                    "random_split",
+                    "random_fold_in",
+                    "random_clone",
+                    "threefry2x32",
+                )
+            },
             "dot_general": dot_general,
             "conv_general_dilated": conv_general_dilated,
             "argmax": argminmax,

@@ -38,6 +38,7 @@ from xdsl.irdl import irdl_attr_definition
 from xdsl.parser import AttrParser
 from xdsl.printer import Printer
 
+from alpa_ir.dialects.key_type import KEY_SHAPES, KeyType
 from alpa_ir.errors import AlpaError
 from alpa_ir.ir_types import element_type, numpy_dtype
 
@@ -146,6 +147,7 @@ class ScatterDimsAttr(IntTuplesAttr):
 
 
 LAX_ATTRIBUTES: tuple[type[Attribute], ...] = (
+    KeyType,
     DotDimsAttr,
     ConvDimsAttr,
     GatherDimsAttr,
@@ -491,6 +493,28 @@ class PrimitiveNameC(Codec):
         return lookup_primitive(attr.data)
 
 
+@dataclass(frozen=True)
+class PrngImplC(Codec):
+    """A PRNG implementation (``random_seed``'s and ``random_wrap``'s ``impl``)
+    by its tag (``fry``); only the implementations JAX ships are known."""
+
+    attr_type = StringAttr
+
+    def encode(self, value: Any) -> Attribute | None:
+        tag = getattr(value, "tag", None)
+        _check(tag in KEY_SHAPES, "PRNG implementation shipped with JAX", value)
+        return StringAttr(tag)
+
+    def decode(self, attr: Attribute | None) -> Any:
+        import jax.extend.random as jr
+
+        assert isinstance(attr, StringAttr)
+        for impl in (jr.threefry_prng_impl, jr.rbg_prng_impl, jr.unsafe_rbg_prng_impl):
+            if impl.tag == attr.data:
+                return impl
+        raise AlpaError(f"unknown PRNG implementation '{attr.data}'")
+
+
 # Shared codec instances used by the primitive table.
 INT = IntC()
 BOOL = BoolC()
@@ -504,6 +528,7 @@ DROPPED = DroppedC()
 NONE_ONLY = NoneOnlyC()
 GATHER_MODE = EnumC(lax.GatherScatterMode)
 ROUNDING = EnumC(lax.RoundingMethod)
+PRNG_IMPL = PrngImplC()
 
 
 def is_bool_attr(attr: Attribute) -> bool:

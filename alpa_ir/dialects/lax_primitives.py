@@ -28,6 +28,7 @@ from alpa_ir.dialects.lax_params import (
     OPT_DTYPE,
     OPT_INTS,
     PAIRS,
+    PRNG_IMPL,
     ROUNDING,
     SCATTER_DIMS,
     TRIPLES,
@@ -264,6 +265,15 @@ def _specs() -> list[PrimitiveSpec]:
             region_params=("jaxpr",),
         ),
         PrimitiveSpec("cond", OpKind.CONTROL, variadic_region_param="branches"),
+        # Random numbers: typed keys (``!lax.key<fry>``) and the bits drawn from them.
+        PrimitiveSpec("random_seed", OpKind.OTHER, {"impl": PRNG_IMPL}),
+        PrimitiveSpec("random_wrap", OpKind.OTHER, {"impl": PRNG_IMPL}),
+        PrimitiveSpec("random_unwrap", OpKind.OTHER),
+        PrimitiveSpec("random_bits", OpKind.OTHER, {"bit_width": INT, "shape": INTS}),
+        PrimitiveSpec("random_split", OpKind.OTHER, {"shape": INTS}),
+        PrimitiveSpec("random_fold_in", OpKind.OTHER),
+        PrimitiveSpec("random_clone", OpKind.OTHER),
+        PrimitiveSpec("threefry2x32", OpKind.OTHER),
         # Markers and barriers.
         PrimitiveSpec("pipeline_marker", OpKind.MARKER, {"kind": StrC()}),
         PrimitiveSpec("optimization_barrier", OpKind.MARKER),

@@ -10,7 +10,6 @@ come back as the user's pytrees. Each op carries the user's source location.
 from __future__ import annotations
 
 import functools
-import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,17 +36,14 @@ from alpa_ir.dialects.lax_generic_params import encode_generic
 from alpa_ir.dialects.lax_params import DroppedC, NoneOnlyC, ints_attr
 from alpa_ir.dialects.lax_primitives import INLINED_PRIMITIVES, PRIMITIVES, PrimitiveSpec
 from alpa_ir.errors import AlpaError, UnsupportedPrimitiveError
-from alpa_ir.frontend.pytree_codec import encode_treedef, flat_names
+from alpa_ir.frontend.arguments import StaticArgnums, StepArguments, step_arguments
+from alpa_ir.frontend.differentiation import mark_differentiation
+from alpa_ir.frontend.pytree_codec import encode_treedef
 from alpa_ir.ir_types import tensor_type
 
 IN_TREE_ATTR = "alpa.in_tree"
 OUT_TREE_ATTR = "alpa.out_tree"
 DONATED_ATTR = "alpa.donated"
-"""@main attribute: flat indices of the donated inputs."""
-BATCH_ATTR = "alpa.batch_args"
-"""@main attribute: flat indices of the inputs that are the batch (split into micro-batches)."""
-ALIASES_ATTR = "alpa.aliases"
-"""@main attribute: pairs [output, input]: the output is the new value of the donated input."""
 """@main attribute: flat indices of the donated inputs."""
 BATCH_ATTR = "alpa.batch_args"
 """@main attribute: flat indices of the inputs that are the batch (split into micro-batches)."""
@@ -104,6 +100,10 @@ class _BlockEmitter:
     # jit boundaries, so eqns inside a jitted helper (jnp.take, ...) have no
     # user frame of their own.
     fallback_location: tuple[str, int, int] | None = None
+    backward: bool = False
+    """Whether the eqns emitted come from a transpose (the backward pass)."""
+    backward_ops: set[Operation] | None = None
+    """Where the top-level block collects its backward ops (None in regions)."""
 
     def location(self, eqn: Any) -> tuple[str, int, int] | None:
         return _user_location(eqn) or self.fallback_location
@@ -143,14 +143,19 @@ class _BlockEmitter:
     def emit_eqn(self, eqn: Any) -> None:
         name = eqn.primitive.name
         inputs = [self.read(v) for v in eqn.invars]
+        backward = self.backward or "transpose(" in str(eqn.source_info.name_stack)
         if name in INLINED_PRIMITIVES:
-            outs = self.inline(eqn, inputs)
+            outs = self.inline(eqn, inputs, backward)
         else:
             outs = self.importer.make_op(self, eqn, inputs)
+            if backward and self.backward_ops is not None and outs:
+                owner = outs[0].owner
+                if isinstance(owner, Operation):
+                    self.backward_ops.add(owner)
         for var, value in zip(eqn.outvars, outs, strict=True):
             self.env[var] = value
 
-    def inline(self, eqn: Any, inputs: list[SSAValue]) -> list[SSAValue]:
+    def inline(self, eqn: Any, inputs: list[SSAValue], backward: bool) -> list[SSAValue]:
         params = eqn.params
         sub = params.get("jaxpr", params.get("call_jaxpr", params.get("fun_jaxpr")))
         if sub is None:
@@ -166,6 +171,8 @@ class _BlockEmitter:
             self.block,
             constants=self.constants,
             fallback_location=self.location(eqn),
+            backward=backward,
+            backward_ops=self.backward_ops,
         )
         return nested.emit_jaxpr(jaxpr, consts, inputs)
 
@@ -256,14 +263,6 @@ class JaxprImporter:
         )
 
 
-def _arg_names(fn: Callable[..., Any], count: int) -> list[str]:
-    try:
-        params = list(inspect.signature(fn).parameters)
-    except (TypeError, ValueError):
-        params = []
-    return [params[k] if k < len(params) else f"arg{k}" for k in range(count)]
-
-
 def _sanitize(name: str) -> str:
     clean = "".join(c if c.isalnum() or c in "_.$-" else "_" for c in name)
     if not clean or not (clean[0].isalpha() or clean[0] == "_"):
@@ -271,48 +270,99 @@ def _sanitize(name: str) -> str:
     return clean
 
 
-def import_jax(
+@dataclass(frozen=True)
+class ImportedStep:
+    """A traced step: its module and the real pytree structures of its
+    (dynamic) inputs and outputs, which executables keep in memory."""
+
+    module: ModuleOp
+    in_tree: Any
+    out_tree: Any
+    arguments: StepArguments
+
+
+def import_step(
     fn: Callable[..., Any],
     *example_args: Any,
+    static_argnums: StaticArgnums = (),
     donate_argnums: Sequence[int] = (),
     batch_argnums: Sequence[int] = (),
     locations: bool = True,
-) -> ModuleOp:
-    """Trace ``fn`` on ``example_args`` (arrays or ``jax.ShapeDtypeStruct``) and
-    return the module. ``str(module)`` is its text.
-
-    ``donate_argnums`` name the arguments whose buffers the step replaces (the
-    training state): each of their leaves is paired with the output leaf at
-    the same path (``state.params.w`` in, ``new_state.params.w`` out).
-    ``batch_argnums`` name the batch arguments."""
-    closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*example_args)
-    in_leaves, in_tree = jax.tree.flatten(example_args)
+) -> ImportedStep:
+    """:func:`import_jax`, also returning the pytree structures (see :class:`ImportedStep`)."""
+    arguments = step_arguments(fn, example_args, static_argnums)
+    abstract = arguments.abstract()
+    try:
+        closed, out_shape = jax.make_jaxpr(arguments.bind(fn), return_shape=True)(*abstract)
+    except AlpaError:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise AlpaError(
+            f"tracing {getattr(fn, '__name__', 'the step')}: {_first_line(exc)}"
+        ) from exc
+    in_tree = jax.tree.structure(abstract)
     out_tree = jax.tree.structure(out_shape)
     jaxpr = closed.jaxpr
 
     importer = JaxprImporter(locations=locations)
-    arg_types = [_aval_type(v.aval, f"argument {k}") for k, v in enumerate(jaxpr.invars)]
+    names = arguments.leaf_names()
+    arg_types = [_aval_type(v.aval, n) for v, n in zip(jaxpr.invars, names, strict=True)]
     block = Block(arg_types=arg_types)
-    names = flat_names(example_args, _arg_names(fn, len(example_args)))
     for arg, name in zip(block.args, names, strict=True):
         arg.name_hint = _sanitize(name)
-    outs = _BlockEmitter(importer, block).emit_jaxpr(jaxpr, closed.consts, list(block.args))
+    backward_ops: set[Operation] = set()
+    emitter = _BlockEmitter(importer, block, backward_ops=backward_ops)
+    outs = emitter.emit_jaxpr(jaxpr, closed.consts, list(block.args))
     block.add_op(func.ReturnOp(*outs))
+    mark_differentiation(block, backward_ops)
 
     main = func.FuncOp("main", (arg_types, [o.type for o in outs]), Region(block))
     main.attributes[IN_TREE_ATTR] = StringAttr(encode_treedef(in_tree))
     main.attributes[OUT_TREE_ATTR] = StringAttr(encode_treedef(out_tree))
-    donated = _leaves_of(example_args, donate_argnums)
+    donated = _leaves_of(abstract, arguments.dynamic_positions(donate_argnums))
     if donated:
         main.attributes[DONATED_ATTR] = _int_array(donated)
-        aliases = _aliases(example_args, out_shape, donated)
+        aliases = _aliases(abstract, out_shape, donated)
         if aliases:
             main.attributes[ALIASES_ATTR] = ArrayAttr([_int_array(pair) for pair in aliases])
-    batch = _leaves_of(example_args, batch_argnums)
+    batch = _leaves_of(abstract, arguments.dynamic_positions(batch_argnums))
     if batch:
         main.attributes[BATCH_ATTR] = _int_array(batch)
-    del in_leaves
-    return ModuleOp([main])
+    return ImportedStep(ModuleOp([main]), in_tree, out_tree, arguments)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def import_jax(
+    fn: Callable[..., Any],
+    *example_args: Any,
+    static_argnums: StaticArgnums = (),
+    donate_argnums: Sequence[int] = (),
+    batch_argnums: Sequence[int] = (),
+    locations: bool = True,
+) -> ModuleOp:
+    """Trace ``fn`` on ``example_args`` and return the module. ``str(module)``
+    is its text.
+
+    Arguments are any pytrees of arrays, ``jax.ShapeDtypeStruct``, PRNG keys
+    (raw ``uint32[2]`` or typed ``jax.random.key``) and Python scalars (0-d
+    arrays); ``static_argnums`` (or ``"auto"``: Alpa's rule, see
+    :mod:`alpa_ir.frontend.arguments`) are bound as constants and are not
+    arguments of ``@main``. ``donate_argnums`` name the arguments whose buffers
+    the step replaces (the training state): each of their leaves is paired
+    with the output leaf at the same path (``state.params.w`` in,
+    ``new_state.params.w`` out). ``batch_argnums`` name the batch arguments."""
+    return import_step(
+        fn,
+        *example_args,
+        static_argnums=static_argnums,
+        donate_argnums=donate_argnums,
+        batch_argnums=batch_argnums,
+        locations=locations,
+    ).module
 
 
 def _int_array(values: Sequence[int]) -> DenseArrayBase:
@@ -345,7 +395,7 @@ def _aliases(
     pairs, taken = [], set()
     for i in donated:
         path, leaf = ins[i]
-        key = (tuple(path[1:]), tuple(np.shape(leaf)), str(np.result_type(leaf.dtype)))
+        key = (tuple(path[1:]), tuple(np.shape(leaf)), str(leaf.dtype))
         for j in by_path.get(key, []):
             if j not in taken:
                 taken.add(j)

@@ -28,6 +28,8 @@ _PRIMITIVE_MODULES = (
     "jax._src.ad_util",
     "jax._src.random",
     "jax._src.prng",
+    "jax._src.random.prng",
+    "jax._src.random.threefry2x32",
     "alpa_ir.markers",
 )
 

@@ -1,16 +1,30 @@
-"""Pytree structures as text, so that a module printed and parsed again still
-returns results as the user's pytrees.
+"""Pytree structures as text, readable and safe to read back.
 
-A treedef is written as a Python literal: ``'*'`` for a leaf, and
-``('module:QualName', aux, (children...))`` for a node, where ``aux`` is the
-node's auxiliary data (e.g. a dict's keys) as a literal. Built-in containers
-use short names (``dict``, ``list``, ``tuple``, ``None``).
+A step's inputs and outputs are any registered pytree (dicts, flax
+``TrainState``, equinox modules, dataclasses, NamedTuples). The executable
+keeps the real ``PyTreeDef`` in memory; the module's text records a
+description of it, so that a module printed and parsed again can still
+return results as the user's pytrees.
+
+The text is a Python literal: ``'*'`` for a leaf and
+``('module:QualName', aux, (children...))`` for a node whose auxiliary data
+(e.g. a dict's keys) is itself a literal. A node whose auxiliary data is not
+(a ``TrainState`` holds its ``apply_fn`` and optimizer, an equinox module its
+sentinels) is written ``('module:QualName', None, (children...), 'opaque:
+<short description>')``: readable, but not rebuildable from the text alone.
+
+Reading the text back never imports a module and never runs code named in
+it: a node type is resolved only among the types of trees the caller passes
+(``known``, e.g. the arguments a module is called with), the types JAX has
+registered as pytree nodes, and classes defined in modules already imported;
+an opaque node takes its auxiliary data from a known node of the same type.
 """
 
 from __future__ import annotations
 
 import ast
-import importlib
+import sys
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import jax
@@ -20,84 +34,230 @@ from alpa_ir.errors import AlpaError
 
 _BUILTIN_NAMES = {dict: "dict", list: "list", tuple: "tuple", type(None): "None"}
 _BUILTIN_TYPES = {name: cls for cls, name in _BUILTIN_NAMES.items()}
+_OPAQUE_PREFIX = "opaque: "
+_DESCRIPTION_CHARS = 60
 
 
 def _type_name(cls: type) -> str:
     return _BUILTIN_NAMES.get(cls) or f"{cls.__module__}:{cls.__qualname__}"
 
 
-def _resolve_type(name: str) -> type:
-    if name in _BUILTIN_TYPES:
-        return _BUILTIN_TYPES[name]
-    module_name, _, qualname = name.partition(":")
-    try:
-        obj: Any = importlib.import_module(module_name)
-        for part in qualname.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError):
-        raise AlpaError(f"cannot rebuild pytree node type '{name}': not importable") from None
-    return obj
+def _literal(aux: Any) -> Any:
+    """``aux`` as a Python literal that reads back equal, or raise ValueError."""
+    value = list(aux) if isinstance(aux, list) else aux
+    text = repr(value)
+    if ast.literal_eval(text) != value:
+        raise ValueError(text)
+    return value
 
 
-def _to_literal(treedef: Any) -> Any:
+def _describe(aux: Any) -> str:
+    text = " ".join(repr(aux).split())
+    if len(text) > _DESCRIPTION_CHARS:
+        text = text[: _DESCRIPTION_CHARS - 3] + "..."
+    return _OPAQUE_PREFIX + text
+
+
+def _to_literal(treedef: Any, describe: bool) -> Any:
     data = treedef.node_data()
     if data is None:
         return "*"
     cls, aux = data
-    aux_literal = list(aux) if isinstance(aux, list) else aux
+    children = tuple(_to_literal(c, describe) for c in treedef.children())
     try:
-        ast.literal_eval(repr(aux_literal))
-    except (ValueError, SyntaxError):
-        raise AlpaError(
-            f"pytree node {_type_name(cls)} has auxiliary data that cannot be written as text: {aux!r}"
-        ) from None
-    return (_type_name(cls), aux_literal, tuple(_to_literal(c) for c in treedef.children()))
+        return (_type_name(cls), _literal(aux), children)
+    except (ValueError, SyntaxError, TypeError, RecursionError):
+        return (_type_name(cls), None, children, _describe(aux) if describe else _OPAQUE_PREFIX)
 
 
 def encode_treedef(treedef: Any) -> str:
-    """The text of a ``PyTreeDef``."""
-    return repr(_to_literal(treedef))
+    """The text of a ``PyTreeDef`` (any registered node types)."""
+    return repr(_to_literal(treedef, describe=True))
 
 
-def _from_literal(node: Any) -> Any:
-    if node == "*":
-        return tree_util.tree_structure(0)
-    name, aux, children = node
-    cls = _resolve_type(name)
-    if cls is dict:
-        aux = list(aux)
-    elif isinstance(aux, list):
-        aux = list(aux)
-    return tree_util.PyTreeDef.from_node_data_and_children(
-        tree_util.default_registry, (cls, aux), [_from_literal(c) for c in children]
-    )
+def structure_key(treedef: Any) -> str:
+    """The text of a ``PyTreeDef`` without the descriptions of opaque
+    auxiliary data (which may hold addresses): equal for equal structures."""
+    return repr(_to_literal(treedef, describe=False))
 
 
-def decode_treedef(text: str) -> Any:
-    """The ``PyTreeDef`` written by :func:`encode_treedef`."""
+def same_structure(text: str, treedef: Any) -> bool:
+    """Whether ``treedef`` has the structure the text ``text`` describes."""
     try:
         literal = ast.literal_eval(text)
-    except (ValueError, SyntaxError):
+    except (ValueError, SyntaxError, RecursionError):
+        return False
+    return repr(_without_descriptions(literal)) == structure_key(treedef)
+
+
+def _without_descriptions(node: Any) -> Any:
+    if not isinstance(node, tuple) or len(node) not in (3, 4):
+        return node
+    children = tuple(_without_descriptions(c) for c in node[2])
+    if len(node) == 4:
+        return (node[0], None, children, _OPAQUE_PREFIX)
+    return (node[0], node[1], children)
+
+
+def _nodes(treedef: Any) -> Iterator[tuple[type, Any]]:
+    data = treedef.node_data()
+    if data is None:
+        return
+    yield data
+    for child in treedef.children():
+        yield from _nodes(child)
+
+
+class _Resolver:
+    """Finds node types (and opaque auxiliary data) without importing anything."""
+
+    def __init__(self, known: Iterable[Any]) -> None:
+        self.known: dict[str, list[tuple[type, Any]]] = {}
+        for treedef in known:
+            for cls, aux in _nodes(treedef):
+                self.known.setdefault(_type_name(cls), []).append((cls, aux))
+
+    def type_of(self, name: str) -> type:
+        if name in _BUILTIN_TYPES:
+            return _BUILTIN_TYPES[name]
+        if name in self.known:
+            return self.known[name][0][0]
+        for cls in _registered_types():
+            if _type_name(cls) == name:
+                return cls
+        found = _loaded_class(name)
+        if found is None:
+            raise AlpaError(
+                f"cannot rebuild pytree node type '{name}': it is not loaded in this process "
+                "(reading a module never imports one); import it first"
+            )
+        return found
+
+    def opaque_aux(self, name: str, description: str) -> Any:
+        candidates = self.known.get(name, [])
+        matching = [aux for _, aux in candidates if _describe(aux) == description]
+        if matching:
+            return matching[0]
+        distinct = {id(aux): aux for _, aux in candidates}
+        if len(distinct) == 1:
+            return next(iter(distinct.values()))
+        raise AlpaError(
+            f"cannot rebuild pytree node '{name}': its auxiliary data ({description}) is not "
+            "written in the text; call the module with arguments holding such a node"
+        )
+
+
+def _registered_types() -> Iterable[type]:
+    """Types registered as pytree nodes with ``jax.tree_util`` (already loaded)."""
+    from jax._src import tree_util as internal
+
+    registry = getattr(internal, "_registry", {})
+    return list(registry) if isinstance(registry, dict) else []
+
+
+def _loaded_class(name: str) -> type | None:
+    """The class ``module:QualName`` if its module is already imported; looked
+    up in the module's namespace (no ``getattr``, which a lazy module turns
+    into an import)."""
+    module_name, _, qualname = name.partition(":")
+    module = sys.modules.get(module_name)
+    if module is None or not qualname:
+        return None
+    obj: Any = module
+    for part in qualname.split("."):
+        namespace = getattr(obj, "__dict__", None)
+        if not isinstance(namespace, dict) and not hasattr(namespace, "get"):
+            return None
+        obj = namespace.get(part)
+        if obj is None:
+            return None
+    return obj if isinstance(obj, type) else None
+
+
+def _from_literal(node: Any, resolver: _Resolver) -> Any:
+    if node == "*":
+        return tree_util.tree_structure(0)
+    if not isinstance(node, tuple) or len(node) not in (3, 4):
+        raise AlpaError(f"malformed pytree node in text: {str(node)[:80]}")
+    name, aux, children = node[0], node[1], node[2]
+    cls = resolver.type_of(name)
+    if len(node) == 4:
+        aux = resolver.opaque_aux(name, node[3])
+    elif isinstance(aux, list):
+        aux = list(aux)
+    try:
+        return tree_util.PyTreeDef.from_node_data_and_children(
+            tree_util.default_registry, (cls, aux), [_from_literal(c, resolver) for c in children]
+        )
+    except (TypeError, ValueError) as exc:
+        raise AlpaError(f"cannot rebuild pytree node '{name}': {exc}") from None
+
+
+def decode_treedef(text: str, known: Iterable[Any] = ()) -> Any:
+    """The ``PyTreeDef`` written by :func:`encode_treedef`. Node types and
+    opaque auxiliary data come from the ``known`` treedefs, JAX's registry and
+    already imported modules (see the module doc)."""
+    try:
+        literal = ast.literal_eval(text)
+    except (ValueError, SyntaxError, RecursionError):
         raise AlpaError(f"malformed pytree text: {text[:80]}") from None
-    return _from_literal(literal)
+    return _from_literal(literal, _Resolver(known))
 
 
 def flat_names(example_args: tuple[Any, ...], arg_names: list[str]) -> list[str]:
     """A readable name per leaf of ``example_args`` from its key path, e.g.
     ``state.params.Dense_0.kernel``."""
-    names = []
-    for path, _ in jax.tree_util.tree_flatten_with_path(example_args)[0]:
-        parts: list[str] = []
-        for k, key in enumerate(path):
-            if k == 0 and isinstance(key, tree_util.SequenceKey) and key.idx < len(arg_names):
-                parts.append(arg_names[key.idx])
-            elif isinstance(key, tree_util.DictKey):
-                parts.append(str(key.key))
-            elif isinstance(key, tree_util.SequenceKey):
-                parts.append(str(key.idx))
-            elif isinstance(key, tree_util.GetAttrKey):
-                parts.append(key.name)
-            else:
-                parts.append(str(key))
-        names.append(".".join(parts))
-    return names
+    return [
+        leaf_path_name(path, arg_names)
+        for path, _ in jax.tree_util.tree_flatten_with_path(example_args)[0]
+    ]
+
+
+def leaf_path_name(path: Iterable[Any], arg_names: list[str]) -> str:
+    """``state.params.Dense_0.kernel`` for a key path whose first key is the argument index."""
+    parts: list[str] = []
+    for k, key in enumerate(path):
+        if k == 0 and isinstance(key, tree_util.SequenceKey) and key.idx < len(arg_names):
+            parts.append(arg_names[key.idx])
+        elif isinstance(key, tree_util.DictKey):
+            parts.append(str(key.key))
+        elif isinstance(key, tree_util.SequenceKey):
+            parts.append(str(key.idx))
+        elif isinstance(key, tree_util.GetAttrKey):
+            parts.append(key.name)
+        elif isinstance(key, tree_util.FlattenedIndexKey):
+            parts.append(str(key.key))
+        else:
+            parts.append(str(key))
+    return ".".join(parts)
+
+
+class TreeTexts:
+    """The input and output structures a module records as text, resolved
+    against the arguments it is called with: the inputs must have the
+    recorded structure, and the output structure is rebuilt with the types
+    (and opaque auxiliary data) of the arguments' nodes."""
+
+    def __init__(self, in_text: str | None, out_text: str | None) -> None:
+        self.in_text, self.out_text = in_text, out_text
+        self._out: dict[str, Any] = {}
+
+    def check_inputs(self, treedef: Any) -> None:
+        if self.in_text is not None and not same_structure(self.in_text, treedef):
+            raise AlpaError(
+                f"arguments have structure {_short(encode_treedef(treedef))}, the module was "
+                f"imported with {_short(self.in_text)}"
+            )
+
+    def out_tree(self, in_treedef: Any) -> Any:
+        """The output ``PyTreeDef`` (None when the module records none)."""
+        if self.out_text is None:
+            return None
+        key = structure_key(in_treedef)
+        if key not in self._out:
+            self._out[key] = decode_treedef(self.out_text, known=[in_treedef])
+        return self._out[key]
+
+
+def _short(text: str, limit: int = 160) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
