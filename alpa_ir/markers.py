@@ -47,6 +47,8 @@ def _jvp(primals: Sequence[Any], tangents: Sequence[Any], *, kind: str) -> tuple
     of integer and boolean values (``float0``, e.g. a causal mask passed from
     one layer to the next) carry nothing and stay symbolic zeros outside it."""
     out = pipeline_marker_p.bind(*primals, kind=kind)
+    if not primals:  # an operand-free boundary: a position in the forward pass only
+        return out, []
     live = [k for k, p in enumerate(primals) if jnp.issubdtype(jnp.result_type(p), jnp.inexact)]
     marked = pipeline_marker_p.bind(*(ad.instantiate_zeros(tangents[k]) for k in live), kind=kind)
     out_tangents: list[Any] = [ad.Zero(jax.typeof(p).to_tangent_aval()) for p in primals]
@@ -76,11 +78,17 @@ mlir.register_lowering(pipeline_marker_p, mlir.lower_fun(_impl, multiple_results
 def mark_pipeline_boundary(*xs: Any) -> Any:
     """Mark a boundary between two layers; returns its arguments unchanged.
 
-    ``x = mark_pipeline_boundary(x)`` for one value, or a tuple for several.
-    Pytrees are accepted and returned with the same structure.
+    ``x = mark_pipeline_boundary(x)`` for one value, or a tuple for several
+    (pytrees are accepted and returned with the same structure): JAX mirrors
+    the boundary into the backward pass. ``mark_pipeline_boundary()`` with no
+    argument, as in Alpa, marks the boundary at its position in the traced
+    program (returns None); the compiler mirrors it
+    (:mod:`alpa_ir.layer_mirroring`).
     """
     leaves, tree = jax.tree.flatten(xs)
-    out = pipeline_marker_p.bind(*leaves, kind="layer") if leaves else []
+    out = pipeline_marker_p.bind(*leaves, kind="layer")
+    if not xs:
+        return None
     result = jax.tree.unflatten(tree, list(out))
     return result[0] if len(xs) == 1 else result
 

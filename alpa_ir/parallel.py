@@ -37,6 +37,7 @@ from alpa_ir.frontend.arguments import (
 from alpa_ir.frontend.pytree_codec import leaf_path_name
 from alpa_ir.pass_manager import PassManager
 from alpa_ir.plugins.registry import PluginRegistry, default_registry
+from alpa_ir.step_partition import batch_leaves_of, warn_micro_batch_statistics
 
 
 @dataclass(frozen=True)
@@ -440,6 +441,7 @@ def compile_step(
     function = main_function(module)
     module.body.block.insert_op_before(mesh.to_op("mesh"), function)
     function.attributes[MESH_ATTR] = FlatSymbolRefAttr("mesh")
+    warn_micro_batch_statistics(function, batch_leaves_of(function), b)
     option = method.auto_sharding_option
     if isinstance(method, ManualShardParallel):
         _annotate_manual(function, arguments.dynamic, method.in_specs, mesh)

@@ -38,6 +38,7 @@ from alpa_ir.runtime.interpreter import (
 from alpa_ir.runtime.program import StepProgram, step_program
 from alpa_ir.runtime.transfers import TilePlanTransport
 from alpa_ir.stage_specs import shard_in_call_order
+from alpa_ir.step_partition import batch_leaves_of, warn_micro_batch_statistics
 
 
 class PipeshardExecutable:
@@ -230,29 +231,26 @@ def _import_step(
     static_argnums: Sequence[int],
     method: PipeshardParallel,
     batch_argnums: Sequence[int],
+    registry: PluginRegistry,
 ) -> ImportedStep:
-    """Import the step; with :class:`AutoLayerOption` its differentiated
-    functions get the layer markers of ``cluster-operators``."""
-    import contextlib
-
+    """Import the step and draw its layers: with :class:`AutoLayerOption` the
+    ``cluster-operators`` pass cuts its forward pass; the user's boundaries
+    (``mark_pipeline_boundary``) otherwise. Boundaries JAX did not mirror into
+    the backward pass are mirrored (:mod:`alpa_ir.layer_mirroring`)."""
     from alpa_ir.frontend.jaxpr_import import import_step
-    from alpa_ir.markers import AutomaticLayers, automatic_layers
+    from alpa_ir.layer_mirroring import mirror_layers, needs_mirroring
+    from alpa_ir.pass_manager import PassManager
 
+    imported = import_step(fn, *traced, static_argnums=static_argnums, batch_argnums=batch_argnums)
     option = method.layer_option
-    scope = (
-        automatic_layers(AutomaticLayers(option.layer_num, option.eps))
-        if isinstance(option, AutoLayerOption)
-        else contextlib.nullcontext()
-    )
-    with scope:
-        # A fresh function object: JAX's trace cache must not return a trace
-        # made without (or with other) layer markers.
-        return import_step(
-            lambda *a: fn(*a),
-            *traced,
-            static_argnums=static_argnums,
-            batch_argnums=batch_argnums,
-        )
+    main = main_function(imported.module)
+    passes = ["split-conditionals"]
+    if isinstance(option, AutoLayerOption):
+        passes.append(f"cluster-operators{{layers={option.layer_num} delta={option.eps}}}")
+    PassManager(registry, f"builtin.module({','.join(passes)})").run(imported.module)
+    if needs_mirroring(main):
+        mirror_layers(main)
+    return imported
 
 
 def compile_pipeshard(
@@ -277,9 +275,10 @@ def compile_pipeshard(
     if b < 1:
         raise AlpaError(f"num_micro_batches must be at least 1, got {b}")
     arguments, traced = trace_arguments(fn, args, static_argnums, batch_argnums, b)
-    imported = _import_step(fn, traced, arguments.static_argnums, method, batch_argnums)
+    imported = _import_step(fn, traced, arguments.static_argnums, method, batch_argnums, registry)
     module = imported.module
     main = main_function(module)
+    warn_micro_batch_statistics(main, batch_leaves_of(main), b)
     if isinstance(method.stage_option, AutoStageOption):
         placements = _auto_placements(module, method, devices, registry)
     else:

@@ -58,7 +58,7 @@ from xdsl.dialects.builtin import (
     StringAttr,
     i64,
 )
-from xdsl.ir import Block, Operation, Region, SSAValue
+from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 
 from alpa_ir.dialects.lax import LaxOp
 from alpa_ir.dialects.mesh import MESH_ATTR
@@ -106,7 +106,7 @@ def count_layers(function: func.FuncOp) -> int:
         forward, backward = markers[k], markers[len(markers) - 1 - k]
         # integer and boolean values have no cotangents to mirror
         differentiable = [v.type for v in forward.operands if _is_float(v.type)]
-        if differentiable != [v.type for v in backward.operands]:
+        if backward.operands and differentiable != [v.type for v in backward.operands]:
             raise AlpaError(
                 f"layer marker {k} and its backward mirror carry different types; "
                 "mark layer boundaries only inside the differentiated loss function"
@@ -209,15 +209,40 @@ class _Assignment:
         return None
 
     def _assign_apply(self, apply_ops: list[Operation]) -> None:
+        """Each apply op goes to a stage, and to the first apply-grad round
+        after every round of another stage whose result it reads (a global
+        gradient norm: each stage's partial sums in round 0, their total in
+        round 1, the updates that use it in round 1 or 2)."""
+        rounds: dict[Operation, int] = {}
         for op in apply_ops:
             producers = [self.producer(v) for v in op.operands]
             groups = [self.group[p] for p in producers if p is not None and p in self.group]
             if not groups:  # only @main arguments, constants and other shared ops
                 self.shared.add(op)
                 continue
-            computed = [g for g in groups if g[1] != "apply_grad"]
+            computed = [g for g in groups if not is_apply_phase(g[1])]
             chosen = computed[0] if computed else groups[0]
-            self.group[op] = (chosen[0], "apply_grad")
+            stage = chosen[0]
+            round_ = 0
+            for p in producers:
+                if p in rounds:
+                    other = self.group[p][0] != stage
+                    round_ = max(round_, rounds[p] + other)
+            rounds[op] = round_
+            self.group[op] = (stage, apply_phase(round_))
+
+
+def apply_phase(round_: int) -> str:
+    """The phase name of apply-grad round ``round_`` (``apply_grad``, ``apply_grad_1``, ...)."""
+    return "apply_grad" if round_ == 0 else f"apply_grad_{round_}"
+
+
+def is_apply_phase(phase: str) -> bool:
+    return phase.startswith("apply_grad")
+
+
+def _apply_round(phase: str) -> int:
+    return 0 if phase == "apply_grad" else int(phase.rsplit("_", 1)[1])
 
 
 def _apply_phase(
@@ -357,7 +382,7 @@ def _collect_groups(assignment: _Assignment, returned: Sequence[SSAValue]) -> li
             # A copied value the step returns: the lowest stage computing it
             # for its apply-grad returns it (stage 0 when none computes it).
             stage = min(
-                (k[0] for k, c in inputs.items() if k[1] == "apply_grad" and copied in c.copies),
+                (k[0] for k, c in inputs.items() if is_apply_phase(k[1]) and copied in c.copies),
                 default=0,
             )
             key = (stage, "apply_grad")
@@ -380,7 +405,10 @@ def _order(groups: list[_Group], num_stages: int) -> list[_Group]:
     ordered += [
         by_key[(s, "backward")] for s in reversed(range(num_stages)) if (s, "backward") in by_key
     ]
-    applies = [by_key[(s, "apply_grad")] for s in range(num_stages) if (s, "apply_grad") in by_key]
+    applies = sorted(
+        (g for g in groups if is_apply_phase(g.key[1])),
+        key=lambda g: (_apply_round(g.key[1]), g.key[0]),
+    )
     defined = {v for g in ordered for v in g.outputs}
     while applies:
         ready = [g for g in applies if all(_defined(v, defined) for v in g.inputs)]
@@ -441,7 +469,7 @@ def _build_function(
     batch = [k for k, v in enumerate(g.inputs) if v in main_batch]
     if batch:
         function.attributes[BATCH_ATTR] = DenseArrayBase.from_list(i64, batch)
-    if g.key[1] != "apply_grad":
+    if not is_apply_phase(g.key[1]):
         varying = [k for k, v in enumerate(g.outputs) if v.owner in assignment.batch_dependent]
         function.attributes[PER_MICRO_BATCH_ATTR] = DenseArrayBase.from_list(i64, varying)
     return function
@@ -490,11 +518,24 @@ def outline_stages(
     top = module.body.block
     stage_ops = []
     for k, s in enumerate(slices):
-        refs = {
+        refs: dict[str, Attribute] = {
             phase: FlatSymbolRefAttr(function_name(k, phase))
             for phase in PHASES
             if (k, phase) in functions
         }
+        rounds = sorted(
+            (_apply_round(p), p) for (i, p) in functions if i == k and is_apply_phase(p)
+        )
+        if len(rounds) > 1 or (rounds and rounds[0][0] > 0):
+            if rounds[0][0] > 0:  # a stage whose apply-grad starts in a later round
+                refs["apply_grad"] = FlatSymbolRefAttr(function_name(k, rounds[0][1]))
+                rounds = rounds[1:]
+            else:
+                rounds = rounds[1:]
+            if rounds:
+                refs["apply_grad_rounds"] = ArrayAttr(
+                    [FlatSymbolRefAttr(function_name(k, p)) for _, p in rounds]
+                )
         stage_ops.append(
             StageOp.create(
                 properties={

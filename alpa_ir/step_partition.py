@@ -79,3 +79,78 @@ def partition_step(function: func.FuncOp, batch_args: Sequence[int]) -> StepPart
             if any(use.operation in later for use in value.uses):
                 accumulated.append(value)
     return StepPartition(tuple(setup), tuple(compute), tuple(apply), tuple(accumulated))
+
+
+def micro_batch_statistics(function: func.FuncOp, batch_args: Sequence[int]) -> list[Operation]:
+    """Reductions over the batch dimension whose result flows back into
+    per-example values (BatchNorm's mean and variance): under micro-batching
+    each micro-batch is normalised by its own statistics (as in Alpa), which
+    differs from one step on the whole batch. Found on the ops before the
+    first ``backward`` marker (the forward pass), from the batch arguments'
+    leading dimension."""
+    from alpa_ir.ir_types import shape_of
+
+    block = function.body.block
+    sizes = {shape_of(block.args[k].type)[0] for k in batch_args if shape_of(block.args[k].type)}
+    if len(sizes) != 1:
+        return []
+    size = sizes.pop()
+    batch_dep: set[SSAValue] = {block.args[k] for k in batch_args}
+    from_stats: dict[SSAValue, Operation] = {}
+    found: list[Operation] = []
+    for op in block.ops:
+        if isinstance(op, LaxOp) and op.primitive_name == "pipeline_marker":
+            if op.param("kind") == "backward":
+                break
+        operands = list(op.operands)
+        if not any(v in batch_dep for v in operands):
+            continue
+        batch_dep.update(op.results)
+        sources = {from_stats[v] for v in operands if v in from_stats}
+        if (
+            isinstance(op, LaxOp)
+            and op.kind.value == "reduction"
+            and 0 in tuple(op.param("axes"))
+            and shape_of(operands[0].type)[:1] == (size,)
+        ):
+            for r in op.results:
+                from_stats[r] = op
+            continue
+        for r in op.results:
+            shape = shape_of(r.type)
+            if sources and shape[:1] == (size,):
+                found += [s for s in sources if s not in found]
+            elif sources:
+                from_stats[r] = next(iter(sources))
+    return found
+
+
+def warn_micro_batch_statistics(function: func.FuncOp, batch_args: Sequence[int], b: int) -> None:
+    """Warn (once per compilation) that batch statistics are per micro-batch."""
+    import warnings
+
+    if b <= 1:
+        return
+    found = micro_batch_statistics(function, batch_args)
+    if not found:
+        return
+    where = ""
+    location = found[0].location
+    file = getattr(location, "filename", None)
+    if file is not None:
+        where = f" (first at {file.data}:{location.line.data})"  # type: ignore[attr-defined]
+    warnings.warn(
+        f"the step computes statistics over the batch dimension{where} (e.g. BatchNorm); with "
+        f"{b} micro-batches each micro-batch is normalised by its own micro-batch statistics, "
+        "as in Alpa, not by those of the whole batch",
+        UserWarning,
+        stacklevel=4,
+    )
+
+
+def batch_leaves_of(function: func.FuncOp) -> list[int]:
+    """The flat indices of ``@main``'s batch arguments (``alpa.batch_args``)."""
+    from xdsl.dialects.builtin import DenseArrayBase
+
+    attr = function.attributes.get("alpa.batch_args")
+    return [int(x) for x in attr.get_values()] if isinstance(attr, DenseArrayBase) else []

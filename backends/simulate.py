@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from xdsl.dialects import func
 from xdsl.dialects.builtin import DenseArrayBase, IntegerAttr, ModuleOp
@@ -311,11 +311,7 @@ def plan_from_module(
         meshes.append(mesh)
         mesh_stage[mesh_name] = index
         costs: dict[str, StageCost] = {}
-        for phase in ("forward", "backward", "apply_grad"):
-            ref_attr = getattr(stage, phase)
-            if ref_attr is None:
-                continue
-            name = ref_attr.root_reference.data
+        for phase, name in stage.phase_functions():
             stage_of[name] = index
             function = symbol_op(module, name, func.FuncOp)
             assert isinstance(function, func.FuncOp)
@@ -331,7 +327,10 @@ def plan_from_module(
                 if call is not None
                 else []
             )
-            costs[phase] = model.stage_cost(function, mesh, cluster, params)
+            cost = model.stage_cost(function, mesh, cluster, params)
+            if phase in costs:  # a later apply-grad round runs after the first
+                cost = replace(cost, latency=costs[phase].latency + cost.latency)
+            costs[phase] = cost
         main_cost = costs.get("forward") or costs.get("backward")
         stages.append(
             SimStage(

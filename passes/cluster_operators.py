@@ -1,8 +1,12 @@
 """``cluster-operators``: slice a forward computation into layers (Alpa §5.2, Eq. 6).
 
-Runs on a module whose ``@main`` is a forward computation (the loss function
-of a step, before differentiation; :class:`~alpa_ir.pipeshard.AutoLayerOption`
-imports it so). The operators of ``@main`` in program order get their FLOPs
+Runs on a module whose ``@main`` is either a forward computation (a loss
+function before differentiation; the markers then carry the values that
+later layers use, so that differentiating the marked function mirrors them)
+or a whole differentiated step as imported (``backward`` and ``grad``
+markers, see :mod:`alpa_ir.frontend.differentiation`): then its forward pass
+is cut by operand-free markers and :mod:`alpa_ir.layer_mirroring` draws the
+mirrored cuts into the backward pass. The operators in program order get their FLOPs
 (:func:`alpa_ir.flops.op_flops`) and the tensors between them their bytes;
 the clustering DP (:func:`alpa_ir.algorithms.cluster_operators`) groups them
 into ``layers`` consecutive layers whose FLOPs stay within ``(1 + delta)`` of
@@ -31,7 +35,9 @@ from alpa_ir.algorithms.operator_clustering import ClusteringResult, Edge
 from alpa_ir.dialects.lax import PRIMITIVE_OPS
 from alpa_ir.errors import AlpaError
 from alpa_ir.flops import op_flops
+from alpa_ir.frontend.differentiation import make_marker
 from alpa_ir.ir_types import nbytes_of
+from alpa_ir.layer_mirroring import mirror_layers, step_regions
 from alpa_ir.module_utils import main_function
 from alpa_ir.stage_outline import is_layer_marker
 
@@ -63,7 +69,12 @@ class ClusterOperators(ModulePass):
         block = function.body.block
         if any(is_layer_marker(o) for o in block.ops):
             raise AlpaError("cluster-operators: @main already has layer markers")
-        ops = [o for o in block.ops if o is not block.last_op and (o.operands or o.regions)]
+        regions = step_regions(function)
+        if regions is None:
+            candidates = list(block.ops)
+        else:  # a differentiated step: cut its forward pass, then mirror the cuts
+            candidates = list(regions.forward)
+        ops = [o for o in candidates if o is not block.last_op and (o.operands or o.regions)]
         if self.layers < 1:
             raise AlpaError(f"cluster-operators: layers must be at least 1, got {self.layers}")
         if self.layers > max(len(ops), 1):
@@ -87,8 +98,13 @@ class ClusterOperators(ModulePass):
         if self.fit_delta:
             result = _fitted(result, flops, edges, self.layers)
         layer_of = {o: layer for layer, (a, b) in enumerate(result.layers) for o in ops[a : b + 1]}
-        for layer, (_, last) in enumerate(result.layers[:-1]):
-            _insert_marker(ops[last], layer, layer_of)
+        if regions is None:
+            for layer, (_, last) in enumerate(result.layers[:-1]):
+                _insert_marker(ops[last], layer, layer_of)
+        else:
+            for _, last in result.layers[:-1]:
+                block.insert_op_after(make_marker("layer"), ops[last])
+            mirror_layers(function)
         function.attributes["pipeline.layer_flops"] = _floats(result.layer_flops)
         function.attributes["pipeline.layer_bytes"] = _floats(result.bytes_received)
 

@@ -162,7 +162,7 @@ class _Pipeline:
 
     plan: PlanOp
     meshes: list[str]
-    functions: list[dict[Phase, str]]
+    functions: list[dict[Phase, list[str]]]
     calls: dict[str, _Call]
     producer: dict[str, _Call]
     returned: set[str]
@@ -217,7 +217,7 @@ def read_pipeline(module: ModuleOp) -> _Pipeline:
     stages = _stages(module, plan)
     functions = _functions(module)
     meshes: list[str] = []
-    phase_functions: list[dict[Phase, str]] = []
+    phase_functions: list[dict[Phase, list[str]]] = []
     owner: dict[str, tuple[int, Phase]] = {}
     for i, stage in enumerate(stages):
         mesh = stage.mesh.root_reference.data
@@ -227,12 +227,8 @@ def read_pipeline(module: ModuleOp) -> _Pipeline:
                 f"@{stage.sym_name.data} share mesh @{mesh}; each stage needs its own mesh"
             )
         meshes.append(mesh)
-        phases: dict[Phase, str] = {}
-        for phase in ("forward", "backward", "apply_grad"):
-            ref = getattr(stage, phase)
-            if ref is None:
-                continue
-            name = ref.root_reference.data
+        phases: dict[Phase, list[str]] = {}
+        for phase, name in stage.phase_functions():
             if name not in functions:
                 raise AlpaError(
                     f"emit-instructions: stage @{stage.sym_name.data} names no function @{name}"
@@ -243,7 +239,7 @@ def read_pipeline(module: ModuleOp) -> _Pipeline:
                     f"emit-instructions: @{name} runs on @{fn_mesh.root_reference.data} but its "
                     f"stage @{stage.sym_name.data} is on @{mesh}"
                 )
-            phases[phase] = name  # type: ignore[index]
+            phases.setdefault(phase, []).append(name)  # type: ignore[call-overload]
             owner[name] = (i, phase)  # type: ignore[assignment]
         phase_functions.append(phases)
 
@@ -286,6 +282,10 @@ def read_pipeline(module: ModuleOp) -> _Pipeline:
         key = (op.value.data, op.dst_mesh.root_reference.data)
         transfers.setdefault(key, []).append(op)
 
+    order = {name: k for k, name in enumerate(calls)}
+    for phases in phase_functions:  # apply-grad rounds run in @main's (dependency) order
+        if "apply_grad" in phases:
+            phases["apply_grad"].sort(key=lambda n: order.get(n, len(order)))
     pipeline = _Pipeline(plan, meshes, phase_functions, calls, producer, returned, transfers)
     for call in calls.values():
         for v in dict.fromkeys(call.operands):
@@ -382,10 +382,13 @@ def _check_order(p: _Pipeline, at: dict[Task, int], num_micro_batches: int, kind
             if prod is None:
                 continue
             if not prod.per_micro_batch:
-                raise AlpaError(
-                    f'emit-instructions: @{call.callee} reads "{v}", a result of apply-grad '
-                    f"function @{prod.callee}; apply-grad results may only be returned"
-                )
+                if call.per_micro_batch:
+                    raise AlpaError(
+                        f'emit-instructions: @{call.callee} reads "{v}", a result of apply-grad '
+                        f"function @{prod.callee}; apply-grad results may only be returned or "
+                        "read by a later apply-grad function"
+                    )
+                continue
             if not call.per_micro_batch:
                 continue
             for b in range(num_micro_batches):
@@ -447,9 +450,14 @@ def emit_programs(
         lb = _ListBuilder()
         received: set[Buffer] = set()
         keep: set[Buffer] = {(v, None) for v in p.returned if v in p.producer}
-        for task in (t for clock in clocks for t in clock if t.stage == s):
-            fn = p.functions[s].get(task.phase)
-            if fn is None or fn not in p.calls:
+        for task, fn in (
+            (t, fn)
+            for clock in clocks
+            for t in clock
+            if t.stage == s
+            for fn in p.functions[s].get(t.phase, [])
+        ):
+            if fn not in p.calls:
                 continue
             call = p.calls[fn]
             mb = task.micro_batch
@@ -477,7 +485,7 @@ def emit_programs(
             for v in call.results:
                 for t in sends_mb.get(v, []):
                     lb.add(Instruction("send", t.sym_name.data, mb), uses=[(v, mb)])
-            if task == last_run[fn]:
+            if task == last_run[fn] or not call.per_micro_batch:
                 for v in call.results:
                     for t in sends_step.get(v, []):
                         lb.add(Instruction("send", t.sym_name.data, None), uses=[(v, None)])

@@ -31,6 +31,7 @@ def alpa_ir_passes() -> Sequence[type]:
     from alpa_ir.passes.emit_instructions import EmitInstructions
     from alpa_ir.passes.merge_trivial_ops import MergeTrivialOps
     from alpa_ir.passes.reduce_scatter_rewrite import ReduceScatterRewrite
+    from alpa_ir.passes.split_conditionals import SplitConditionals
     from alpa_ir.passes.synthesize_placement import SynthesizePlacement
     from alpa_ir.passes.synthesize_reductions import SynthesizeReductions
 
@@ -39,6 +40,7 @@ def alpa_ir_passes() -> Sequence[type]:
         AutoSharding,
         ReduceScatterRewrite,
         ClusterOperators,
+        SplitConditionals,
         ConstructStages,
         SynthesizePlacement,
         SynthesizeReductions,

@@ -213,10 +213,8 @@ def _stage_phases(module: ModuleOp) -> dict[str, str]:
     phases: dict[str, str] = {}
     for stage in top_level_ops(module, StageOp):
         assert isinstance(stage, StageOp)
-        for phase in ("forward", "backward", "apply_grad"):
-            ref = getattr(stage, phase)
-            if ref is not None:
-                phases[ref.root_reference.data] = phase
+        for phase, name in stage.phase_functions():
+            phases[name] = phase
     return phases
 
 

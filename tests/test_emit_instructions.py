@@ -370,6 +370,26 @@ def test_transfer_chosen_by_the_consumer_spec() -> None:
     assert ("recv", "t2", None, ()) in rows and not any(r[1] == "t3" for r in rows)
 
 
+def test_a_later_apply_grad_round_reads_another_stages_apply_grad() -> None:
+    """A global gradient norm: stage 0's apply-grad result (its partial) is sent
+    once, after that function runs, to stage 1's apply-grad, which receives it
+    before it runs; every mesh runs its apply-grad functions in @main's order."""
+    text = _module().replace(
+        "%f = func.call @stage1_apply_grad(%w1,", "%f = func.call @stage1_apply_grad(%e,"
+    )
+    extra = (
+        '  pipeline.transfer @t9 {value = "stage0_apply_grad:0", src_mesh = @mesh0, '
+        "dst_mesh = @mesh1, src_spec = #sharding.spec<[R, R]>, dst_spec = #sharding.spec<[R, R]>}"
+    )
+    lines = text.splitlines()
+    lines.insert(8, extra)
+    lists = _lists("\n".join(lines))
+    mesh0 = [r[:3] for r in lists["mesh0"]]
+    mesh1 = [r[:3] for r in lists["mesh1"]]
+    assert mesh0.index(("send", "t9", None)) > mesh0.index(("run", "stage0_apply_grad", None))
+    assert mesh1.index(("recv", "t9", None)) < mesh1.index(("run", "stage1_apply_grad", None))
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
@@ -386,8 +406,8 @@ def test_transfer_chosen_by_the_consumer_spec() -> None:
             _module().replace(
                 "%f = func.call @stage1_apply_grad(%w1,", "%f = func.call @stage1_apply_grad(%e,"
             ),
-            '@stage1_apply_grad reads "stage0_apply_grad:0", a result of apply-grad function '
-            "@stage0_apply_grad; apply-grad results may only be returned",
+            'value "stage0_apply_grad:0" read by @stage1_apply_grad crosses from @mesh0 to '
+            "@mesh1 but no pipeline.transfer carries it (run cross-mesh-resharding first)",
         ),
         (
             _module()

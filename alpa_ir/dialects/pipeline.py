@@ -63,7 +63,13 @@ class PlanOp(PropertiesSymbolOp):
 @irdl_op_definition
 class StageOp(PropertiesSymbolOp):
     """One pipeline stage: layers ``[first, last]``, its logical mesh, and the
-    functions of its forward, backward and apply-grad parts."""
+    functions of its forward, backward and apply-grad parts.
+
+    ``apply_grad_rounds`` lists further apply-grad functions, run in order
+    after ``apply_grad`` once all gradients are there: an optimizer update that
+    couples stages (a global gradient norm, an all-finite test) computes its
+    parts on each stage in one round and combines them in the next; a round
+    reads results of earlier rounds, on its own mesh or sent from another."""
 
     name = "pipeline.stage"
     sym_name = prop_def(StringAttr)
@@ -72,6 +78,7 @@ class StageOp(PropertiesSymbolOp):
     forward = opt_prop_def(FlatSymbolRefAttr)
     backward = opt_prop_def(FlatSymbolRefAttr)
     apply_grad = opt_prop_def(FlatSymbolRefAttr)
+    apply_grad_rounds = opt_prop_def(ArrayAttr[FlatSymbolRefAttr])
     traits = traits_def(SymbolOpInterface())
     PROPERTY_ORDER: ClassVar[tuple[str, ...]] = (
         "layers",
@@ -79,7 +86,20 @@ class StageOp(PropertiesSymbolOp):
         "forward",
         "backward",
         "apply_grad",
+        "apply_grad_rounds",
     )
+
+    def phase_functions(self) -> list[tuple[str, str]]:
+        """``(phase, function name)`` of every function of the stage in run
+        order; the apply-grad rounds all have phase ``apply_grad``."""
+        out = [
+            (phase, ref.root_reference.data)
+            for phase in ("forward", "backward", "apply_grad")
+            if (ref := getattr(self, phase)) is not None
+        ]
+        if self.apply_grad_rounds is not None:
+            out += [("apply_grad", ref.root_reference.data) for ref in self.apply_grad_rounds.data]
+        return out
 
     def verify_(self) -> None:
         layers = ints_of(self.layers)
