@@ -16,6 +16,12 @@ that need no JAX):
 - ``mark_pipeline_boundary``, ``grad``, ``value_and_grad``: markers for steps.
 - ``get_3d_parallel_method(num_micro_batches, dp, op, pp)``: Megatron-style 3-D
   parallelism (a ``PipeshardParallel``, or ``ShardParallel`` when pp = 1).
+- Alpa's names for pipelines and meshes: ``PipeshardParallel``, the layer
+  options ``ManualLayerOption``/``AutoLayerOption``, the stage options
+  ``UniformStageOption``/``ManualStageOption``/``AutoStageOption``,
+  ``ManualShardingOption``, ``stage_dp`` (the stage DP of Eq. 2-5),
+  ``PhysicalDeviceMesh`` and ``get_global_physical_mesh``: an Alpa program
+  runs with ``import alpa_ir as alpa``.
 """
 
 from __future__ import annotations
@@ -43,12 +49,24 @@ _EXPORTS: dict[str, str] = {
     "ManualShardParallel": "alpa_ir.parallel",
     "AutoShardingOption": "alpa_ir.parallel",
     "get_3d_parallel_method": "alpa_ir.three_d",
+    "PipeshardParallel": "alpa_ir.pipeshard",
+    "ManualLayerOption": "alpa_ir.pipeshard",
+    "AutoLayerOption": "alpa_ir.pipeshard",
+    "UniformStageOption": "alpa_ir.pipeshard",
+    "ManualStageOption": "alpa_ir.pipeshard",
+    "AutoStageOption": "alpa_ir.pipeshard",
+    "ManualShardingOption": "alpa_ir.parallel",
+    "stage_dp": "alpa_ir.algorithms.stage_dp",
     "LogicalDeviceMesh": "alpa_ir.device_mesh",
+    "PhysicalDeviceMesh": "alpa_ir.device_mesh",
+    "get_global_physical_mesh": "alpa_ir.device_mesh",
     "init": "alpa_ir.runtime_api",
     "shutdown": "alpa_ir.runtime_api",
     "save_checkpoint": "alpa_ir.checkpoint",
     "restore_checkpoint": "alpa_ir.checkpoint",
 }
+
+__version__ = "0.1.0"
 
 __all__ = sorted(_EXPORTS)
 

@@ -6,6 +6,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 from xdsl.dialects.builtin import ArrayAttr, DenseArrayBase, StringAttr, f64
 
 from alpa_ir.dialects.lax_params import ints_attr, ints_of
@@ -27,10 +28,10 @@ class LogicalDeviceMesh:
     axis_names: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
-        shape = tuple(int(s) for s in self.shape)
+        shape = check_mesh_shape(tuple(self.shape), "LogicalDeviceMesh")
         object.__setattr__(self, "shape", shape)
-        if not shape or any(s < 1 for s in shape):
-            raise AlpaError(f"mesh shape {list(shape)} must be non-empty and positive")
+        if not shape:
+            raise AlpaError("LogicalDeviceMesh: mesh shape must be non-empty")
         n = len(shape)
         defaults_beta = (1.0, 0.1) + (0.1,) * (n - 2) if n >= 2 else (1.0,)
         for field, default in (("alpha", (1.0,) * n), ("beta", defaults_beta[:n])):
@@ -40,12 +41,17 @@ class LogicalDeviceMesh:
                 raise AlpaError(f"mesh {field} needs {n} values (one per axis), got {len(value)}")
             object.__setattr__(self, field, value)
         devices = (
-            tuple(range(self.size)) if self.devices is None else tuple(int(d) for d in self.devices)
+            tuple(range(self.size))
+            if self.devices is None
+            else tuple(_device_id(d) for d in self.devices)
         )
-        if len(devices) != self.size or len(set(devices)) != len(devices):
+        if len(devices) != self.size:
             raise AlpaError(
-                f"a mesh of shape {list(shape)} needs {self.size} distinct devices, got {len(devices)}"
+                f"a mesh of shape {list(shape)} needs {self.size} devices, got {len(devices)}"
             )
+        if len(set(devices)) != len(devices):
+            repeated = sorted({d for d in devices if devices.count(d) > 1})
+            raise AlpaError(f"mesh devices {list(devices)} list device {repeated[0]} twice")
         object.__setattr__(self, "devices", devices)
         names = self.axis_names or tuple(f"m{k}" for k in range(n))
         if len(names) != n:
@@ -105,3 +111,132 @@ def function_mesh(module: object, function: object) -> LogicalDeviceMesh | None:
     op = symbol_op(module, ref.root_reference.data, LogicalMeshOp)  # type: ignore[arg-type]
     assert isinstance(op, LogicalMeshOp)
     return LogicalDeviceMesh.from_op(op)
+
+
+def _device_id(device: object) -> int:
+    """A device id (a JAX ``Device`` becomes its index in ``jax.devices()``)."""
+    if hasattr(device, "platform"):
+        return device_index(device, "LogicalDeviceMesh")
+    if isinstance(device, bool) or not isinstance(device, int | np.integer):
+        raise AlpaError(f"LogicalDeviceMesh: device {device!r} is not an id or a JAX device")
+    if int(device) < 0:
+        raise AlpaError(f"LogicalDeviceMesh: device id {int(device)} is negative")
+    return int(device)
+
+
+def device_index(device: object, where: str = "devices") -> int:
+    """The index in ``jax.devices()`` of a device given as an id or a JAX ``Device``."""
+    import jax
+
+    if isinstance(device, bool):
+        raise AlpaError(f"{where}: {device!r} is not a device id or a JAX device")
+    if isinstance(device, int) or (
+        hasattr(device, "__index__") and not hasattr(device, "platform")
+    ):
+        index = int(device)  # type: ignore[call-overload]
+        available = len(jax.devices())
+        if not 0 <= index < available:
+            raise AlpaError(
+                f"{where}: device id {index} is out of range: {available} devices exist "
+                "(more CPU devices: XLA_FLAGS=--xla_force_host_platform_device_count=N before "
+                "jax is imported)"
+            )
+        return index
+    devices = jax.devices()
+    for k, d in enumerate(devices):
+        if d == device:
+            return k
+    raise AlpaError(f"{where}: {device!r} is not one of this process's devices")
+
+
+def device_indices(devices: Sequence[object], where: str = "devices") -> tuple[int, ...]:
+    """Indices of ``devices`` (ids or JAX devices), checked distinct."""
+    import jax
+
+    available = len(jax.devices())
+    ints = [int(d) for d in devices if isinstance(d, int | np.integer) and not isinstance(d, bool)]
+    if ints and max(ints) >= available:
+        raise AlpaError(
+            f"{where}: the plan needs {max(ints) + 1} devices but only {available} local devices "
+            "exist (more CPU devices: XLA_FLAGS=--xla_force_host_platform_device_count=N "
+            "before jax is imported)"
+        )
+    ids = tuple(device_index(d, where) for d in devices)
+    if len(set(ids)) != len(ids):
+        repeated = sorted({i for i in ids if ids.count(i) > 1})
+        raise AlpaError(f"{where}: device {repeated[0]} is listed more than once")
+    if not ids:
+        raise AlpaError(f"{where}: no devices given")
+    return ids
+
+
+class PhysicalDeviceMesh:
+    """A set of this process's devices, as Alpa's ``LocalPhysicalDeviceMesh``:
+    ``get_logical_mesh(shape, alpha, beta)`` views them as a logical mesh.
+    Methods take it (or its logical meshes) as ``devices``."""
+
+    def __init__(self, devices: Sequence[object] | None = None) -> None:
+        import jax
+
+        chosen = jax.devices() if devices is None else devices
+        self.device_ids = device_indices(chosen, "PhysicalDeviceMesh")
+
+    @property
+    def devices(self) -> list[object]:
+        import jax
+
+        return [jax.devices()[i] for i in self.device_ids]
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.device_ids)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """Alpa's (hosts, devices per host): one host here."""
+        return (1, self.num_devices)
+
+    def get_logical_mesh(
+        self,
+        mesh_shape: Sequence[int] | None = None,
+        mesh_alpha: Sequence[float] | None = None,
+        mesh_beta: Sequence[float] | None = None,
+        axis_names: Sequence[str] | None = None,
+    ) -> LogicalDeviceMesh:
+        """These devices as a logical mesh of ``mesh_shape`` (default ``(1, n)``)
+        with α/β per axis (Alpa's defaults when omitted)."""
+        shape = tuple(mesh_shape) if mesh_shape is not None else self.shape
+        check_mesh_shape(shape, "get_logical_mesh")
+        if math.prod(shape) != self.num_devices:
+            raise AlpaError(
+                f"get_logical_mesh: shape {list(shape)} holds {math.prod(shape)} devices, the "
+                f"physical mesh has {self.num_devices}"
+            )
+        return LogicalDeviceMesh(
+            shape,
+            None if mesh_alpha is None else tuple(mesh_alpha),
+            None if mesh_beta is None else tuple(mesh_beta),
+            self.device_ids,
+            None if axis_names is None else tuple(axis_names),
+        )
+
+    def __repr__(self) -> str:
+        return f"PhysicalDeviceMesh(devices={list(self.device_ids)})"
+
+
+def check_mesh_shape(shape: Sequence[object], where: str) -> tuple[int, ...]:
+    """``shape`` as positive ints; a float, bool or non-positive entry is an error."""
+    out = []
+    for s in shape:
+        if isinstance(s, bool) or not isinstance(s, int | np.integer):
+            raise AlpaError(f"{where}: mesh shape {list(shape)} must hold ints, got {s!r}")
+        if int(s) < 1:
+            raise AlpaError(f"{where}: mesh shape {list(shape)} must be positive")
+        out.append(int(s))
+    return tuple(out)
+
+
+def get_global_physical_mesh(create_if_not_exist: bool = True) -> PhysicalDeviceMesh | None:
+    """All local devices as a :class:`PhysicalDeviceMesh` (Alpa's
+    ``get_global_physical_mesh``; nothing is kept between calls)."""
+    return PhysicalDeviceMesh() if create_if_not_exist else None

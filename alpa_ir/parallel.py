@@ -22,7 +22,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from xdsl.dialects import func
 from xdsl.dialects.builtin import FlatSymbolRefAttr, FloatAttr, ModuleOp
 
-from alpa_ir.device_mesh import LogicalDeviceMesh
+from alpa_ir.device_mesh import LogicalDeviceMesh, PhysicalDeviceMesh, device_indices
 from alpa_ir.dialects.mesh import MESH_ATTR
 from alpa_ir.dialects.sharding import SPEC_ATTR, ShardingSpec, spec_of_value
 from alpa_ir.errors import AlpaError
@@ -35,6 +35,12 @@ from alpa_ir.frontend.arguments import (
     step_arguments,
 )
 from alpa_ir.frontend.pytree_codec import leaf_path_name
+from alpa_ir.manual_sharding import (
+    ManualShardingOption,
+    annotate_inputs,
+    annotate_outputs,
+)
+from alpa_ir.micro_batch_random import draw_micro_batch_rows
 from alpa_ir.pass_manager import PassManager
 from alpa_ir.plugins.registry import PluginRegistry, default_registry
 from alpa_ir.step_partition import batch_leaves_of, warn_micro_batch_statistics
@@ -51,6 +57,13 @@ class AutoShardingOption:
     allow_all_to_all: bool = True
     allow_replicated_parameters: bool = True
     force_batch_dim_to_mesh_dim: int | None = None
+    """Split the batch dimension of every op over this mesh axis (Alpa's option)."""
+    allow_mixed_mesh_shape: bool = False
+    """Allow a tensor dimension split over both axes of a 2-d mesh (S01); off
+    by default, as in Alpa."""
+    enable_auto_sharding: bool = True
+    """False: no ILP; the specs of a :class:`ManualShardingOption` are only
+    propagated (by XLA's SPMD partitioner), as Alpa's ``enable_auto_sharding=False``."""
     prefer_reduce_scatter: bool = False
     force_data_parallel: bool = False
     heuristic: bool = False
@@ -70,6 +83,7 @@ class AutoShardingOption:
             "allow-all-gather": self.allow_all_gather,
             "allow-all-to-all": self.allow_all_to_all,
             "allow-replicated-parameters": self.allow_replicated_parameters,
+            "allow-mixed-mesh-shape": self.allow_mixed_mesh_shape,
             "force-batch-dim-to-mesh-dim": -1
             if self.force_batch_dim_to_mesh_dim is None
             else self.force_batch_dim_to_mesh_dim,
@@ -93,7 +107,7 @@ def _option(value: object) -> str:
     return str(value)
 
 
-Devices = LogicalDeviceMesh | Sequence[int] | None
+Devices = LogicalDeviceMesh | PhysicalDeviceMesh | Sequence[Any] | None
 
 
 def _data_parallel_option(reduce_scatter: Literal["none", "zero2", "zero3"]) -> AutoShardingOption:
@@ -113,20 +127,29 @@ def _data_parallel_option(reduce_scatter: Literal["none", "zero2", "zero3"]) -> 
 
 def resolve_mesh(devices: Devices) -> LogicalDeviceMesh:
     """The logical mesh a method runs on: all local devices as (1, n) by default
-    (Alpa's (hosts, devices) view, α = (1, 1), β = (1, 0.1))."""
+    (Alpa's (hosts, devices) view, α = (1, 1), β = (1, 0.1)); a
+    :class:`PhysicalDeviceMesh`, or a list of device ids or JAX devices, as (1, n)."""
     available = len(jax.devices())
     if devices is None:
         mesh = LogicalDeviceMesh((1, available))
     elif isinstance(devices, LogicalDeviceMesh):
         mesh = devices
+    elif isinstance(devices, PhysicalDeviceMesh):
+        mesh = devices.get_logical_mesh()
+    elif isinstance(devices, str) or not isinstance(devices, Sequence):
+        raise AlpaError(
+            f"devices must be a LogicalDeviceMesh, a PhysicalDeviceMesh or a list of device "
+            f"ids or JAX devices, got {type(devices).__name__}"
+        )
     else:
-        ids = tuple(int(d) for d in devices)
+        ids = device_indices(devices)
         mesh = LogicalDeviceMesh((1, len(ids)), devices=ids)
     assert mesh.devices is not None
     if max(mesh.devices) >= available:
         raise AlpaError(
             f"the mesh needs {max(mesh.devices) + 1} devices (shape {list(mesh.shape)}) but only "
-            f"{available} local devices exist"
+            f"{available} local devices exist (more CPU devices: "
+            "XLA_FLAGS=--xla_force_host_platform_device_count=N before jax is imported)"
         )
     return mesh
 
@@ -138,6 +161,9 @@ class ShardParallel:
     devices: Devices = None
     num_micro_batches: int | None = None
     auto_sharding_option: AutoShardingOption = field(default_factory=AutoShardingOption)
+    manual_sharding_option: ManualShardingOption | None = None
+    """Specs of the inputs and outputs given by hand (kept by the ILP; only
+    propagated with ``AutoShardingOption(enable_auto_sharding=False)``)."""
 
 
 def DataParallel(devices: Devices = None, num_micro_batches: int | None = None) -> ShardParallel:
@@ -173,7 +199,9 @@ def HeuristicParallel(
     """Alpa's "Heuristic" baseline: the largest dimension of every input split,
     the rest planned to match (the ILP plays GSPMD's propagation)."""
     return ShardParallel(
-        devices, num_micro_batches, AutoShardingOption(heuristic=True, reduce_scatter="none")
+        devices,
+        num_micro_batches,
+        AutoShardingOption(heuristic=True, reduce_scatter="none", allow_mixed_mesh_shape=True),
     )
 
 
@@ -192,29 +220,6 @@ class ManualShardParallel:
 
 
 Method = ShardParallel | ManualShardParallel
-
-
-def spec_from_partition_spec(
-    pspec: PartitionSpec, rank: int, names: Sequence[str], mesh_shape: Sequence[int] | None = None
-) -> ShardingSpec:
-    """Our spec for a JAX PartitionSpec; mesh axes of size 1 (given ``mesh_shape``)
-    split nothing and are dropped, as in JAX."""
-    dims: list[tuple[int, ...]] = []
-    for entry in tuple(pspec) + (None,) * (rank - len(pspec)):
-        if entry is None:
-            dims.append(())
-            continue
-        axes = entry if isinstance(entry, tuple) else (entry,)
-        try:
-            picked = tuple(names.index(a) for a in axes)
-        except ValueError:
-            raise AlpaError(
-                f"PartitionSpec {pspec} names a mesh axis not in {list(names)}"
-            ) from None
-        if mesh_shape is not None:
-            picked = tuple(a for a in picked if mesh_shape[a] > 1)
-        dims.append(picked)
-    return ShardingSpec(tuple(dims))
 
 
 def partition_spec_of(spec: ShardingSpec, names: Sequence[str]) -> PartitionSpec:
@@ -236,6 +241,9 @@ class ShardedExecutable:
         signature: CompiledSignature,
         batch_leaves: Sequence[int],
         num_micro_batches: int,
+        *,
+        propagate: bool = False,
+        out_specs: Sequence[PartitionSpec | None] | None = None,
     ) -> None:
         from alpa_ir.backends.spmd import compile_spmd
         from alpa_ir.backends.xla import local_devices_for
@@ -251,6 +259,18 @@ class ShardedExecutable:
         assert mesh.devices is not None and mesh.axis_names is not None
         devices = np.array(local_devices_for(mesh.devices), dtype=object).reshape(mesh.shape)
         self.jax_mesh = Mesh(devices, mesh.axis_names)
+        self._out_shardings = (
+            None
+            if out_specs is None or propagate
+            else [None if s is None else NamedSharding(self.jax_mesh, s) for s in out_specs]
+        )
+        if propagate:  # the given specs only, propagated by XLA's SPMD partitioner
+            from alpa_ir.backends.xla import compile_annotated
+
+            self._run, self._in_shardings = compile_annotated(
+                self.function, self.jax_mesh, mesh.axis_names
+            )
+            return
         self._run, self._in_shardings = compile_spmd(
             module,
             self.function,
@@ -301,7 +321,12 @@ class ShardedExecutable:
         return jax.device_put(flat, list(self._in_shardings))
 
     def __call__(self, *args: Any) -> Any:
-        outs = self._run(*self._flat_inputs(args))
+        outs = list(self._run(*self._flat_inputs(args)))
+        if self._out_shardings is not None:  # delivered in the user's output specs
+            outs = [
+                x if s is None else jax.device_put(x, s)
+                for x, s in zip(outs, self._out_shardings, strict=True)
+            ]
         return self.signature.unflatten_outputs(outs)
 
     def get_hlo_text(self, *args: Any) -> str:
@@ -309,6 +334,38 @@ class ShardedExecutable:
         if not args:
             args = self._example_args
         return self._run.lower(*self._flat_inputs(args)).compile().as_text()  # type: ignore[attr-defined]
+
+    input_module: ModuleOp | None = None
+    """The step's module as imported, before the pass pipeline."""
+    pass_pipeline: str = ""
+    """The pass pipeline that planned the step (``alpa-opt --pass-pipeline``)."""
+
+    def plan_text(self) -> str:
+        """The plan: the mesh and the sharding of every input."""
+        assert self.mesh.axis_names is not None
+        lines = [
+            f"shard-parallel on mesh {list(self.mesh.shape)} devices {list(self.mesh.devices or ())}"
+        ]
+        names = self.signature.leaf_names
+        for name, arg in zip(names, self.function.args, strict=True):
+            lines.append(f"  {name}: {spec_of_value(arg, self.function)}")
+        return "\n".join(lines)
+
+    def dump_debug_info(self, folder: str, *args: Any) -> Any:
+        """Write the imported module, the pass pipeline, the planned module, the
+        plan and the compiled HLO under ``folder`` (see :mod:`alpa_ir.debug_info`)."""
+        from alpa_ir.debug_info import write_debug_info
+
+        files = {
+            "module.mlir": str(self.module),
+            "plan.txt": self.plan_text(),
+            "hlo/step.hlo": self.get_hlo_text(*args),
+        }
+        if self.input_module is not None:
+            files["input_module.mlir"] = str(self.input_module)
+        if self.pass_pipeline:
+            files["pass_pipeline.txt"] = self.pass_pipeline
+        return write_debug_info(folder, files)
 
     def get_input_placement_specs(self) -> Any:
         assert self.mesh.axis_names is not None
@@ -382,10 +439,22 @@ def _micro_batch_args(
         arg_name = names[k] if k < len(names) else f"arg{k}"
         out.append(
             jax.tree_util.tree_map_with_path(
-                lambda path, x, n=arg_name: shrink(leaf_path_name((None, *path), [n]), x), a
+                lambda path, x, n=arg_name: shrink(
+                    leaf_path_name((jax.tree_util.SequenceKey(0), *path), [n]), x
+                ),
+                a,
             )
         )
     return tuple(out)
+
+
+def check_micro_batches(value: object) -> int:
+    """``num_micro_batches`` as an int >= 1 (None means 1)."""
+    if value is None:
+        return 1
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or int(value) < 1:
+        raise AlpaError(f"num_micro_batches must be an int >= 1, got {value!r}")
+    return int(value)
 
 
 def trace_arguments(
@@ -398,10 +467,7 @@ def trace_arguments(
     """The call's arguments, and the arguments to trace the step with (every
     dynamic leaf abstract, batch leaves at the micro-batch shape)."""
     arguments = step_arguments(fn, args, static_argnums)
-    traced = list(arguments.args)
-    abstract = arguments.abstract()
-    for k, a in zip(arguments.dynamic_argnums, abstract, strict=True):
-        traced[k] = a
+    traced = list(arguments.abstracted())
     if num_micro_batches > 1:
         batch = [k for k in batch_argnums if k not in arguments.static_argnums]
         traced = list(_micro_batch_args(tuple(traced), batch, num_micro_batches, arguments.names))
@@ -428,7 +494,25 @@ def compile_step(
         method, ManualShardParallel
     ):
         mesh = mesh.flattened()
-    b = method.num_micro_batches or 1
+    manual = getattr(method, "manual_sharding_option", None)
+    if manual is not None and manual.mesh_axis_names is not None:
+        if len(manual.mesh_axis_names) != mesh.rank:
+            raise AlpaError(
+                f"ManualShardingOption names {len(manual.mesh_axis_names)} mesh axes, the mesh "
+                f"{list(mesh.shape)} has {mesh.rank}"
+            )
+        mesh = replace(mesh, axis_names=tuple(manual.mesh_axis_names))
+    b = check_micro_batches(method.num_micro_batches)
+    propagate = not method.auto_sharding_option.enable_auto_sharding
+    if propagate and manual is None:
+        raise AlpaError(
+            "AutoShardingOption(enable_auto_sharding=False) propagates the specs of a "
+            "ManualShardingOption; give one (ShardParallel(manual_sharding_option=...))"
+        )
+    if propagate and b > 1:
+        raise AlpaError(
+            "enable_auto_sharding=False does not accumulate gradients; use 1 micro-batch"
+        )
     arguments, traced = trace_arguments(fn, args, static_argnums, batch_argnums, b)
     imported = import_step(
         fn,
@@ -444,14 +528,37 @@ def compile_step(
     warn_micro_batch_statistics(function, batch_leaves_of(function), b)
     option = method.auto_sharding_option
     if isinstance(method, ManualShardParallel):
-        _annotate_manual(function, arguments.dynamic, method.in_specs, mesh)
+        _annotate_manual(function, arguments.arrays, method.in_specs, mesh)
         option = replace(option, force_data_parallel=False)
-    PassManager(registry, option.pipeline(b)).run(module)
-    signature = compiled_signature(arguments, imported.in_tree, imported.out_tree)
-    batch_leaves = _leaf_indices(arguments.dynamic, arguments.dynamic_positions(batch_argnums))
-    executable = ShardedExecutable(module, mesh, signature, batch_leaves, b)
+    out_specs = None
+    if manual is not None:
+        assert mesh.axis_names is not None
+        if manual.in_axis_resources is not None:
+            _annotate_manual(function, arguments.arrays, manual.in_axis_resources, mesh)
+        if manual.out_axis_resources is not None:
+            out_specs = annotate_outputs(
+                function, imported.out_tree, manual.out_axis_resources, mesh.axis_names, mesh.shape
+            )
+    input_module = module.clone()
+    rows = draw_micro_batch_rows(function, b)
+    pass_pipeline = "builtin.module()" if propagate else option.pipeline(b)
+    PassManager(registry, pass_pipeline).run(module)
+    signature = compiled_signature(arguments, imported.in_tree, imported.out_tree, imported.outputs)
+    batch_leaves = _leaf_indices(arguments.arrays, arguments.dynamic_positions(batch_argnums))
+    if rows:
+        signature = replace(signature, micro_batch_rows=_batch_size(signature, batch_leaves))
+        batch_leaves.append(len(signature.avals))
+    executable = ShardedExecutable(
+        module, mesh, signature, batch_leaves, b, propagate=propagate, out_specs=out_specs
+    )
     executable._example_args = args
+    executable.input_module, executable.pass_pipeline = input_module, pass_pipeline
     return executable
+
+
+def _batch_size(signature: CompiledSignature, batch_leaves: Sequence[int]) -> int:
+    """The whole batch's leading dimension."""
+    return int(signature.avals[batch_leaves[0]][0][0])
 
 
 def _leaf_indices(args: tuple[Any, ...], argnums: Sequence[int]) -> list[int]:
@@ -468,21 +575,8 @@ def _annotate_manual(
     function: func.FuncOp, args: tuple[Any, ...], in_specs: Any, mesh: LogicalDeviceMesh
 ) -> None:
     """User PartitionSpecs become argument specs the planner must keep."""
-    from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr
-
     assert mesh.axis_names is not None
-    leaves = jax.tree.leaves(in_specs, is_leaf=lambda x: x is None or isinstance(x, PartitionSpec))
-    arrays = jax.tree.leaves(args)
-    if len(leaves) != len(arrays):
-        raise AlpaError(f"in_specs has {len(leaves)} leaves, the arguments have {len(arrays)}")
-    entries = []
-    for spec, array in zip(leaves, arrays, strict=True):
-        if spec is None:
-            entries.append(DictionaryAttr({}))
-        else:
-            s = spec_from_partition_spec(spec, len(np.shape(array)), mesh.axis_names, mesh.shape)
-            entries.append(DictionaryAttr({SPEC_ATTR: s.to_attr()}))
-    function.arg_attrs = ArrayAttr(entries)
+    annotate_inputs(function, args, in_specs, mesh.axis_names, mesh.shape)
 
 
 def _is_pipeshard(method: object) -> bool:

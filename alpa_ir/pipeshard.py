@@ -21,7 +21,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-import jax
 import numpy as np
 from jax.sharding import Mesh
 from xdsl.dialects import func
@@ -111,19 +110,12 @@ class StagePlacement:
 
 
 def _device_ids(devices: Devices) -> tuple[int, ...]:
-    available = len(jax.devices())
-    if devices is None:
-        return tuple(range(available))
-    if isinstance(devices, LogicalDeviceMesh):
-        assert devices.devices is not None
-        ids = tuple(devices.devices)
-    else:
-        ids = tuple(int(d) for d in devices)
-    if max(ids) >= available:
-        raise AlpaError(
-            f"the plan needs {max(ids) + 1} devices but only {available} local devices exist"
-        )
-    return ids
+    """The device ids of a pipeline's devices (see :func:`~alpa_ir.parallel.resolve_mesh`)."""
+    from alpa_ir.parallel import resolve_mesh
+
+    mesh = resolve_mesh(devices)
+    assert mesh.devices is not None
+    return tuple(mesh.devices)
 
 
 def uniform_placements(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import jax
@@ -12,9 +13,9 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 
 from alpa_ir.device_mesh import LogicalDeviceMesh
-from alpa_ir.errors import AlpaError
 from alpa_ir.frontend.arguments import CompiledSignature, StaticArgnums, compiled_signature
-from alpa_ir.frontend.jaxpr_import import ImportedStep
+from alpa_ir.frontend.jaxpr_import import import_step
+from alpa_ir.micro_batch_random import draw_micro_batch_rows
 from alpa_ir.module_utils import main_function, symbol_op
 from alpa_ir.pipeshard import (
     AutoLayerOption,
@@ -93,7 +94,7 @@ class PipeshardExecutable:
     def __call__(self, *args: Any) -> Any:
         flat = self.signature.flatten(args)
         if self.remote is not None:
-            return self.remote(*self.signature.dynamic(args))
+            return self.signature.unflatten_outputs(self.remote.run_flat(flat))
         inputs = {m: split_inputs(self.program, flat, m) for m in self.program.meshes}
         values = run_interleaved(self.interpreters, inputs)
         return self.signature.unflatten_outputs(gather_outputs(self.program, flat, values))
@@ -132,6 +133,54 @@ class PipeshardExecutable:
         """Stop the Ray workers of a step on the ray backend."""
         if self.remote is not None:
             self.remote.close()
+
+    input_module: ModuleOp | None = None
+    """The step's module as imported, before any pass."""
+
+    def stage_function_names(self) -> list[str]:
+        """Every stage program's function, in stage order (forward, backward,
+        apply-grad rounds within a stage)."""
+        from alpa_ir.dialects.pipeline import PlanOp, StageOp
+        from alpa_ir.module_utils import top_level_ops
+
+        plan = next(op for op in top_level_ops(self.module, PlanOp) if isinstance(op, PlanOp))
+        names: list[str] = []
+        for ref in plan.stages.data:
+            stage = symbol_op(self.module, ref.root_reference.data, StageOp)
+            assert isinstance(stage, StageOp)
+            names += [name for _, name in stage.phase_functions() if name in self.functions]
+        return names
+
+    def get_hlo_text(self) -> list[str]:
+        """The HLO XLA compiled for each stage program, in stage order (see
+        :meth:`stage_function_names`)."""
+        from alpa_ir.ir_types import dtype_of, shape_of
+
+        texts = []
+        for name in self.stage_function_names():
+            function = symbol_op(self.module, name, func.FuncOp)
+            assert isinstance(function, func.FuncOp)
+            compiled = self.functions[name]
+            avals = [
+                jax.ShapeDtypeStruct(shape_of(t), dtype_of(t), sharding=s)
+                for t, s in zip(
+                    function.function_type.inputs.data, compiled.in_shardings, strict=True
+                )
+            ]
+            texts.append(compiled.run.lower(*avals).compile().as_text())  # type: ignore[attr-defined]
+        return texts
+
+    def dump_debug_info(self, folder: str) -> Any:
+        """Write the imported module, the planned module, the plan and each stage
+        program's HLO under ``folder`` (see :mod:`alpa_ir.debug_info`)."""
+        from alpa_ir.debug_info import write_debug_info
+
+        files = {"module.mlir": str(self.module), "plan.txt": self.plan_text()}
+        if self.input_module is not None:
+            files["input_module.mlir"] = str(self.input_module)
+        for name, text in zip(self.stage_function_names(), self.get_hlo_text(), strict=True):
+            files[f"hlo/{name}.hlo"] = text
+        return write_debug_info(folder, files)
 
     def plan_text(self, max_specs: int = 4) -> str:
         """The plan: stages, their layers, meshes and devices, and the
@@ -225,32 +274,22 @@ def _map_mesh_devices(module: ModuleOp, devices: tuple[int, ...]) -> None:
         op.properties["devices"] = ints_attr(tuple(devices[d] for d in op.device_ids))
 
 
-def _import_step(
-    fn: Callable[..., Any],
-    traced: tuple[Any, ...],
-    static_argnums: Sequence[int],
-    method: PipeshardParallel,
-    batch_argnums: Sequence[int],
-    registry: PluginRegistry,
-) -> ImportedStep:
-    """Import the step and draw its layers: with :class:`AutoLayerOption` the
+def _draw_layers(module: ModuleOp, method: PipeshardParallel, registry: PluginRegistry) -> None:
+    """Draw the imported step's layers: with :class:`AutoLayerOption` the
     ``cluster-operators`` pass cuts its forward pass; the user's boundaries
     (``mark_pipeline_boundary``) otherwise. Boundaries JAX did not mirror into
     the backward pass are mirrored (:mod:`alpa_ir.layer_mirroring`)."""
-    from alpa_ir.frontend.jaxpr_import import import_step
     from alpa_ir.layer_mirroring import mirror_layers, needs_mirroring
     from alpa_ir.pass_manager import PassManager
 
-    imported = import_step(fn, *traced, static_argnums=static_argnums, batch_argnums=batch_argnums)
     option = method.layer_option
-    main = main_function(imported.module)
+    main = main_function(module)
     passes = ["split-conditionals"]
     if isinstance(option, AutoLayerOption):
         passes.append(f"cluster-operators{{layers={option.layer_num} delta={option.eps}}}")
-    PassManager(registry, f"builtin.module({','.join(passes)})").run(imported.module)
+    PassManager(registry, f"builtin.module({','.join(passes)})").run(module)
     if needs_mirroring(main):
         mirror_layers(main)
-    return imported
 
 
 def compile_pipeshard(
@@ -264,19 +303,22 @@ def compile_pipeshard(
     registry: PluginRegistry | None = None,
 ) -> PipeshardExecutable:
     """Plan and compile ``fn`` for ``args`` with ``method``."""
-    from alpa_ir.parallel import trace_arguments
+    from alpa_ir.parallel import check_micro_batches, trace_arguments
     from alpa_ir.pass_manager import PassManager
     from alpa_ir.stage_outline import StageSlice, count_layers, outline_stages
 
     del donate_argnums  # buffers of a pipeline step are not donated yet
     registry = registry or default_registry()
     devices = _device_ids(method.devices)
-    b = method.num_micro_batches
-    if b < 1:
-        raise AlpaError(f"num_micro_batches must be at least 1, got {b}")
+    b = check_micro_batches(method.num_micro_batches)
     arguments, traced = trace_arguments(fn, args, static_argnums, batch_argnums, b)
-    imported = _import_step(fn, traced, arguments.static_argnums, method, batch_argnums, registry)
+    imported = import_step(
+        fn, *traced, static_argnums=arguments.static_argnums, batch_argnums=batch_argnums
+    )
     module = imported.module
+    input_module = module.clone()
+    rows = draw_micro_batch_rows(main_function(module), b)
+    _draw_layers(module, method, registry)
     main = main_function(module)
     warn_micro_batch_statistics(main, batch_leaves_of(main), b)
     if isinstance(method.stage_option, AutoStageOption):
@@ -299,10 +341,15 @@ def compile_pipeshard(
     shard_in_call_order(module, shard)
     PassManager(registry, "builtin.module(cross-mesh-resharding,emit-instructions)").run(module)
     functions = {name: CompiledFunction(c.run, c.in_shardings) for name, c in compiled.items()}
-    signature = compiled_signature(arguments, imported.in_tree, imported.out_tree)
+    signature = compiled_signature(arguments, imported.in_tree, imported.out_tree, imported.outputs)
+    if rows:
+        batch = arguments.dynamic_positions(batch_argnums)
+        first = jax.tree.leaves(arguments.arrays[batch[0]])[0]
+        signature = replace(signature, micro_batch_rows=int(np.shape(first)[0]))
     executable = PipeshardExecutable(module, placements, step_program(module), functions, signature)
     if method.backend == "ray":
         from alpa_ir.backends.ray import RayExecutable
 
         executable.remote = RayExecutable(module)
+    executable.input_module = input_module
     return executable

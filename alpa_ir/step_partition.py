@@ -11,7 +11,10 @@ three parts:
 - ``apply``: depends on the marked gradients (the optimizer); runs once.
 
 Values that ``compute`` defines and ``apply`` or the results use are
-accumulated over micro-batches (their mean: exact for the usual mean losses).
+accumulated over micro-batches (their mean: exact for the usual mean losses,
+and for a sum normalised after the gradients, e.g. gradients divided by a
+token count computed from the batch: both are averaged, so their ratio is the
+whole batch's).
 """
 
 from __future__ import annotations
@@ -52,7 +55,8 @@ def partition_step(function: func.FuncOp, batch_args: Sequence[int]) -> StepPart
             "gradient accumulation needs the gradients marked: compute them with "
             "alpa_ir.grad or alpa_ir.value_and_grad"
         )
-    batch_dep: set[SSAValue] = {block.args[i] for i in batch_args}
+    batch_values: set[SSAValue] = {block.args[i] for i in batch_args}
+    batch_dep: set[SSAValue] = set(batch_values)
     grad_dep: set[SSAValue] = set()
     setup, compute, apply = [], [], []
     for op in ops:
@@ -63,10 +67,11 @@ def partition_step(function: func.FuncOp, batch_args: Sequence[int]) -> StepPart
             target = grad_dep if is_grad_marker(op) else batch_dep
             target.update(op.results)
         elif uses_grad:
-            if any(v in batch_dep for v in op.operands):
+            if any(v in batch_values for v in op.operands):
                 raise AlpaError(
-                    f"op {op.name} after the gradient marker uses the batch; gradient "
-                    "accumulation needs the optimizer step to be independent of the batch"
+                    f"op {op.name} after the gradient marker reads a batch argument directly; "
+                    "gradient accumulation needs the optimizer step to read the batch only "
+                    "through values computed from it before (e.g. a token count)"
                 )
             apply.append(op)
             grad_dep.update(op.results)

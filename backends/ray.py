@@ -143,14 +143,16 @@ class RayExecutable:
         self.workers = {}
 
     def __call__(self, *args: Any) -> Any:
-        import jax
 
+        flat, _, _ = self.trees.flatten(args)
+        return self.trees.outputs(args, self.run_flat(flat))
+
+    def run_flat(self, flat: list[Any]) -> list[Any]:
+        """Run one step on the flat inputs of ``@main``; returns its flat outputs."""
         from alpa_ir.runtime.interpreter import gather_outputs, split_inputs
 
         if self.broken:
             raise AlpaError(f"this executable's workers are stopped after an error: {self.broken}")
-        flat, tree = jax.tree.flatten(args)
-        self.trees.check_inputs(tree)
         if len(flat) != self.program.num_inputs:
             raise AlpaError(f"the step takes {self.program.num_inputs} arrays, got {len(flat)}")
         host = [np.asarray(x) for x in flat]
@@ -162,9 +164,7 @@ class RayExecutable:
         }
         per_mesh = self._wait(refs, self.step_timeout_s, "finish the step")
         values = {k: v for outputs in per_mesh.values() for k, v in outputs.items()}
-        outs = gather_outputs(self.program, host, values)
-        out_tree = self.trees.out_tree(tree)
-        return outs if out_tree is None else jax.tree.unflatten(out_tree, outs)
+        return gather_outputs(self.program, host, values)
 
     def _check_batch(self, host: list[np.ndarray]) -> None:
         b = self.program.num_micro_batches

@@ -216,14 +216,15 @@ class _LocalEvaluator:
         params = localize(op.jax_params(), ctx)
         from alpa_ir.frontend.primitives import lookup_primitive
 
-        if name == "random_bits":
+        if name in ("random_bits", "random_bits_rows"):
+            offsets = block_offsets(ctx, 0, self.names)
+            global_shape = ctx.result_shapes[0]
+            if name == "random_bits_rows":  # the micro-batch's rows of the whole batch's draw
+                global_shape = tuple(params["global_shape"])
+                offsets[0] = offsets[0] + jnp.asarray(xs[1]).astype(jnp.uint32)
             return [
                 local_random_bits(
-                    xs[0],
-                    params["bit_width"],
-                    ctx.result_shapes[0],
-                    ctx.local_result(0),
-                    block_offsets(ctx, 0, self.names),
+                    xs[0], params["bit_width"], global_shape, ctx.local_result(0), offsets
                 )
             ]
         out = lookup_primitive(name).bind(*xs, **params)

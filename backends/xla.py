@@ -125,18 +125,13 @@ class XlaExecutable:
     in_shardings: tuple[Any, ...] | None = None
 
     def __call__(self, *args: Any) -> Any:
-        flat, tree = jax.tree.flatten(args)
-        self.trees.check_inputs(tree)
+        flat, _, _ = self.trees.flatten(args)
         check_arguments(self.function, flat)
         if self.in_shardings is not None:
             # Place inputs as the program expects, so that the first call (host
             # arrays) and later calls (sharded results) hit the same executable.
             flat = jax.device_put(flat, list(self.in_shardings))
-        outs = self.jitted(*flat)
-        out_tree = self.trees.out_tree(tree)
-        if out_tree is None:
-            return list(outs)
-        return jax.tree.unflatten(out_tree, list(outs))
+        return self.trees.outputs(args, list(self.jitted(*flat)))
 
     def hlo_text(self, *args: Any) -> str:
         """The compiled HLO text for these arguments (after XLA's SPMD partitioner)."""
@@ -187,6 +182,33 @@ def _annotated_eval(function: func.FuncOp, mesh: Mesh, names: Sequence[str]) -> 
     return run
 
 
+def compile_annotated(
+    function: func.FuncOp, mesh: Mesh, names: Sequence[str]
+) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """``function`` as one jitted program on ``mesh`` whose argument and result
+    specs are its input and output shardings and whose annotated values are
+    sharding constraints; XLA's SPMD partitioner propagates the rest. Returns
+    the program and its input shardings."""
+    ins = function.function_type.inputs.data
+    outs = function.function_type.outputs.data
+    in_shardings = tuple(
+        NamedSharding(mesh, partition_spec(_arg_spec(function, k, len(shape_of(t))), names))
+        for k, t in enumerate(ins)
+    )
+    out_shardings = tuple(
+        NamedSharding(
+            mesh, partition_spec(_arg_spec(function, k, len(shape_of(t)), results=True), names)
+        )
+        for k, t in enumerate(outs)
+    )
+    jitted = jax.jit(
+        _annotated_eval(function, mesh, names),
+        in_shardings=in_shardings,
+        out_shardings=out_shardings,
+    )
+    return jitted, in_shardings
+
+
 class XlaBackend:
     """Runs modules on the local JAX devices."""
 
@@ -201,24 +223,7 @@ class XlaBackend:
             jitted = jax.jit(lambda *flat: tuple(eval_block(block, list(flat))))
             return XlaExecutable(module, function, jitted, trees)
         mesh = jax_mesh(mesh_op)
-        names = mesh_axis_names(mesh_op)
-        ins = function.function_type.inputs.data
-        outs = function.function_type.outputs.data
-        in_shardings = tuple(
-            NamedSharding(mesh, partition_spec(_arg_spec(function, k, len(shape_of(t))), names))
-            for k, t in enumerate(ins)
-        )
-        out_shardings = tuple(
-            NamedSharding(
-                mesh, partition_spec(_arg_spec(function, k, len(shape_of(t)), results=True), names)
-            )
-            for k, t in enumerate(outs)
-        )
-        jitted = jax.jit(
-            _annotated_eval(function, mesh, names),
-            in_shardings=in_shardings,
-            out_shardings=out_shardings,
-        )
+        jitted, in_shardings = compile_annotated(function, mesh, mesh_axis_names(mesh_op))
         return XlaExecutable(module, function, jitted, trees, mesh, in_shardings)
 
     def execute(self, module: ModuleOp, *args: Any) -> Any:

@@ -16,7 +16,7 @@ what the ``force-*`` options refer to.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, is_dataclass, replace
 from typing import Literal
 
@@ -37,6 +37,7 @@ from xdsl.ir import SSAValue
 from xdsl.passes import ModulePass
 
 from alpa_ir.autosharding.apply_plan import apply_plan
+from alpa_ir.autosharding.batch_dims import batch_dims
 from alpa_ir.autosharding.graph import GraphBuilder, StrategyCache
 from alpa_ir.autosharding.problem import Aliasing, build_problem
 from alpa_ir.autosharding.resharding import INF, ReshardCoster, ReshardOptions
@@ -99,6 +100,9 @@ class AutoSharding(ModulePass):
     allow_all_gather: bool = True
     allow_all_to_all: bool = True
     allow_replicated_parameters: bool = True
+    allow_mixed_mesh_shape: bool = True
+    """Allow a tensor dimension split over several mesh axes at once (S01 on
+    a 2-d mesh: Alpa's "1-d strategies in a 2-d mesh")."""
     force_batch_dim_to_mesh_dim: int = -1
     prefer_reduce_scatter: bool = False
     """Finish with ``reduce-scatter-rewrite{mode=zero2}``: gradients reduce-scattered
@@ -186,13 +190,24 @@ class AutoSharding(ModulePass):
             for k, a in enumerate(function.args)
             if _has_spec(function, k)
         }
+        batch_axis = None
+        if self.force_batch_dim_to_mesh_dim >= 0:
+            if self.force_batch_dim_to_mesh_dim >= len(mesh.shape):
+                raise AlpaError(
+                    f"auto-sharding: force-batch-dim-to-mesh-dim={self.force_batch_dim_to_mesh_dim} "
+                    f"but the mesh {list(mesh.shape)} has {len(mesh.shape)} axes"
+                )
+            if mesh.shape[self.force_batch_dim_to_mesh_dim] > 1:
+                batch_axis = (batch_dims(function, sorted(batch)), self.force_batch_dim_to_mesh_dim)
         graph = GraphBuilder(
             function,
             groups,
             mesh.shape,
             coster,
             arg_filter=self._arg_cost(mesh, batch, given),
-            cache=cache,
+            cache=cache if batch_axis is None and self.allow_mixed_mesh_shape else None,
+            batch_axis=batch_axis,
+            allow_mixed_mesh_shape=self.allow_mixed_mesh_shape,
         ).build()
         donated = set(int_list(function, DONATED_ATTR))
         node_scale = None
@@ -230,7 +245,9 @@ class AutoSharding(ModulePass):
             tied.problem.num_nodes if tied is not None else problem.num_nodes
         )
         apply_plan(function, graph, solution.choice, aliases_of(function))
-        function.attributes[OBJECTIVE_ATTR] = FloatAttr(solution.objective, f64)
+        function.attributes[OBJECTIVE_ATTR] = FloatAttr(
+            _without_tie_breaks(solution.objective, graph, solution.choice), f64
+        )
         function.attributes["sharding.solve_time"] = FloatAttr(solution.solve_time, f64)
         function.attributes["sharding.num_nodes"] = IntAttr(len(graph.nodes))
         if self.prefer_reduce_scatter:
@@ -283,6 +300,18 @@ class AutoSharding(ModulePass):
             return REPLICATED_PARAMETER_PENALTY / shards
 
         return cost
+
+
+def _without_tie_breaks(objective: float, graph: object, choice: Sequence[int]) -> float:
+    """The objective less the arguments' tie-breaking penalties (which prefer
+    the plan that keeps less of the inputs on each device): what the plan's
+    communication costs, 0 for a plan without any."""
+    ties = sum(
+        node.strategies[choice[node.index]].cost
+        for node in graph.nodes  # type: ignore[attr-defined]
+        if node.arg is not None and math.isfinite(node.strategies[choice[node.index]].cost)
+    )
+    return max(objective - ties, 0.0) if abs(objective - ties) > 1e-12 else 0.0
 
 
 def _cache_fits(

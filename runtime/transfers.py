@@ -169,7 +169,13 @@ class TilePlanTransport:
 
     def send(self, transfer: Transfer, micro_batch: int | None, value: Any) -> None:
         plan = transfer.plan
-        if plan is not None:
+        if plan is not None and jnp.issubdtype(value.dtype, jax.dtypes.prng_key):
+            # a PRNG key is replicated on both meshes (auto-sharding keeps keys
+            # whole): copy it to the destination devices as it is
+            dst_names = self.program.meshes[transfer.dst_mesh].axis_names
+            value = jax.device_put(value, layout_sharding(plan.dst, dst_names))
+            self.bytes_moved += plan.cross_bytes
+        elif plan is not None:
             dst_names = self.program.meshes[transfer.dst_mesh].axis_names
             src = self.src_shardings.get(transfer.name)
             if src is None:

@@ -269,7 +269,23 @@ def _random() -> list[Case]:
         k4 = jax.random.wrap_key_data(data)  # random_wrap
         return x * jax.random.uniform(k4, x.shape) + jax.random.normal(k2, x.shape)  # random_bits
 
+    def empty(x: jax.Array) -> Any:
+        from jax._src.core import MemorySpace
+        from jax._src.lax.lax import empty2
+
+        return x + empty2(x.dtype, memory_space=MemorySpace.Device) * 0
+
+    def rows(x: jax.Array) -> Any:
+        from alpa_ir.frontend.random_rows import random_bits_rows_p
+
+        bits = random_bits_rows_p.bind(
+            jax.random.key(5), jnp.int32(4), bit_width=32, shape=(4, 8), global_shape=(8, 8)
+        )
+        return x + bits.astype(jnp.float32)
+
     return [
+        ("empty2", empty, (X,)),
+        ("random_bits_rows", rows, (X,)),
         ("random_typed_keys", typed, (X,)),
         (
             "random_raw_key",

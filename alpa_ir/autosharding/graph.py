@@ -69,6 +69,33 @@ def _itemsize(value: SSAValue) -> int:
     return dtype_of(value.type).itemsize
 
 
+def _mixed_spec(spec: ShardingSpec, mesh_shape: Sequence[int]) -> bool:
+    """Whether ``spec`` splits one dimension over several mesh axes (of size > 1)."""
+    return any(sum(mesh_shape[a] > 1 for a in axes) > 1 for axes in spec.dims)
+
+
+def _mixed(strategy: Strategy, mesh_shape: Sequence[int]) -> bool:
+    return any(
+        _mixed_spec(s, mesh_shape) for s in (*strategy.operand_specs, *strategy.result_specs)
+    )
+
+
+def _batch_split(
+    strategies: list[Strategy], batch: tuple[tuple[str, int, int], ...], axis: int
+) -> list[Strategy]:
+    """The strategies that split every batch dimension of the op over ``axis``
+    (none when no strategy can: the caller then keeps them all)."""
+
+    def splits(s: Strategy) -> bool:
+        for where, k, dim in batch:
+            spec = s.operand_specs[k] if where == "o" else s.result_specs[k]
+            if dim >= spec.rank or axis not in spec.dims[dim]:
+                return False
+        return True
+
+    return [s for s in strategies if splits(s)]
+
+
 def _keys_replicated(op: Operation, strategies: list[Strategy]) -> list[Strategy]:
     """The strategies that keep every PRNG key operand and result replicated:
     a key is one value, drawn from whole on every device."""
@@ -131,6 +158,8 @@ class GraphBuilder:
         rule_lookup: RuleLookup | None = None,
         arg_filter: Callable[[int, SSAValue, ShardingSpec], float] | None = None,
         cache: StrategyCache | None = None,
+        batch_axis: tuple[dict[SSAValue, int], int] | None = None,
+        allow_mixed_mesh_shape: bool = True,
     ) -> None:
         self.function = function
         self.groups = groups
@@ -138,6 +167,10 @@ class GraphBuilder:
         self.coster = coster
         self.rule_lookup = rule_lookup or RULES.get
         self.arg_filter = arg_filter
+        self.batch_axis = batch_axis
+        self.allow_mixed_mesh_shape = allow_mixed_mesh_shape
+        """(batch dimension of each value, mesh axis): every op must split its
+        batch dimension over that axis where it can (force-batch-dim-to-mesh-dim)."""
         self.warned: set[str] = set()
         if cache is None:
             cache = StrategyCache(self.mesh_shape, coster)
@@ -152,12 +185,26 @@ class GraphBuilder:
     def op_strategies(self, op: Operation) -> list[Strategy]:
         """The op's strategies; identical ops (same primitive, parameters and
         types, e.g. the same matmul in every transformer layer) share them."""
-        key = _op_key(op)
+        batch = self._batch_positions(op)
+        key = (*_op_key(op), batch) if batch else _op_key(op)
         cached = self._strategy_cache.get(key)
         if cached is None:
             cached = self._op_strategies(op)
+            if batch:
+                cached = _batch_split(cached, batch, self.batch_axis[1]) or cached  # type: ignore[index]
+            if not self.allow_mixed_mesh_shape:
+                cached = [s for s in cached if not _mixed(s, self.mesh_shape)] or cached
             self._strategy_cache[key] = cached
         return cached
+
+    def _batch_positions(self, op: Operation) -> tuple[tuple[str, int, int], ...]:
+        """(operand/result, index, batch dim) of the op's values with a batch dimension."""
+        if self.batch_axis is None:
+            return ()
+        dims = self.batch_axis[0]
+        out = [("o", k, dims[v]) for k, v in enumerate(op.operands) if v in dims]
+        out += [("r", k, dims[v]) for k, v in enumerate(op.results) if v in dims]
+        return tuple(out)
 
     def _op_strategies(self, op: Operation) -> list[Strategy]:
         operand_ranks = [len(shape_of(t)) for t in op.operand_types]
@@ -238,6 +285,8 @@ class GraphBuilder:
         shape = shape_of(arg.type)
         out = []
         options = _spec_options(shape, self.mesh_shape)
+        if not self.allow_mixed_mesh_shape:
+            options = [s for s in options if not _mixed_spec(s, self.mesh_shape)]
         if is_key_type(arg.type):  # PRNG keys stay whole on every device
             options = [ShardingSpec.replicated(len(shape))]
         for spec in options:
@@ -250,7 +299,7 @@ class GraphBuilder:
     ) -> list[NodeStrategy]:
         """The group's strategies; a group with the same ops wired the same way
         (the same layer repeated) reuses the strategies of the first one."""
-        key = _group_key(ops, alias)
+        key = _group_key(ops, alias, self._batch_positions if self.batch_axis else None)
         cached = self._group_cache.get(key)
         if cached is None:
             strategies = self._new_group_strategies(ops, alias)
@@ -445,14 +494,18 @@ def _op_key(op: Operation) -> tuple[object, ...]:
     return (op.name, tuple(op.properties.items()), tuple(op.operand_types), tuple(op.result_types))
 
 
-def _group_key(ops: list[Operation], alias: dict[SSAValue, SSAValue]) -> tuple[object, ...]:
+def _group_key(
+    ops: list[Operation],
+    alias: dict[SSAValue, SSAValue],
+    batch_key: Callable[[Operation], object] | None = None,
+) -> tuple[object, ...]:
     """What a group's strategies depend on: its ops and how they feed each other
     (per operand: the member and result it comes from, or outside)."""
     position: dict[SSAValue, tuple[int, int]] = {}
     key: list[object] = []
     for i, op in enumerate(ops):
         sources = tuple(position.get(alias.get(v, v)) for v in op.operands)
-        key.append((_op_key(op), sources))
+        key.append((_op_key(op), sources, batch_key(op) if batch_key else ()))
         for j, r in enumerate(op.results):
             position[r] = (i, j)
     return tuple(key)

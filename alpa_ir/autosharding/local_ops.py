@@ -73,6 +73,7 @@ LOCALIZERS: Mapping[str, Localizer] = MappingProxyType(
         "reshape": _result_shape_param("new_sizes"),
         "iota": _result_shape_param("shape"),
         "random_bits": _result_shape_param("shape"),
+        "random_bits_rows": _result_shape_param("shape"),
         "slice": _slice,
         "gather": _slice_sizes,
         "dynamic_slice": _slice_sizes,

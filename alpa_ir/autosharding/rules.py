@@ -339,7 +339,7 @@ def random_bits(op: LaxOp) -> FactorRule:
     b = _Builder()
     kind = P if splittable else N
     dims = tuple(_one(b.add(s, kind, f"d{k}")) for k, s in enumerate(outs[0]))
-    return b.rule([tuple(() for _ in ins[0])], [dims])
+    return b.rule([tuple(() for _ in shape) for shape in ins], [dims])
 
 
 def dynamic_slice(op: LaxOp) -> FactorRule:
@@ -444,6 +444,7 @@ def _default_rules() -> dict[str, RuleFn]:
             "split": along_axis("axis"),
             "iota": iota,
             "random_bits": random_bits,
+            "random_bits_rows": random_bits,
             **{
                 n: replicated
                 for n in (

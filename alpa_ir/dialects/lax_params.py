@@ -515,6 +515,26 @@ class PrngImplC(Codec):
         raise AlpaError(f"unknown PRNG implementation '{attr.data}'")
 
 
+@dataclass(frozen=True)
+class MemorySpaceC(Codec):
+    """JAX's memory space of a value (``empty2``'s ``memory_space``), by name."""
+
+    attr_type = StringAttr
+
+    def encode(self, value: Any) -> Attribute | None:
+        _check(isinstance(value, enum.Enum), "memory space", value)
+        return StringAttr(value.name.lower())
+
+    def decode(self, attr: Attribute | None) -> Any:
+        from jax._src.core import MemorySpace
+
+        assert isinstance(attr, StringAttr)
+        for member in MemorySpace:
+            if member.name.lower() == attr.data:
+                return member
+        raise AlpaError(f"unknown memory space '{attr.data}'")
+
+
 # Shared codec instances used by the primitive table.
 INT = IntC()
 BOOL = BoolC()
@@ -529,6 +549,7 @@ NONE_ONLY = NoneOnlyC()
 GATHER_MODE = EnumC(lax.GatherScatterMode)
 ROUNDING = EnumC(lax.RoundingMethod)
 PRNG_IMPL = PrngImplC()
+MEMORY_SPACE = MemorySpaceC()
 
 
 def is_bool_attr(attr: Attribute) -> bool:

@@ -24,6 +24,7 @@ from alpa_ir.dialects.lax_params import (
     GATHER_MODE,
     INT,
     INTS,
+    MEMORY_SPACE,
     NONE_ONLY,
     OPT_DTYPE,
     OPT_INTS,
@@ -137,6 +138,7 @@ def _specs() -> list[PrimitiveSpec]:
         PrimitiveSpec(
             "slice", lay, {"start_indices": INTS, "limit_indices": INTS, "strides": OPT_INTS}
         ),
+        PrimitiveSpec("empty2", OpKind.OTHER, {"dtype": DTYPE, "memory_space": MEMORY_SPACE}),
         PrimitiveSpec(
             "iota",
             OpKind.OTHER,
@@ -270,6 +272,11 @@ def _specs() -> list[PrimitiveSpec]:
         PrimitiveSpec("random_wrap", OpKind.OTHER, {"impl": PRNG_IMPL}),
         PrimitiveSpec("random_unwrap", OpKind.OTHER),
         PrimitiveSpec("random_bits", OpKind.OTHER, {"bit_width": INT, "shape": INTS}),
+        PrimitiveSpec(
+            "random_bits_rows",
+            OpKind.OTHER,
+            {"bit_width": INT, "shape": INTS, "global_shape": INTS},
+        ),
         PrimitiveSpec("random_split", OpKind.OTHER, {"shape": INTS}),
         PrimitiveSpec("random_fold_in", OpKind.OTHER),
         PrimitiveSpec("random_clone", OpKind.OTHER),

@@ -36,7 +36,12 @@ from alpa_ir.dialects.lax_generic_params import encode_generic
 from alpa_ir.dialects.lax_params import DroppedC, NoneOnlyC, ints_attr
 from alpa_ir.dialects.lax_primitives import INLINED_PRIMITIVES, PRIMITIVES, PrimitiveSpec
 from alpa_ir.errors import AlpaError, UnsupportedPrimitiveError
-from alpa_ir.frontend.arguments import StaticArgnums, StepArguments, step_arguments
+from alpa_ir.frontend.arguments import (
+    OutputStatics,
+    StaticArgnums,
+    StepArguments,
+    step_arguments,
+)
 from alpa_ir.frontend.differentiation import mark_differentiation
 from alpa_ir.frontend.pytree_codec import encode_treedef
 from alpa_ir.ir_types import tensor_type
@@ -279,6 +284,7 @@ class ImportedStep:
     in_tree: Any
     out_tree: Any
     arguments: StepArguments
+    outputs: OutputStatics
 
 
 def import_step(
@@ -292,8 +298,11 @@ def import_step(
     """:func:`import_jax`, also returning the pytree structures (see :class:`ImportedStep`)."""
     arguments = step_arguments(fn, example_args, static_argnums)
     abstract = arguments.abstract()
+    outputs = OutputStatics()
     try:
-        closed, out_shape = jax.make_jaxpr(arguments.bind(fn), return_shape=True)(*abstract)
+        closed, out_shape = jax.make_jaxpr(arguments.bind(fn, outputs), return_shape=True)(
+            *abstract
+        )
     except AlpaError:
         raise
     except (TypeError, ValueError) as exc:
@@ -317,8 +326,10 @@ def import_step(
     mark_differentiation(block, backward_ops)
 
     main = func.FuncOp("main", (arg_types, [o.type for o in outs]), Region(block))
-    main.attributes[IN_TREE_ATTR] = StringAttr(encode_treedef(in_tree))
-    main.attributes[OUT_TREE_ATTR] = StringAttr(encode_treedef(out_tree))
+    main.attributes[IN_TREE_ATTR] = StringAttr(
+        encode_treedef(jax.tree.structure(arguments.dynamic), dict(arguments.static_leaves()))
+    )
+    main.attributes[OUT_TREE_ATTR] = StringAttr(encode_treedef(outputs.tree, outputs.statics))
     donated = _leaves_of(abstract, arguments.dynamic_positions(donate_argnums))
     if donated:
         main.attributes[DONATED_ATTR] = _int_array(donated)
@@ -328,7 +339,7 @@ def import_step(
     batch = _leaves_of(abstract, arguments.dynamic_positions(batch_argnums))
     if batch:
         main.attributes[BATCH_ATTR] = _int_array(batch)
-    return ImportedStep(ModuleOp([main]), in_tree, out_tree, arguments)
+    return ImportedStep(ModuleOp([main]), in_tree, out_tree, arguments, outputs)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -31,6 +31,7 @@ _PRIMITIVE_MODULES = (
     "jax._src.random.prng",
     "jax._src.random.threefry2x32",
     "alpa_ir.markers",
+    "alpa_ir.frontend.random_rows",
 )
 
 

@@ -58,39 +58,81 @@ def _describe(aux: Any) -> str:
     return _OPAQUE_PREFIX + text
 
 
-def _to_literal(treedef: Any, describe: bool) -> Any:
+_STATIC = "@"
+
+
+def _to_literal(
+    treedef: Any,
+    describe: bool,
+    statics: dict[int, Any] | None = None,
+    count: list[int] | None = None,
+) -> Any:
+    """The literal of ``treedef``; leaves numbered in ``statics`` (flat index ->
+    value) are written ``('@', description)``: values that are not arrays."""
+    count = count if count is not None else [0]
     data = treedef.node_data()
     if data is None:
+        k = count[0]
+        count[0] += 1
+        if statics and k in statics:
+            return (_STATIC, _describe(statics[k]).removeprefix(_OPAQUE_PREFIX) if describe else "")
         return "*"
     cls, aux = data
-    children = tuple(_to_literal(c, describe) for c in treedef.children())
+    children = tuple(_to_literal(c, describe, statics, count) for c in treedef.children())
     try:
         return (_type_name(cls), _literal(aux), children)
     except (ValueError, SyntaxError, TypeError, RecursionError):
         return (_type_name(cls), None, children, _describe(aux) if describe else _OPAQUE_PREFIX)
 
 
-def encode_treedef(treedef: Any) -> str:
-    """The text of a ``PyTreeDef`` (any registered node types)."""
-    return repr(_to_literal(treedef, describe=True))
+def encode_treedef(treedef: Any, statics: dict[int, Any] | None = None) -> str:
+    """The text of a ``PyTreeDef`` (any registered node types); the leaves
+    ``statics`` numbers (flat index -> value) are marked as values that are
+    not arrays."""
+    return repr(_to_literal(treedef, True, statics))
 
 
-def structure_key(treedef: Any) -> str:
+def structure_key(treedef: Any, statics: dict[int, Any] | None = None) -> str:
     """The text of a ``PyTreeDef`` without the descriptions of opaque
-    auxiliary data (which may hold addresses): equal for equal structures."""
-    return repr(_to_literal(treedef, describe=False))
+    auxiliary data and static leaves (which may hold addresses): equal for
+    equal structures."""
+    return repr(_to_literal(treedef, False, statics))
 
 
-def same_structure(text: str, treedef: Any) -> bool:
-    """Whether ``treedef`` has the structure the text ``text`` describes."""
+def same_structure(text: str, treedef: Any, statics: dict[int, Any] | None = None) -> bool:
+    """Whether ``treedef`` (with ``statics``) has the structure ``text`` describes."""
     try:
         literal = ast.literal_eval(text)
     except (ValueError, SyntaxError, RecursionError):
         return False
-    return repr(_without_descriptions(literal)) == structure_key(treedef)
+    return repr(_without_descriptions(literal)) == structure_key(treedef, statics)
+
+
+def static_leaves(text: str) -> dict[int, str]:
+    """Flat index -> description of the leaves ``text`` marks as not arrays."""
+    out: dict[int, str] = {}
+    count = [0]
+
+    def walk(node: Any) -> None:
+        if node == "*":
+            count[0] += 1
+        elif isinstance(node, tuple) and len(node) == 2 and node[0] == _STATIC:
+            out[count[0]] = node[1]
+            count[0] += 1
+        elif isinstance(node, tuple) and len(node) in (3, 4):
+            for child in node[2]:
+                walk(child)
+
+    try:
+        walk(ast.literal_eval(text))
+    except (ValueError, SyntaxError, RecursionError):
+        return {}
+    return out
 
 
 def _without_descriptions(node: Any) -> Any:
+    if isinstance(node, tuple) and len(node) == 2 and node[0] == _STATIC:
+        return (_STATIC, "")
     if not isinstance(node, tuple) or len(node) not in (3, 4):
         return node
     children = tuple(_without_descriptions(c) for c in node[2])
@@ -175,7 +217,7 @@ def _loaded_class(name: str) -> type | None:
 
 
 def _from_literal(node: Any, resolver: _Resolver) -> Any:
-    if node == "*":
+    if node == "*" or (isinstance(node, tuple) and len(node) == 2 and node[0] == _STATIC):
         return tree_util.tree_structure(0)
     if not isinstance(node, tuple) or len(node) not in (3, 4):
         raise AlpaError(f"malformed pytree node in text: {str(node)[:80]}")
@@ -232,31 +274,86 @@ def leaf_path_name(path: Iterable[Any], arg_names: list[str]) -> str:
     return ".".join(parts)
 
 
+def is_array_leaf(x: Any) -> bool:
+    """Whether a pytree leaf is (or describes) an array a step can take: an
+    array, a ``jax.ShapeDtypeStruct``, a key array, or a Python ``int``,
+    ``float`` or ``complex`` (a 0-d array). Python bools, functions, strings
+    and other objects are not (as under ``equinox.filter_jit``)."""
+    import numpy as np
+
+    if isinstance(x, bool):
+        return False
+    if isinstance(x, jax.Array | np.ndarray | np.generic | jax.ShapeDtypeStruct):
+        return True
+    if isinstance(x, int | float | complex):
+        return True
+    return hasattr(x, "shape") and hasattr(x, "dtype")
+
+
 class TreeTexts:
     """The input and output structures a module records as text, resolved
     against the arguments it is called with: the inputs must have the
-    recorded structure, and the output structure is rebuilt with the types
-    (and opaque auxiliary data) of the arguments' nodes."""
+    recorded structure; the output structure is rebuilt with the types (and
+    opaque auxiliary data) of the arguments' nodes, and each output leaf that
+    is not an array is the argument leaf at the same path (below the first
+    key) or with the same description."""
 
     def __init__(self, in_text: str | None, out_text: str | None) -> None:
         self.in_text, self.out_text = in_text, out_text
         self._out: dict[str, Any] = {}
 
-    def check_inputs(self, treedef: Any) -> None:
-        if self.in_text is not None and not same_structure(self.in_text, treedef):
+    def flatten(self, args: Any) -> tuple[list[Any], Any, dict[int, Any]]:
+        """The array leaves of ``args``, their treedef and the other leaves (index -> value)."""
+        leaves, treedef = jax.tree.flatten(args)
+        statics = {k: x for k, x in enumerate(leaves) if not is_array_leaf(x)}
+        if self.in_text is not None and not same_structure(self.in_text, treedef, statics):
             raise AlpaError(
-                f"arguments have structure {_short(encode_treedef(treedef))}, the module was "
-                f"imported with {_short(self.in_text)}"
+                f"arguments have structure {_short(encode_treedef(treedef, statics))}, the "
+                f"module was imported with {_short(self.in_text)}"
             )
+        return [x for k, x in enumerate(leaves) if k not in statics], treedef, statics
 
-    def out_tree(self, in_treedef: Any) -> Any:
-        """The output ``PyTreeDef`` (None when the module records none)."""
+    def outputs(self, args: Any, outs: list[Any]) -> Any:
+        """The outputs as the module's pytree (a flat list when it records none)."""
         if self.out_text is None:
-            return None
-        key = structure_key(in_treedef)
+            return list(outs)
+        treedef = jax.tree.structure(args)
+        key = structure_key(treedef)
         if key not in self._out:
-            self._out[key] = decode_treedef(self.out_text, known=[in_treedef])
-        return self._out[key]
+            self._out[key] = decode_treedef(self.out_text, known=[treedef])
+        out_tree = self._out[key]
+        wanted = static_leaves(self.out_text)
+        if not wanted:
+            return jax.tree.unflatten(out_tree, list(outs))
+        values = _match_static(args, out_tree, wanted)
+        it = iter(outs)
+        merged = [values[k] if k in values else next(it) for k in range(out_tree.num_leaves)]
+        return jax.tree.unflatten(out_tree, merged)
+
+
+def _match_static(args: Any, out_tree: Any, wanted: dict[int, str]) -> dict[int, Any]:
+    """Values for the output leaves that are not arrays, taken from the arguments."""
+    by_path: dict[tuple[Any, ...], Any] = {}
+    by_description: dict[str, list[Any]] = {}
+    for path, x in jax.tree_util.tree_flatten_with_path(args)[0]:
+        if not is_array_leaf(x):
+            by_path.setdefault(tuple(path[1:]), x)
+            by_description.setdefault(_describe(x).removeprefix(_OPAQUE_PREFIX), []).append(x)
+    template = jax.tree.unflatten(out_tree, [0] * out_tree.num_leaves)
+    out: dict[int, Any] = {}
+    for k, (path, _) in enumerate(jax.tree_util.tree_flatten_with_path(template)[0]):
+        if k not in wanted:
+            continue
+        if tuple(path[1:]) in by_path:
+            out[k] = by_path[tuple(path[1:])]
+        elif len(by_description.get(wanted[k], [])) == 1:
+            out[k] = by_description[wanted[k]][0]
+        else:
+            raise AlpaError(
+                f"cannot rebuild output leaf {jax.tree_util.keystr(path)} ({wanted[k]}): it is "
+                "not an array and no argument leaf matches it"
+            )
+    return out
 
 
 def _short(text: str, limit: int = 160) -> str:

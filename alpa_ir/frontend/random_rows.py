@@ -1,0 +1,48 @@
+"""``random_bits_rows``: the rows of a larger draw of random bits.
+
+Under micro-batching a step traced at the micro-batch shape draws, per
+micro-batch, ``random_bits(key, (b, ...))``; on one device the whole batch
+draws ``random_bits(key, (B, ...))`` once. To draw exactly the one-device
+numbers, each micro-batch must draw *its rows* of the whole batch's draw:
+``random_bits_rows(key, start, bit_width, shape=(b, ...), global_shape=(B,
+...))`` is rows ``start .. start + b`` of ``random_bits(key, global_shape)``
+(JAX's partitionable threefry counts elements by their index in the whole
+shape, see :mod:`alpa_ir.autosharding.local_random`). ``start`` is an int32
+scalar operand: the micro-batch's first row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+from jax.extend.core import Primitive
+from jax.interpreters import mlir
+
+random_bits_rows_p = Primitive("random_bits_rows")
+
+
+def _impl(
+    key: Any, start: Any, *, bit_width: int, shape: Sequence[int], global_shape: Sequence[int]
+) -> Any:
+    from alpa_ir.autosharding.local_random import local_random_bits
+
+    offsets = [jnp.asarray(start).astype(np.uint32)] + [np.uint32(0)] * (len(shape) - 1)
+    return local_random_bits(key, bit_width, tuple(global_shape), tuple(shape), offsets)
+
+
+def _abstract_eval(
+    key: Any, start: Any, *, bit_width: int, shape: Sequence[int], global_shape: Sequence[int]
+) -> Any:
+    from jax.core import ShapedArray
+
+    del key, start, global_shape
+    dtype = {8: np.uint8, 16: np.uint16, 32: np.uint32}[bit_width]
+    return ShapedArray(tuple(shape), np.dtype(dtype))
+
+
+random_bits_rows_p.def_impl(_impl)
+random_bits_rows_p.def_abstract_eval(_abstract_eval)
+mlir.register_lowering(random_bits_rows_p, mlir.lower_fun(_impl, multiple_results=False))

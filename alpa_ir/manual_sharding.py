@@ -1,0 +1,130 @@
+"""Shardings a user writes by hand, as ``jax.sharding.PartitionSpec`` trees.
+
+:class:`ManualShardingOption` (Alpa's) names the mesh axes and gives the
+specs of the inputs (``in_axis_resources``) and outputs
+(``out_axis_resources``) of a step: each a pytree like the arguments (or the
+outputs) whose leaves are ``PartitionSpec`` or ``None`` (left to the
+planner), or a prefix of it (a ``PartitionSpec`` for a whole argument). With
+auto-sharding the ILP keeps the given input specs and the outputs are
+delivered in the given ones; with ``AutoShardingOption(enable_auto_sharding=False)``
+no ILP runs and XLA's SPMD partitioner propagates the given specs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import PartitionSpec
+from xdsl.dialects import func
+from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr
+
+from alpa_ir.dialects.sharding import SPEC_ATTR, ShardingSpec
+from alpa_ir.errors import AlpaError
+
+
+@dataclass(frozen=True)
+class ManualShardingOption:
+    """Alpa's ``ManualShardingOption``: mesh axis names and input/output specs."""
+
+    mesh_axis_names: tuple[str, ...] | None = None
+    in_axis_resources: Any = None
+    out_axis_resources: Any = None
+
+
+def _is_spec(x: object) -> bool:
+    return x is None or isinstance(x, PartitionSpec)
+
+
+def expand_prefix(prefix: Any, tree: Any, what: str) -> list[PartitionSpec | None]:
+    """One spec (or None) per leaf of ``tree``, from a spec tree that is ``tree``
+    or a prefix of it."""
+    if _is_spec(prefix):
+        return [prefix] * len(jax.tree.leaves(tree))
+    try:
+        expanded = jax.tree.map(
+            lambda spec, sub: jax.tree.map(lambda _: spec, sub), prefix, tree, is_leaf=_is_spec
+        )
+    except (ValueError, TypeError) as exc:
+        raise AlpaError(f"{what} does not match the structure it describes: {exc}") from None
+    leaves = jax.tree.leaves(expanded, is_leaf=_is_spec)
+    if len(leaves) != len(jax.tree.leaves(tree)):
+        raise AlpaError(
+            f"{what} has {len(leaves)} leaves, the structure has {len(jax.tree.leaves(tree))}"
+        )
+    return leaves
+
+
+def spec_from_partition_spec(
+    pspec: PartitionSpec, rank: int, names: Sequence[str], mesh_shape: Sequence[int] | None = None
+) -> ShardingSpec:
+    """Our spec for a JAX PartitionSpec; mesh axes of size 1 (given ``mesh_shape``)
+    split nothing and are dropped, as in JAX."""
+    if len(pspec) > rank:
+        raise AlpaError(f"PartitionSpec {pspec} has {len(pspec)} entries for a rank-{rank} array")
+    dims: list[tuple[int, ...]] = []
+    for entry in tuple(pspec) + (None,) * (rank - len(pspec)):
+        if entry is None:
+            dims.append(())
+            continue
+        axes = entry if isinstance(entry, tuple) else (entry,)
+        try:
+            picked = tuple(names.index(a) for a in axes)
+        except ValueError:
+            raise AlpaError(
+                f"PartitionSpec {pspec} names a mesh axis not in {list(names)}"
+            ) from None
+        if mesh_shape is not None:
+            picked = tuple(a for a in picked if mesh_shape[a] > 1)
+        dims.append(picked)
+    return ShardingSpec(tuple(dims))
+
+
+def spec_entries(
+    specs: Sequence[PartitionSpec | None],
+    shapes: Sequence[tuple[int, ...]],
+    names: Sequence[str],
+    mesh_shape: Sequence[int],
+) -> ArrayAttr:
+    """Argument or result attribute dictionaries carrying the given specs."""
+    entries = []
+    for spec, shape in zip(specs, shapes, strict=True):
+        if spec is None:
+            entries.append(DictionaryAttr({}))
+            continue
+        s = spec_from_partition_spec(spec, len(shape), names, mesh_shape)
+        for d, axes in enumerate(s.dims):
+            ways = int(np.prod([mesh_shape[a] for a in axes])) if axes else 1
+            if shape[d] % ways:
+                raise AlpaError(
+                    f"PartitionSpec {spec} splits dimension {d} of size {shape[d]} {ways} ways"
+                )
+        entries.append(DictionaryAttr({SPEC_ATTR: s.to_attr()}))
+    return ArrayAttr(entries)
+
+
+def annotate_inputs(
+    function: func.FuncOp, args: Any, in_specs: Any, names: Sequence[str], mesh_shape: Sequence[int]
+) -> None:
+    """User PartitionSpecs of the arguments become argument specs the planner keeps."""
+    specs = expand_prefix(in_specs, args, "in_axis_resources")
+    shapes = [tuple(np.shape(x)) for x in jax.tree.leaves(args)]
+    function.arg_attrs = spec_entries(specs, shapes, names, mesh_shape)
+
+
+def annotate_outputs(
+    function: func.FuncOp,
+    out_tree: Any,
+    out_specs: Any,
+    names: Sequence[str],
+    mesh_shape: Sequence[int],
+) -> list[PartitionSpec | None]:
+    """User PartitionSpecs of the outputs as result specs of ``function``; returns them per leaf."""
+    template = jax.tree.unflatten(out_tree, [0] * out_tree.num_leaves)
+    specs = expand_prefix(out_specs, template, "out_axis_resources")
+    shapes = [tuple(t.get_shape()) for t in function.function_type.outputs.data]  # type: ignore[attr-defined]
+    function.res_attrs = spec_entries(specs, shapes, names, mesh_shape)
+    return specs
