@@ -15,6 +15,9 @@ A draw is rewritten when its leading dimension is the micro-batch size and
 its bits meet the batch: an op that reads them also reads a value computed
 from the batch. Only threefry keys (``fry``) and draws of up to 32 bits
 (JAX's partitionable counting); other draws keep drawing per micro-batch.
+The same holds for ``random_split(key, (b, ...))``, one key per example
+(``jax.random.split(key, batch_size)`` for a vmapped model): it becomes
+``random_split_rows``.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from alpa_ir.dialects.lax_params import ints_attr
 from alpa_ir.ir_types import shape_of
 
 ROWS_NAME = "micro_batch_rows"
+_ROWS = {"random_bits": "random_bits_rows", "random_split": "random_split_rows"}
+"""Each draw whose leading dimension is the batch, and its by-rows form."""
 BATCH_ATTR = "alpa.batch_args"
 
 
@@ -41,7 +46,7 @@ def _draws(function: func.FuncOp, batch_args: list[int], rows: int) -> list[LaxO
             batch_dep.update(op.results)
     draws = []
     for op in block.ops:
-        if not (isinstance(op, LaxOp) and op.primitive_name == "random_bits"):
+        if not (isinstance(op, LaxOp) and op.primitive_name in _ROWS):
             continue
         key_type = op.operands[0].type
         if not (
@@ -49,7 +54,7 @@ def _draws(function: func.FuncOp, batch_args: list[int], rows: int) -> list[LaxO
             and isinstance(key_type.element_type, KeyType)
             and key_type.element_type.tag == "fry"
             and not shape_of(key_type)
-            and op.param("bit_width") <= 32
+            and (op.primitive_name == "random_split" or op.param("bit_width") <= 32)
         ):
             continue
         shape = shape_of(op.results[0].type)
@@ -96,16 +101,17 @@ def draw_micro_batch_rows(function: func.FuncOp, num_micro_batches: int) -> bool
     arg.name_hint = ROWS_NAME
     for op in draws:
         start = _first_row(arg, op)  # next to the draw: it goes where the draw goes
-        new = PRIMITIVE_OPS["random_bits_rows"].create(
+        shape = shape_of(op.results[0].type)
+        properties = {
+            "shape": ints_attr(shape),
+            "global_shape": ints_attr((rows * num_micro_batches, *shape[1:])),
+        }
+        if op.primitive_name == "random_bits":
+            properties["bit_width"] = IntegerAttr(op.param("bit_width"), i64)
+        new = PRIMITIVE_OPS[_ROWS[op.primitive_name]].create(
             operands=[op.operands[0], start],
             result_types=[op.results[0].type],
-            properties={
-                "bit_width": IntegerAttr(op.param("bit_width"), i64),
-                "shape": ints_attr(shape_of(op.results[0].type)),
-                "global_shape": ints_attr(
-                    (rows * num_micro_batches, *shape_of(op.results[0].type)[1:])
-                ),
-            },
+            properties=properties,
         )
         new.location = op.location
         block.insert_op_before(new, op)

@@ -58,15 +58,27 @@ def partition_step(function: func.FuncOp, batch_args: Sequence[int]) -> StepPart
     batch_values: set[SSAValue] = {block.args[i] for i in batch_args}
     batch_dep: set[SSAValue] = set(batch_values)
     grad_dep: set[SSAValue] = set()
+    per_micro_batch: set[SSAValue] = set()  # after the last marker, still per micro-batch
+    last_marker = markers[-1]
+    after_last = False
     setup, compute, apply = [], [], []
     for op in ops:
         uses_grad = any(v in grad_dep for v in op.operands)
         uses_batch = any(v in batch_dep for v in op.operands)
-        if is_grad_marker(op) or (uses_batch and not uses_grad):
+        if is_grad_marker(op):
             compute.append(op)
-            target = grad_dep if is_grad_marker(op) else batch_dep
-            target.update(op.results)
-        elif uses_grad:
+            grad_dep.update(op.results)
+            after_last = after_last or op is last_marker
+        elif (
+            uses_batch
+            and not uses_grad
+            and not (after_last and _on_accumulated(op, batch_values, per_micro_batch))
+        ):
+            compute.append(op)
+            batch_dep.update(op.results)
+            if after_last and not _is_count_to_float(op):
+                per_micro_batch.update(op.results)
+        elif uses_grad or uses_batch:
             if any(v in batch_values for v in op.operands):
                 raise AlpaError(
                     f"op {op.name} after the gradient marker reads a batch argument directly; "
@@ -84,6 +96,35 @@ def partition_step(function: func.FuncOp, batch_args: Sequence[int]) -> StepPart
             if any(use.operation in later for use in value.uses):
                 accumulated.append(value)
     return StepPartition(tuple(setup), tuple(compute), tuple(apply), tuple(accumulated))
+
+
+def _on_accumulated(
+    op: Operation, batch_values: set[SSAValue], per_micro_batch: set[SSAValue]
+) -> bool:
+    """Whether an op after the last gradient marker reads the batch only
+    through values computed before the marker: it then runs once per step on
+    their accumulated (mean) values, as the one-device step computes it from
+    the whole batch (``loss / num_tokens`` of a summed loss). A conversion of
+    an integer to a float stays per micro-batch, so that a count is averaged
+    as a float, not rounded as an integer."""
+    if any(v in batch_values or v in per_micro_batch for v in op.operands):
+        return False
+    return not _is_count_to_float(op)
+
+
+def _is_count_to_float(op: Operation) -> bool:
+    """An integer converted to a float (a token count about to divide a sum):
+    it is converted per micro-batch and averaged as a float, as if computed
+    before the marker."""
+    if not (isinstance(op, LaxOp) and op.primitive_name == "convert_element_type"):
+        return False
+    from alpa_ir.ir_types import dtype_of
+
+    try:
+        src, dst = dtype_of(op.operands[0].type), dtype_of(op.results[0].type)
+    except Exception:
+        return False
+    return src.kind in "iub" and dst.kind == "f"
 
 
 def micro_batch_statistics(function: func.FuncOp, batch_args: Sequence[int]) -> list[Operation]:

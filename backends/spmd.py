@@ -216,7 +216,7 @@ class _LocalEvaluator:
         params = localize(op.jax_params(), ctx)
         from alpa_ir.frontend.primitives import lookup_primitive
 
-        if name in ("random_bits", "random_bits_rows"):
+        if name == "random_bits_rows" or (name == "random_bits" and not ctx.operand_shapes[0]):
             offsets = block_offsets(ctx, 0, self.names)
             global_shape = ctx.result_shapes[0]
             if name == "random_bits_rows":  # the micro-batch's rows of the whole batch's draw

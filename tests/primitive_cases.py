@@ -281,7 +281,12 @@ def _random() -> list[Case]:
         bits = random_bits_rows_p.bind(
             jax.random.key(5), jnp.int32(4), bit_width=32, shape=(4, 8), global_shape=(8, 8)
         )
-        return x + bits.astype(jnp.float32)
+        from alpa_ir.frontend.random_rows import random_split_rows_p
+
+        keys = random_split_rows_p.bind(
+            jax.random.key(6), jnp.int32(2), shape=(2,), global_shape=(4,)
+        )
+        return x + bits.astype(jnp.float32) + jax.random.uniform(keys[1], x.shape)
 
     return [
         ("empty2", empty, (X,)),

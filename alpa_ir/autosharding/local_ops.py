@@ -52,6 +52,12 @@ def _result_shape_param(name: str) -> Localizer:
     return localize
 
 
+def _random_bits_shape(params: dict[str, Any], ctx: LocalContext) -> dict[str, Any]:
+    """``random_bits``' shape is per key: the result's dims after the key array's."""
+    keys = len(ctx.operand_shapes[0])
+    return {**params, "shape": ctx.local_result(0)[keys:]}
+
+
 def _slice(params: dict[str, Any], ctx: LocalContext) -> dict[str, Any]:
     local = ctx.local_operand(0)
     spec = ctx.operand_specs[0]
@@ -72,7 +78,7 @@ LOCALIZERS: Mapping[str, Localizer] = MappingProxyType(
         "broadcast_in_dim": _result_shape_param("shape"),
         "reshape": _result_shape_param("new_sizes"),
         "iota": _result_shape_param("shape"),
-        "random_bits": _result_shape_param("shape"),
+        "random_bits": _random_bits_shape,
         "random_bits_rows": _result_shape_param("shape"),
         "slice": _slice,
         "gather": _slice_sizes,

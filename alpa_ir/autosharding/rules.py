@@ -452,6 +452,7 @@ def _default_rules() -> dict[str, RuleFn]:
                     "random_wrap",
                     "random_unwrap",
                     "random_split",
+                    "random_split_rows",
                     "random_fold_in",
                     "random_clone",
                     "threefry2x32",

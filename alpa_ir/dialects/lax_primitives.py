@@ -277,6 +277,7 @@ def _specs() -> list[PrimitiveSpec]:
             OpKind.OTHER,
             {"bit_width": INT, "shape": INTS, "global_shape": INTS},
         ),
+        PrimitiveSpec("random_split_rows", OpKind.OTHER, {"shape": INTS, "global_shape": INTS}),
         PrimitiveSpec("random_split", OpKind.OTHER, {"shape": INTS}),
         PrimitiveSpec("random_fold_in", OpKind.OTHER),
         PrimitiveSpec("random_clone", OpKind.OTHER),

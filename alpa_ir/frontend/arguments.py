@@ -6,10 +6,12 @@
   Python ``bool``, ``int``, ``float`` or ``str`` is static.
 - Within the other arguments, every leaf that is an array is traced: a JAX
   or numpy array (in the dtype JAX computes in: numpy's int64 is int32), a
-  ``jax.ShapeDtypeStruct``, a typed PRNG key array, or a Python scalar, which
-  becomes a 0-d array (weakly typed, as under ``jax.jit``). A leaf that is not
-  an array (a function or a sentinel inside an equinox module, a string) is
-  bound at compile time, as under ``equinox.filter_jit``, and part of the
+  ``jax.ShapeDtypeStruct``, a typed PRNG key array, or a Python ``int``, which
+  becomes a 0-d array (weakly typed, as under ``jax.jit``: flax's
+  ``TrainState.step`` starts as the Python int 0 and counts). A leaf that is
+  not an array (a function or a sentinel inside an equinox module, a string,
+  a Python ``bool`` or ``float`` setting such as a dropout rate) is bound at
+  compile time, as under ``equinox.filter_jit``, and part of the
   compilation's key; leaves the step returns that are not arrays come back
   as they were returned while tracing.
 - Errors name the argument by its path (``state.step``, ``batch.x``).

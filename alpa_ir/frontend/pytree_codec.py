@@ -276,16 +276,18 @@ def leaf_path_name(path: Iterable[Any], arg_names: list[str]) -> str:
 
 def is_array_leaf(x: Any) -> bool:
     """Whether a pytree leaf is (or describes) an array a step can take: an
-    array, a ``jax.ShapeDtypeStruct``, a key array, or a Python ``int``,
-    ``float`` or ``complex`` (a 0-d array). Python bools, functions, strings
-    and other objects are not (as under ``equinox.filter_jit``)."""
+    array, a ``jax.ShapeDtypeStruct``, a key array, or a Python ``int`` (a 0-d
+    array: a step counter such as flax's ``TrainState.step``, which changes
+    every step). Python ``bool`` and ``float`` leaves are settings that code
+    branches on (equinox's ``Dropout.p`` and ``inference``); they, functions,
+    strings and other objects are not arrays (as under ``equinox.filter_jit``)."""
     import numpy as np
 
-    if isinstance(x, bool):
+    if isinstance(x, bool | float):
         return False
     if isinstance(x, jax.Array | np.ndarray | np.generic | jax.ShapeDtypeStruct):
         return True
-    if isinstance(x, int | float | complex):
+    if isinstance(x, int | complex):
         return True
     return hasattr(x, "shape") and hasattr(x, "dtype")
 

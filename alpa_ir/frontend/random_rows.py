@@ -46,3 +46,38 @@ def _abstract_eval(
 random_bits_rows_p.def_impl(_impl)
 random_bits_rows_p.def_abstract_eval(_abstract_eval)
 mlir.register_lowering(random_bits_rows_p, mlir.lower_fun(_impl, multiple_results=False))
+
+
+random_split_rows_p = Primitive("random_split_rows")
+"""``random_split_rows(key, start, shape=(b, ...), global_shape=(B, ...))``:
+rows ``start .. start + b`` of ``jax.random.split(key, global_shape)`` (the
+partitionable split counts new keys by their index in the whole shape)."""
+
+
+def _split_impl(key: Any, start: Any, *, shape: Sequence[int], global_shape: Sequence[int]) -> Any:
+    import jax
+    from jax.extend.random import threefry2x32_p
+
+    from alpa_ir.autosharding.local_random import global_counters
+
+    offsets = [jnp.asarray(start).astype(np.uint32)] + [np.uint32(0)] * (len(shape) - 1)
+    hi, lo = global_counters(tuple(global_shape), tuple(shape), offsets)
+    words = jax.random.key_data(key)
+    k1 = jnp.broadcast_to(words[0], tuple(shape))
+    k2 = jnp.broadcast_to(words[1], tuple(shape))
+    bits1, bits2 = threefry2x32_p.bind(k1, k2, hi, lo)
+    return jax.random.wrap_key_data(jnp.stack([bits1, bits2], axis=-1), impl="threefry2x32")
+
+
+def _split_abstract_eval(
+    key: Any, start: Any, *, shape: Sequence[int], global_shape: Sequence[int]
+) -> Any:
+    from jax.core import ShapedArray
+
+    del start, global_shape
+    return ShapedArray(tuple(shape), key.dtype)
+
+
+random_split_rows_p.def_impl(_split_impl)
+random_split_rows_p.def_abstract_eval(_split_abstract_eval)
+mlir.register_lowering(random_split_rows_p, mlir.lower_fun(_split_impl, multiple_results=False))
