@@ -291,9 +291,11 @@ class ShardedExecutable:
 
         repeated: frozenset[object] = frozenset()
         if self.num_micro_batches > 1:
-            from alpa_ir.step_partition import partition_step
+            from alpa_ir.step_partition import deferred_reductions, partition_step
 
-            repeated = frozenset(partition_step(self.function, self.batch_leaves).compute)
+            part = partition_step(self.function, self.batch_leaves)
+            # gradient reductions run once per step, after the micro-batches
+            repeated = frozenset(part.compute) - deferred_reductions(part, self.function)
         return predicted_collectives(
             self.function, self.mesh.shape, repeated, self.num_micro_batches
         )

@@ -36,7 +36,11 @@ from alpa_ir.plugins.registry import PluginRegistry
 
 @dataclass(frozen=True)
 class ManualLayerOption:
-    """Layers are delimited by the step's ``mark_pipeline_boundary`` calls."""
+    """Layers are delimited by the step's ``mark_pipeline_boundary`` calls.
+    ``remat_layer``: each stage's backward recomputes its forward activations
+    from the stage's inputs (Alpa's option), keeping less memory per micro-batch."""
+
+    remat_layer: bool = False
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,8 @@ class AutoLayerOption:
 
     layer_num: int
     eps: float = 0.5
+    remat_layer: bool = False
+    """Each stage's backward recomputes its forward activations (Alpa's option)."""
 
 
 @dataclass(frozen=True)

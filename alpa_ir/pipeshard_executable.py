@@ -244,6 +244,7 @@ def _auto_placements(
         submesh_space=space,
         model=model,
         progress=False,
+        remat=method.layer_option.remat_layer,
     )
     _map_mesh_devices(module, devices)
     return [
@@ -328,7 +329,9 @@ def compile_pipeshard(
         for k, p in enumerate(placements):
             module.body.block.insert_op_before(p.mesh.to_op(f"mesh{k}"), main)
         slices = [StageSlice(p.first, p.last, f"mesh{k}") for k, p in enumerate(placements)]
-        outline_stages(module, slices, b, method.pipeline_schedule)
+        outline_stages(
+            module, slices, b, method.pipeline_schedule, method.layer_option.remat_layer
+        )
     compiled: dict[str, Any] = {}
 
     def shard(name: str) -> None:

@@ -45,7 +45,7 @@ once per micro-batch; results of theirs that apply-grad functions use or
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from xdsl.dialects import func
@@ -323,6 +323,8 @@ class _Group:
     ops: list[Operation]
     inputs: list[SSAValue]
     outputs: list[SSAValue]
+    recompute: set[Operation] = field(default_factory=set)
+    """Forward ops of its own stage a backward group recomputes (remat)."""
 
 
 class _Inputs:
@@ -335,10 +337,15 @@ class _Inputs:
         key: tuple[int, str],
         owner: dict[SSAValue, tuple[int, str]],
         needed: dict[tuple[int, str], list[SSAValue]],
+        remat: bool = False,
     ) -> None:
         self.assignment, self.key, self.owner, self.needed = assignment, key, owner, needed
         self.values: list[SSAValue] = []
         self.copies: set[Operation] = set()
+        self.recompute: set[Operation] = set()
+        """With ``remat`` (a backward group): the ops of its stage's forward group
+        it recomputes from that group's inputs instead of receiving their results."""
+        self.remat = remat
         self._seen: set[SSAValue] = set()
 
     def visit(self, operand: SSAValue) -> None:
@@ -352,13 +359,23 @@ class _Inputs:
             return
         if self.owner.get(value) == self.key or value in self._seen:
             return
+        if self.remat and self.owner.get(value) == (self.key[0], "forward"):
+            producer = value.owner
+            assert isinstance(producer, Operation)
+            if producer not in self.recompute:
+                self.recompute.add(producer)
+                for inner in producer.operands:
+                    self.visit(inner)
+            return
         self._seen.add(value)
         self.values.append(value)
         if value in self.owner:
             self.needed[self.owner[value]].append(value)
 
 
-def _collect_groups(assignment: _Assignment, returned: Sequence[SSAValue]) -> list[_Group]:
+def _collect_groups(
+    assignment: _Assignment, returned: Sequence[SSAValue], remat: bool = False
+) -> list[_Group]:
     groups: dict[tuple[int, str], _Group] = {}
     for op in assignment.ops:
         key = assignment.group.get(op)
@@ -368,7 +385,13 @@ def _collect_groups(assignment: _Assignment, returned: Sequence[SSAValue]) -> li
         r: key for key, g in groups.items() for op in g.ops for r in op.results
     }
     needed: dict[tuple[int, str], list[SSAValue]] = {k: [] for k in groups}
-    inputs = {key: _Inputs(assignment, key, owner, needed) for key in groups}
+    last_stage = max((k[0] for k in groups), default=0)
+    inputs = {
+        key: _Inputs(
+            assignment, key, owner, needed, remat and key[1] == "backward" and key[0] < last_stage
+        )
+        for key in groups
+    }
     for key, g in groups.items():
         for op in g.ops:
             for operand in op.operands:
@@ -395,6 +418,7 @@ def _collect_groups(assignment: _Assignment, returned: Sequence[SSAValue]) -> li
     for key, g in groups.items():
         g.inputs = inputs[key].values
         g.outputs = list(dict.fromkeys(needed[key]))
+        g.recompute = inputs[key].recompute
     return list(groups.values())
 
 
@@ -445,9 +469,14 @@ def _build_function(
     copied: set[Operation] = set()
 
     def bind(operands: Sequence[SSAValue]) -> None:
-        """Map ``operands`` into the function, computing the copied ones first."""
+        """Map ``operands`` into the function, computing the copied (and the
+        rematerialized) ones first."""
         for operand in operands:
             producer = assignment.copied(operand)
+            if producer is None:
+                owner = assignment.resolve(operand).owner
+                if isinstance(owner, Operation) and owner in g.recompute:
+                    producer = owner
             if producer is not None and producer not in copied:
                 copied.add(producer)
                 bind(producer.operands)
@@ -480,8 +509,13 @@ def outline_stages(
     slices: Sequence[StageSlice],
     num_micro_batches: int = 1,
     schedule: str = "1f1b",
+    remat: bool = False,
 ) -> None:
-    """Rewrite ``module``'s ``@main`` into the outlined pipeline form (see module doc)."""
+    """Rewrite ``module``'s ``@main`` into the outlined pipeline form (see module
+    doc). With ``remat`` (Alpa's ``remat_layer``) the backward function of every
+    stage but the last recomputes its stage's forward values from the forward
+    function's inputs instead of receiving them: a stage keeps only its inputs
+    per micro-batch in flight, not its activations."""
     if schedule not in SCHEDULES:
         raise AlpaError(f"unknown pipeline schedule '{schedule}'; expected one of {SCHEDULES}")
     if num_micro_batches < 1:
@@ -489,7 +523,7 @@ def outline_stages(
     main = main_function(module)
     returned = list(main.body.block.last_op.operands)  # type: ignore[union-attr]
     assignment = _Assignment(main, slices)
-    groups = _order(_collect_groups(assignment, returned), len(slices))
+    groups = _order(_collect_groups(assignment, returned, remat), len(slices))
     batch_values = {main.body.block.args[k] for k in _batch_args(main)}
     functions = {
         g.key: _build_function(g, assignment, slices[g.key[0]].mesh, batch_values) for g in groups

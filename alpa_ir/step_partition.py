@@ -56,11 +56,9 @@ def partition_step(function: func.FuncOp, batch_args: Sequence[int]) -> StepPart
             "alpa_ir.grad or alpa_ir.value_and_grad"
         )
     batch_values: set[SSAValue] = {block.args[i] for i in batch_args}
+    forced = _per_micro_batch_after(ops, markers[-1], batch_values)
     batch_dep: set[SSAValue] = set(batch_values)
     grad_dep: set[SSAValue] = set()
-    per_micro_batch: set[SSAValue] = set()  # after the last marker, still per micro-batch
-    last_marker = markers[-1]
-    after_last = False
     setup, compute, apply = [], [], []
     for op in ops:
         uses_grad = any(v in grad_dep for v in op.operands)
@@ -68,16 +66,9 @@ def partition_step(function: func.FuncOp, batch_args: Sequence[int]) -> StepPart
         if is_grad_marker(op):
             compute.append(op)
             grad_dep.update(op.results)
-            after_last = after_last or op is last_marker
-        elif (
-            uses_batch
-            and not uses_grad
-            and not (after_last and _on_accumulated(op, batch_values, per_micro_batch))
-        ):
+        elif uses_batch and not uses_grad and (op in forced or op not in forced.after):
             compute.append(op)
             batch_dep.update(op.results)
-            if after_last and not _is_count_to_float(op):
-                per_micro_batch.update(op.results)
         elif uses_grad or uses_batch:
             if any(v in batch_values for v in op.operands):
                 raise AlpaError(
@@ -98,24 +89,41 @@ def partition_step(function: func.FuncOp, batch_args: Sequence[int]) -> StepPart
     return StepPartition(tuple(setup), tuple(compute), tuple(apply), tuple(accumulated))
 
 
-def _on_accumulated(
-    op: Operation, batch_values: set[SSAValue], per_micro_batch: set[SSAValue]
-) -> bool:
-    """Whether an op after the last gradient marker reads the batch only
-    through values computed before the marker: it then runs once per step on
-    their accumulated (mean) values, as the one-device step computes it from
-    the whole batch (``loss / num_tokens`` of a summed loss). A conversion of
-    an integer to a float stays per micro-batch, so that a count is averaged
-    as a float, not rounded as an integer."""
-    if any(v in batch_values or v in per_micro_batch for v in op.operands):
-        return False
-    return not _is_count_to_float(op)
+class _Forced(set[Operation]):
+    """Ops after the last gradient marker that run per micro-batch; ``after``
+    holds every op after that marker."""
+
+    after: set[Operation]
+
+
+def _per_micro_batch_after(
+    ops: Sequence[Operation], last_marker: Operation, batch_values: set[SSAValue]
+) -> _Forced:
+    """Which ops after the last gradient marker still run once per micro-batch.
+
+    Such an op reading the batch only through values computed before the
+    marker runs once per step on their accumulated (mean) values, as the
+    one-device step computes it from the whole batch (``loss / num_tokens`` of
+    a summed loss), unless a batch argument is read, by it or by an op that
+    reads its result (an accuracy: ``argmax(logits) == labels``): those run per
+    micro-batch. A conversion of an integer to a float runs per micro-batch
+    too, so that a count is averaged as a float, not rounded as an integer."""
+    position = {op: k for k, op in enumerate(ops)}
+    after = [op for op in ops if position[op] > position[last_marker]]
+    forced = _Forced()
+    forced.after = set(after)
+    for op in reversed(after):
+        if any(v in batch_values for v in op.operands) or _is_count_to_float(op):
+            forced.add(op)
+            continue
+        if any(use.operation in forced for r in op.results for use in r.uses):
+            forced.add(op)
+    return forced
 
 
 def _is_count_to_float(op: Operation) -> bool:
     """An integer converted to a float (a token count about to divide a sum):
-    it is converted per micro-batch and averaged as a float, as if computed
-    before the marker."""
+    it is converted per micro-batch and averaged as a float."""
     if not (isinstance(op, LaxOp) and op.primitive_name == "convert_element_type"):
         return False
     from alpa_ir.ir_types import dtype_of
@@ -200,3 +208,107 @@ def batch_leaves_of(function: func.FuncOp) -> list[int]:
 
     attr = function.attributes.get("alpa.batch_args")
     return [int(x) for x in attr.get_values()] if isinstance(attr, DenseArrayBase) else []
+
+
+_LINEAR_UNARY = frozenset(
+    {"neg", "reshape", "transpose", "squeeze", "copy", "convert_element_type", "pipeline_marker"}
+)
+"""Ops linear in their (single) operand: a sum over devices commutes with them."""
+
+
+def deferred_reductions(part: StepPartition, function: func.FuncOp) -> frozenset[Operation]:
+    """Sum-reductions of ``compute`` (all-reduce, reduce-scatter) whose result
+    only reaches accumulated values, through ops linear in it: gradients
+    synchronised over the mesh, possibly scaled (``g / n``) on the way. Under
+    gradient accumulation they run once per step on the accumulated values
+    instead of once per micro-batch (Alpa's behaviour: gradient traffic does
+    not grow with the number of micro-batches); the sum is linear, so the
+    result is the same. An all-reduce may pass through unary linear ops and a
+    multiplication or division by a value that is the same on every device of
+    its axes; a reduce-scatter only through markers (it changes the shape)."""
+    from alpa_ir.dialects.sharding import AllReduceOp, ReduceScatterOp, spec_of_value
+
+    accumulated = set(part.accumulated)
+    compute = set(part.compute)
+
+    def linear_in(user: Operation, index: int, axes: tuple[int, ...], scatter: bool) -> bool:
+        if not isinstance(user, LaxOp):
+            return False
+        name = user.primitive_name
+        if name == "pipeline_marker":
+            return True
+        if scatter:
+            return False
+        if name in _LINEAR_UNARY and len(user.operands) == 1:
+            if name == "convert_element_type":
+                from alpa_ir.ir_types import dtype_of
+
+                return dtype_of(user.results[0].type).kind == "f"
+            return True
+        if name in ("mul", "div") and (name == "mul" or index == 0):
+            other = user.operands[1 - index]
+            spec = spec_of_value(other, function)
+            return not spec.partial and not set(spec.used_axes()) & set(axes)
+        return False
+
+    def only_accumulated(value: SSAValue, axes: tuple[int, ...], scatter: bool) -> bool:
+        """``value`` reaches, through linear ops only, accumulated values that
+        nothing per micro-batch reads."""
+        if value in accumulated:
+            return all(use.operation not in compute for use in value.uses)
+        if not value.uses:
+            return False
+        for use in value.uses:
+            user = use.operation
+            if not linear_in(user, use.index, axes, scatter):
+                return False
+            result = user.results[use.index if user.primitive_name == "pipeline_marker" else 0]  # type: ignore[attr-defined]
+            if not only_accumulated(result, axes, scatter):
+                return False
+        return True
+
+    out = set()
+    for op in part.compute:
+        if isinstance(op, AllReduceOp) and op.reduction != "sum":
+            continue
+        if not isinstance(op, AllReduceOp | ReduceScatterOp):
+            continue
+        if only_accumulated(op.results[0], tuple(op.mesh_axes), isinstance(op, ReduceScatterOp)):
+            out.add(op)
+    return frozenset(out)
+
+
+def gradient_ops(part: StepPartition) -> frozenset[Operation]:
+    """Ops of ``compute`` whose every result reaches, through ops linear in it
+    (markers, unary linear ops, multiplications and divisions), only
+    accumulated values that nothing per micro-batch reads: the ops producing
+    gradients (the weight-gradient contractions and their scaling). A sum over
+    devices of their results is deferred past the micro-batches
+    (:func:`deferred_reductions`), so the planner prices it once per step."""
+    accumulated = set(part.accumulated)
+    compute = set(part.compute)
+    memo: dict[SSAValue, bool] = {}
+
+    def reaches(value: SSAValue) -> bool:
+        if value in memo:
+            return memo[value]
+        if value in accumulated:
+            memo[value] = all(use.operation not in compute for use in value.uses)
+            return memo[value]
+        ok = bool(value.uses)
+        for use in value.uses:
+            user = use.operation
+            name = getattr(user, "primitive_name", None)
+            if not (name in _LINEAR_UNARY or name in ("mul", "div")):
+                ok = False
+                break
+            result = user.results[use.index if name == "pipeline_marker" else 0]
+            if not reaches(result):
+                ok = False
+                break
+        memo[value] = ok
+        return ok
+
+    return frozenset(
+        op for op in part.compute if op.results and all(reaches(r) for r in op.results)
+    )

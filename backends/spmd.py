@@ -45,7 +45,7 @@ from alpa_ir.dialects.sharding import (
 from alpa_ir.errors import AlpaError
 from alpa_ir.frontend.jax_export import bind_lax_op
 from alpa_ir.ir_types import shape_of
-from alpa_ir.step_partition import StepPartition, partition_step
+from alpa_ir.step_partition import StepPartition, deferred_reductions, partition_step
 
 
 def value_spec(value: SSAValue, function: func.FuncOp) -> ShardingSpec:
@@ -113,8 +113,17 @@ class _LocalEvaluator:
         self.run_ops([op for op in block.ops if op is not block.last_op], env)
         return [env[v] for v in block.last_op.operands]  # type: ignore[union-attr]
 
-    def run_ops(self, ops: Sequence[Operation], env: dict[SSAValue, Any]) -> None:
+    def run_ops(
+        self,
+        ops: Sequence[Operation],
+        env: dict[SSAValue, Any],
+        skip: frozenset[Operation] = frozenset(),
+    ) -> None:
+        """Evaluate ``ops``; those in ``skip`` pass their operand through."""
         for op in ops:
+            if op in skip:
+                env[op.results[0]] = env[op.operands[0]]
+                continue
             results = self.eval_op(op, [env[v] for v in op.operands])
             for value, result in zip(op.results, results, strict=True):
                 env[value] = result
@@ -132,18 +141,23 @@ class _LocalEvaluator:
         values it hands on are averaged."""
         env: dict[SSAValue, Any] = dict(zip(block.args, args, strict=True))
         self.run_ops(part.setup, env)
+        deferred = deferred_reductions(part, self.function)
         totals: list[Any] = []
         for i in range(steps):
             micro = dict(env)
             for k in batch:
                 micro[block.args[k]] = env[block.args[k]][i]
-            self.run_ops(part.compute, micro)
+            self.run_ops(part.compute, micro, skip=deferred)
             values = [micro[v] for v in part.accumulated]
             totals = values if i == 0 else [a + b for a, b in zip(totals, values, strict=True)]
         for value, total in zip(part.accumulated, totals, strict=True):
             env[value] = (
                 total / steps if jnp.issubdtype(total.dtype, jnp.inexact) else total // steps
             )
+        # the gradient reductions deferred past the micro-batches, once each
+        for op in deferred:
+            for value in _accumulated_from(op, part):
+                env[value] = self.eval_op(op, [env[value]])[0]
         self.run_ops(part.apply, env)
         return [env[v] for v in block.last_op.operands]  # type: ignore[union-attr]
 
@@ -231,6 +245,23 @@ class _LocalEvaluator:
         if name == "iota":
             out = iota_offset(out, params, ctx, self.names)
         return [out]
+
+
+def _accumulated_from(op: Operation, part: StepPartition) -> list[SSAValue]:
+    """The accumulated values a deferred reduction's result reaches (through
+    the linear ops :func:`~alpa_ir.step_partition.deferred_reductions` allows)."""
+    accumulated = set(part.accumulated)
+    out, stack = [], [op.results[0]]
+    while stack:
+        value = stack.pop()
+        if value in accumulated:
+            out.append(value)
+            continue
+        for use in value.uses:
+            user = use.operation
+            marker = getattr(user, "primitive_name", "") == "pipeline_marker"
+            stack.append(user.results[use.index if marker else 0])
+    return out
 
 
 def _with_micro_batch_dim(spec: PartitionSpec, add: bool) -> PartitionSpec:

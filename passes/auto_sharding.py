@@ -51,7 +51,7 @@ from alpa_ir.ilp import ILPProblem, evaluate
 from alpa_ir.module_utils import main_function, symbol_op
 from alpa_ir.plugins.registry import registry_of
 from alpa_ir.solvers.repeated import tie_repeated
-from alpa_ir.step_partition import partition_step
+from alpa_ir.step_partition import gradient_ops, partition_step
 
 OBJECTIVE_ATTR = "sharding.objective"
 GROUP_ATTR = "sharding.group"
@@ -212,7 +212,10 @@ class AutoSharding(ModulePass):
         donated = set(int_list(function, DONATED_ATTR))
         node_scale = None
         if self.compute_grad_scale != 1.0:
-            compute = set(partition_step(function, sorted(batch)).compute)
+            part = partition_step(function, sorted(batch))
+            # per micro-batch, but the gradients' reduction over the mesh runs once
+            # per step (deferred_reductions): their producers are priced once
+            compute = set(part.compute) - gradient_ops(part)
             node_scale = np.array(
                 [
                     self.compute_grad_scale if any(o in compute for o in n.ops) else 1.0

@@ -577,7 +577,13 @@ def _place(
     return [(stages[k][2], devices[k]) for k in range(len(stages))]
 
 
-def write_plan(module: ModuleOp, plan: StagePlan, num_micro_batches: int, schedule: str) -> None:
+def write_plan(
+    module: ModuleOp,
+    plan: StagePlan,
+    num_micro_batches: int,
+    schedule: str,
+    remat: bool = False,
+) -> None:
     """``mesh.logical_mesh @meshK`` per stage, then the outlined pipeline IR."""
     main = main_function(module)
     taken = {op.sym_name.data for op in top_level_ops(module, LogicalMeshOp)}  # type: ignore[attr-defined]
@@ -591,7 +597,7 @@ def write_plan(module: ModuleOp, plan: StagePlan, num_micro_batches: int, schedu
         names.append(name)
         module.body.block.insert_op_before(stage.mesh.to_op(name), main)
     slices = [StageSlice(s.first, s.last, n) for s, n in zip(plan.stages, names, strict=True)]
-    outline_stages(module, slices, num_micro_batches, schedule)
+    outline_stages(module, slices, num_micro_batches, schedule, remat)
     for op in top_level_ops(module, PlanOp):
         op.attributes[LATENCY_ATTR] = FloatAttr(plan.latency, f64)
 
@@ -667,8 +673,10 @@ def construct_stages(
     progress: bool = True,
     timings: Timings | None = None,
     workers: int = 1,
+    remat: bool = False,
 ) -> StagePlan:
-    """The pass as a function: plan, write the plan into ``module``, return it."""
+    """The pass as a function: plan, write the plan into ``module``, return it
+    (``remat``: the stages' backward functions recompute their forward values)."""
     timings = timings if timings is not None else Timings()
     if num_micro_batches < 1:
         raise AlpaError(
@@ -693,7 +701,7 @@ def construct_stages(
         table, num_micro_batches, epsilon=epsilon, cross_stage_comm=cross_stage_comm
     )
     t3 = time.perf_counter()
-    write_plan(module, plan, num_micro_batches, schedule)
+    write_plan(module, plan, num_micro_batches, schedule, remat)
     t4 = time.perf_counter()
     timings.costing += t2 - t1
     timings.dp += t3 - t2

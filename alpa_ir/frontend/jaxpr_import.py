@@ -171,6 +171,8 @@ class _BlockEmitter:
             jaxpr, consts = sub.jaxpr, sub.consts
         else:
             jaxpr, consts = sub, ()
+        if _is_remat(eqn) and inputs:
+            inputs = self._barrier(eqn, inputs, backward)
         nested = _BlockEmitter(
             self.importer,
             self.block,
@@ -180,6 +182,31 @@ class _BlockEmitter:
             backward_ops=self.backward_ops,
         )
         return nested.emit_jaxpr(jaxpr, consts, inputs)
+
+    def _barrier(self, eqn: Any, inputs: list[SSAValue], backward: bool) -> list[SSAValue]:
+        """The inputs of a rematerialized computation through an
+        ``optimization_barrier``, as JAX lowers ``jax.checkpoint``: XLA may then
+        not merge the recomputation with the forward computation it repeats."""
+        op = PRIMITIVE_OPS["optimization_barrier"].create(
+            operands=inputs, result_types=[v.type for v in inputs]
+        )
+        if self.importer.locations and (loc := self.location(eqn)) is not None:
+            op.location = FileLineColLoc(StringAttr(loc[0]), IntAttr(loc[1]), IntAttr(loc[2]))
+        self.add(op)
+        if backward and self.backward_ops is not None:
+            self.backward_ops.add(op)
+        return list(op.results)
+
+
+def _is_remat(eqn: Any) -> bool:
+    """A differentiated ``jax.checkpoint`` whose recomputation must survive
+    (``prevent_cse``, the default)."""
+    params = eqn.params
+    return (
+        eqn.primitive.name in ("checkpoint", "remat2")
+        and bool(params.get("prevent_cse", True))
+        and bool(params.get("differentiated", False))
+    )
 
 
 class JaxprImporter:
