@@ -216,10 +216,9 @@ def shard_stage_function(
     from alpa_ir.pass_manager import PassManager
 
     single = function_module(module, name, mesh)
-    if option.force_batch_dim_to_mesh_dim is not None and "alpa.batch_args" not in (
-        main_function(single).attributes
-    ):  # a function without batch arguments (apply-grad): nothing to force
-        option = replace(option, force_batch_dim_to_mesh_dim=None)
+    if "alpa.batch_args" not in main_function(single).attributes:
+        # a function without batch arguments (apply-grad): no batch to force
+        option = replace(option, force_batch_dim_to_mesh_dim=None, force_data_parallel=False)
     PassManager(registry, option.pipeline(1)).run(single)
     sharded = main_function(single)
     original = symbol_op(module, name, func.FuncOp)

@@ -364,18 +364,22 @@ def dynamic_update_slice(op: LaxOp) -> FactorRule:
 
 def gather(op: LaxOp) -> FactorRule:
     """Offset dims taken whole pass through; indexed dims replicate; the batch
-    dims of the indices pass through to the output's batch dims."""
+    dims of the indices pass through to the output's batch dims, and with them
+    the operand's batching dims paired with them (``take_along_axis``: row
+    ``i`` of the indices reads row ``i`` of the operand)."""
     ins, outs = _shapes(op)
     operand, indices, out = ins[0], ins[1], outs[0]
     dn = op.param("dimension_numbers")
     sizes = op.param("slice_sizes")
     b = _Builder()
-    if dn.operand_batching_dims:
-        f = b.add(1, N)
-        return b.rule([((),) * len(operand), ((),) * len(indices)], [((),) * len(out)])
     op_d: list[tuple[int, ...]] = [() for _ in operand]
     out_d: list[tuple[int, ...]] = [() for _ in out]
-    offset_operand_dims = [d for d in range(len(operand)) if d not in dn.collapsed_slice_dims]
+    batching = dict(zip(dn.start_indices_batching_dims, dn.operand_batching_dims, strict=True))
+    offset_operand_dims = [
+        d
+        for d in range(len(operand))
+        if d not in dn.collapsed_slice_dims and d not in dn.operand_batching_dims
+    ]
     for out_dim, d in zip(dn.offset_dims, offset_operand_dims, strict=True):
         whole = sizes[d] == operand[d] and out[out_dim] == operand[d]
         f = b.add(operand[d], P if whole else N, f"o{d}")
@@ -389,6 +393,8 @@ def gather(op: LaxOp) -> FactorRule:
     for out_dim, d in zip(batch_out, idx_batch, strict=True):
         f = b.add(indices[d], P, f"b{d}")
         idx_d[d] = out_d[out_dim] = (f,)
+        if d in batching:
+            op_d[batching[d]] = (f,)
     return b.rule([tuple(op_d), tuple(idx_d)], [tuple(out_d)])
 
 
@@ -401,12 +407,16 @@ def scatter(op: LaxOp) -> FactorRule:
     dn = op.param("dimension_numbers")
     additive = op.primitive_name == "scatter-add"
     b = _Builder()
-    if dn.operand_batching_dims:
-        b.add(1, N)
-        return b.rule([((),) * len(s) for s in ins], [((),) * len(operand)])
     op_d: list[tuple[int, ...]] = [() for _ in operand]
     upd_d: list[tuple[int, ...]] = [() for _ in updates]
-    window_operand_dims = [d for d in range(len(operand)) if d not in dn.inserted_window_dims]
+    batching = dict(
+        zip(dn.scatter_indices_batching_dims, dn.operand_batching_dims, strict=True)
+    )
+    window_operand_dims = [
+        d
+        for d in range(len(operand))
+        if d not in dn.inserted_window_dims and d not in dn.operand_batching_dims
+    ]
     for upd_dim, d in zip(dn.update_window_dims, window_operand_dims, strict=True):
         whole = updates[upd_dim] == operand[d]
         f = b.add(operand[d], P if whole else N, f"w{d}")
@@ -417,7 +427,11 @@ def scatter(op: LaxOp) -> FactorRule:
     scatter_upd = [d for d in range(len(updates)) if d not in dn.update_window_dims]
     idx_d: list[tuple[int, ...]] = [() for _ in indices]
     for upd_dim, d in zip(scatter_upd, range(len(indices) - 1), strict=True):
-        f = b.add(indices[d], R if additive else N, f"s{d}")
+        if d in batching:  # row i of the updates writes row i of the operand only
+            f = b.add(indices[d], P, f"b{d}")
+            op_d[batching[d]] = (f,)
+        else:
+            f = b.add(indices[d], R if additive else N, f"s{d}")
         idx_d[d] = upd_d[upd_dim] = (f,)
     return b.rule(
         [tuple(op_d), tuple(idx_d), tuple(upd_d)],
