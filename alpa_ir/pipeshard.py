@@ -91,12 +91,21 @@ LayerOption = ManualLayerOption | AutoLayerOption
 
 @dataclass(frozen=True)
 class PipeshardParallel:
-    """Pipeline stages on submeshes, each stage auto-sharded on its submesh."""
+    """Pipeline stages on submeshes, each stage auto-sharded on its submesh.
+
+    As in Alpa, ``layer_option`` may be ``"manual"`` (the step's
+    ``mark_pipeline_boundary`` calls) or a layer option, and ``stage_option``
+    ``"uniform"``, ``"auto"`` or a stage option; ``default_auto_sharding_option``
+    is Alpa's name of ``auto_sharding_option``. Without a layer option the
+    step's own boundaries are its layers if it marks any, else
+    ``AutoLayerOption(layer_num=2)`` (Alpa's default)."""
 
     devices: Devices = None
     num_micro_batches: int = 1
-    layer_option: LayerOption = field(default_factory=ManualLayerOption)
-    stage_option: StageOption = field(default_factory=UniformStageOption)
+    layer_option: LayerOption | Literal["manual"] | None = None
+    stage_option: StageOption | Literal["uniform", "auto"] = field(
+        default_factory=UniformStageOption
+    )
     pipeline_schedule: Literal["1f1b", "gpipe"] = "1f1b"
     backend: Literal["xla", "ray"] = "xla"
     """``xla``: the stages run in this process on the local devices; ``ray``:
@@ -104,6 +113,39 @@ class PipeshardParallel:
     auto_sharding_option: AutoShardingOption = field(
         default_factory=lambda: AutoShardingOption(reduce_scatter="none")
     )
+    default_auto_sharding_option: AutoShardingOption | None = None
+
+    def __post_init__(self) -> None:
+        layer = self.layer_option
+        if isinstance(layer, str):
+            if layer != "manual":
+                raise AlpaError(f"layer_option must be 'manual' or a layer option, got {layer!r}")
+            object.__setattr__(self, "layer_option", ManualLayerOption())
+        elif layer is not None and not isinstance(layer, ManualLayerOption | AutoLayerOption):
+            raise AlpaError(f"layer_option must be a layer option, got {type(layer).__name__}")
+        stage = self.stage_option
+        if isinstance(stage, str):
+            options = {"uniform": UniformStageOption, "auto": AutoStageOption}
+            if stage not in options:
+                raise AlpaError(
+                    f"stage_option must be 'uniform', 'auto' or a stage option, got {stage!r}"
+                )
+            object.__setattr__(self, "stage_option", options[stage]())
+        elif not isinstance(stage, UniformStageOption | ManualStageOption | AutoStageOption):
+            raise AlpaError(f"stage_option must be a stage option, got {type(stage).__name__}")
+        if self.default_auto_sharding_option is not None:
+            object.__setattr__(self, "auto_sharding_option", self.default_auto_sharding_option)
+        if self.pipeline_schedule not in ("1f1b", "gpipe"):
+            raise AlpaError(
+                f"pipeline_schedule must be '1f1b' or 'gpipe', got {self.pipeline_schedule!r}"
+            )
+        if self.backend not in ("xla", "ray"):
+            raise AlpaError(f"backend must be 'xla' or 'ray', got {self.backend!r}")
+
+    @property
+    def remat_layer(self) -> bool:
+        layer = self.layer_option
+        return bool(getattr(layer, "remat_layer", False))
 
 
 @dataclass(frozen=True)

@@ -244,7 +244,7 @@ def _auto_placements(
         submesh_space=space,
         model=model,
         progress=False,
-        remat=method.layer_option.remat_layer,
+        remat=method.remat_layer,
     )
     _map_mesh_devices(module, devices)
     return [
@@ -282,9 +282,14 @@ def _draw_layers(module: ModuleOp, method: PipeshardParallel, registry: PluginRe
     the backward pass are mirrored (:mod:`alpa_ir.layer_mirroring`)."""
     from alpa_ir.layer_mirroring import mirror_layers, needs_mirroring
     from alpa_ir.pass_manager import PassManager
+    from alpa_ir.pipeshard import ManualLayerOption
+    from alpa_ir.stage_outline import is_layer_marker
 
     option = method.layer_option
     main = main_function(module)
+    if option is None:  # the step's own boundaries, else Alpa's default
+        marked = any(is_layer_marker(op) for op in main.body.block.ops)
+        option = ManualLayerOption() if marked else AutoLayerOption(layer_num=2)
     passes = ["split-conditionals"]
     if isinstance(option, AutoLayerOption):
         passes.append(f"cluster-operators{{layers={option.layer_num} delta={option.eps}}}")
@@ -329,9 +334,7 @@ def compile_pipeshard(
         for k, p in enumerate(placements):
             module.body.block.insert_op_before(p.mesh.to_op(f"mesh{k}"), main)
         slices = [StageSlice(p.first, p.last, f"mesh{k}") for k, p in enumerate(placements)]
-        outline_stages(
-            module, slices, b, method.pipeline_schedule, method.layer_option.remat_layer
-        )
+        outline_stages(module, slices, b, method.pipeline_schedule, method.remat_layer)
     compiled: dict[str, Any] = {}
 
     def shard(name: str) -> None:

@@ -409,9 +409,7 @@ def scatter(op: LaxOp) -> FactorRule:
     b = _Builder()
     op_d: list[tuple[int, ...]] = [() for _ in operand]
     upd_d: list[tuple[int, ...]] = [() for _ in updates]
-    batching = dict(
-        zip(dn.scatter_indices_batching_dims, dn.operand_batching_dims, strict=True)
-    )
+    batching = dict(zip(dn.scatter_indices_batching_dims, dn.operand_batching_dims, strict=True))
     window_operand_dims = [
         d
         for d in range(len(operand))
