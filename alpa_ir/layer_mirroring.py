@@ -157,3 +157,115 @@ def _reorder(regions: StepRegions, layer_of: dict[Operation, int], num_layers: i
                 block.insert_op_before(op, anchor)
         if layer:
             block.insert_op_before(make_marker(LAYER), anchor)
+
+
+def merge_runs(function: func.FuncOp) -> bool:
+    """Make one backward pass of several: a step that differentiates more than
+    once (a user's own gradient accumulation, unrolled) has a ``backward``
+    marker and a ``grad`` marker per run. When no run's forward computation
+    reads an earlier run's gradients, the ops are reordered into one run:
+    every run's forward ops, one ``backward`` marker, every run's backward
+    ops, the ``grad`` markers, then what combines the gradients. Returns
+    whether the step now has one run (False when a forward op reads an
+    earlier run's gradients, e.g. an update between chunks)."""
+    block = function.body.block
+    ops = list(block.ops)
+    starts = [k for k, op in enumerate(ops) if is_marker(op, BACKWARD)]
+    if len(starts) < 2:
+        return len(starts) == 1
+    grads = [k for k, op in enumerate(ops) if is_marker(op, GRAD) and k > starts[0]]
+    if not grads:
+        return False
+    first, last = starts[0], grads[-1]
+    kind: dict[Operation, str] = {}
+    run_of: dict[Operation, int] = {}
+    inside_backward = False
+    run = 0
+    for op in ops[first : last + 1]:
+        if is_marker(op, BACKWARD):
+            kind[op] = "start"
+            inside_backward = True
+            run += 1
+        elif is_marker(op, GRAD):
+            kind[op] = "grad"
+            inside_backward = False
+        elif inside_backward:
+            kind[op] = "backward"
+        else:  # between runs: the next run's forward, unless it reads a gradient
+            reads = {o.owner for o in op.operands}
+            late = any(kind.get(r) in ("backward", "grad", "after") for r in reads)  # type: ignore[arg-type]
+            kind[op] = "after" if late else "forward"
+            run_of[op] = run
+    for op, k in kind.items():
+        if k == "backward" and any(kind.get(o.owner) == "after" for o in op.operands):  # type: ignore[arg-type]
+            return False
+    span = ops[first : last + 1]
+    runs = [ops[:first]] + [
+        [op for op in span if kind[op] == "forward" and run_of[op] == r] for r in range(1, run)
+    ]
+    forward = _interleaved(runs)
+    if forward is None:  # runs of different shapes: one after the other
+        forward = [op for op in span if kind[op] == "forward"]
+    else:  # the ops before the first marker are reordered with the rest
+        for op in ops[:first]:
+            op.detach()
+    order = (
+        forward
+        + [ops[first]]
+        + [op for op in span if kind[op] == "backward"]
+        + [op for op in span if kind[op] == "grad"]
+        + [op for op in span if kind[op] == "after"]
+    )
+    anchor = ops[last + 1]
+    for op in span:
+        op.detach()
+    for op in order:
+        block.insert_op_before(op, anchor)
+    for op in span:
+        if kind[op] == "start" and op is not ops[first]:
+            op.erase()
+    return True
+
+
+def _signature(op: Operation) -> tuple[object, ...]:
+    """What matching ops of two iterations share (their slice of the batch differs)."""
+    return (op.name, tuple(op.operand_types), tuple(op.result_types))
+
+
+def _interleaved(runs: list[list[Operation]]) -> list[Operation] | None:
+    """The forward ops of unrolled iterations in lockstep, so that cutting the
+    sequence into layers cuts every iteration at the same depth: the longest
+    run of ops every run ends with (by kind and types) is interleaved, op ``i``
+    of every run together; operand-free ops (shared constants) and the first
+    run's other ops come first, the later runs' other ops (an accumulator
+    update between iterations) last. None when that order would read a value
+    before it is computed."""
+
+    def floating(op: Operation) -> bool:
+        return not op.operands and not op.regions
+
+    free = [op for r in runs for op in r if floating(op)]
+    runs = [[op for op in r if not floating(op)] for r in runs]
+    common = min(_common_suffix(runs[0], r) for r in runs[1:])
+    if common == 0:
+        return None
+    tails = [r[len(r) - common :] for r in runs]
+    out = [*free, *runs[0][: len(runs[0]) - common]]
+    for i in range(common):
+        out += [t[i] for t in tails]
+    for r in runs[1:]:
+        out += r[: len(r) - common]
+    position = {op: k for k, op in enumerate(out)}
+    for k, op in enumerate(out):
+        for operand in op.operands:
+            owner = operand.owner
+            if owner in position and position[owner] > k:  # type: ignore[index]
+                return None
+    return out
+
+
+def _common_suffix(a: list[Operation], b: list[Operation]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and _signature(a[-1 - n]) == _signature(b[-1 - n]):
+        n += 1
+    return n

@@ -280,13 +280,14 @@ def _draw_layers(module: ModuleOp, method: PipeshardParallel, registry: PluginRe
     ``cluster-operators`` pass cuts its forward pass; the user's boundaries
     (``mark_pipeline_boundary``) otherwise. Boundaries JAX did not mirror into
     the backward pass are mirrored (:mod:`alpa_ir.layer_mirroring`)."""
-    from alpa_ir.layer_mirroring import mirror_layers, needs_mirroring
+    from alpa_ir.layer_mirroring import merge_runs, mirror_layers, needs_mirroring
     from alpa_ir.pass_manager import PassManager
     from alpa_ir.pipeshard import ManualLayerOption
     from alpa_ir.stage_outline import is_layer_marker
 
     option = method.layer_option
     main = main_function(module)
+    merge_runs(main)
     if option is None:  # the step's own boundaries, else Alpa's default
         marked = any(is_layer_marker(op) for op in main.body.block.ops)
         option = ManualLayerOption() if marked else AutoLayerOption(layer_num=2)
@@ -319,7 +320,11 @@ def compile_pipeshard(
     b = check_micro_batches(method.num_micro_batches)
     arguments, traced = trace_arguments(fn, args, static_argnums, batch_argnums, b)
     imported = import_step(
-        fn, *traced, static_argnums=arguments.static_argnums, batch_argnums=batch_argnums
+        fn,
+        *traced,
+        static_argnums=arguments.static_argnums,
+        batch_argnums=batch_argnums,
+        unroll_differentiated_loops=True,
     )
     module = imported.module
     input_module = module.clone()

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax._src import source_info_util
 from jax.extend.core import ClosedJaxpr, Jaxpr, Literal, Var
@@ -44,7 +45,7 @@ from alpa_ir.frontend.arguments import (
 )
 from alpa_ir.frontend.differentiation import mark_differentiation
 from alpa_ir.frontend.pytree_codec import encode_treedef
-from alpa_ir.ir_types import tensor_type
+from alpa_ir.ir_types import dtype_of, shape_of, tensor_type
 
 IN_TREE_ATTR = "alpa.in_tree"
 OUT_TREE_ATTR = "alpa.out_tree"
@@ -151,6 +152,13 @@ class _BlockEmitter:
         backward = self.backward or "transpose(" in str(eqn.source_info.name_stack)
         if name in INLINED_PRIMITIVES:
             outs = self.inline(eqn, inputs, backward)
+        elif (
+            name == "scan"
+            and self.importer.unroll_differentiated_loops
+            and self.backward_ops is not None
+            and _differentiates(eqn.params["jaxpr"])
+        ):
+            outs = self.unroll_scan(eqn, inputs, backward)
         else:
             outs = self.importer.make_op(self, eqn, inputs)
             if backward and self.backward_ops is not None and outs:
@@ -183,6 +191,42 @@ class _BlockEmitter:
         )
         return nested.emit_jaxpr(jaxpr, consts, inputs)
 
+    def traced(self, fn: Callable[..., Any], inputs: list[SSAValue]) -> list[SSAValue]:
+        """Emit the ops of ``fn`` (a small JAX function) applied to ``inputs``."""
+        closed = jax.make_jaxpr(fn)(
+            *[jax.ShapeDtypeStruct(shape_of(v.type), dtype_of(v.type)) for v in inputs]
+        )
+        nested = _BlockEmitter(self.importer, self.block, constants=self.constants)
+        return nested.emit_jaxpr(closed.jaxpr, closed.consts, inputs)
+
+    def unroll_scan(self, eqn: Any, inputs: list[SSAValue], backward: bool) -> list[SSAValue]:
+        """A ``scan`` as its iterations one after the other."""
+        params = eqn.params
+        body: ClosedJaxpr = params["jaxpr"]
+        num_consts, num_carry, length = params["num_consts"], params["num_carry"], params["length"]
+        consts = inputs[:num_consts]
+        carry = inputs[num_consts : num_consts + num_carry]
+        xs = inputs[num_consts + num_carry :]
+        order = range(length - 1, -1, -1) if params["reverse"] else range(length)
+        ys: dict[int, list[SSAValue]] = {}
+        for i in order:
+            x_i = [self.traced(lambda a, i=i: a[i], [x])[0] for x in xs]
+            nested = _BlockEmitter(
+                self.importer,
+                self.block,
+                constants=self.constants,
+                fallback_location=self.location(eqn),
+                backward=backward,
+                backward_ops=self.backward_ops,
+            )
+            outs = nested.emit_jaxpr(body.jaxpr, body.consts, [*consts, *carry, *x_i])
+            carry, ys[i] = outs[:num_carry], outs[num_carry:]
+        stacked = [
+            self.traced(lambda *a: jnp.stack(a), [ys[i][k] for i in range(length)])[0]
+            for k in range(len(eqn.outvars) - num_carry)
+        ]
+        return [*carry, *stacked]
+
     def _barrier(self, eqn: Any, inputs: list[SSAValue], backward: bool) -> list[SSAValue]:
         """The inputs of a rematerialized computation through an
         ``optimization_barrier``, as JAX lowers ``jax.checkpoint``: XLA may then
@@ -196,6 +240,20 @@ class _BlockEmitter:
         if backward and self.backward_ops is not None:
             self.backward_ops.add(op)
         return list(op.results)
+
+
+def _differentiates(closed: Any) -> bool:
+    """Whether a jaxpr (or one nested in it) holds a backward pass."""
+    jaxpr = closed.jaxpr if isinstance(closed, ClosedJaxpr) else closed
+    for eqn in jaxpr.eqns:
+        if "transpose(" in str(eqn.source_info.name_stack):
+            return True
+        for value in eqn.params.values():
+            subs = value if isinstance(value, tuple | list) else (value,)
+            for sub in subs:
+                if isinstance(sub, ClosedJaxpr | Jaxpr) and _differentiates(sub):
+                    return True
+    return False
 
 
 def _is_remat(eqn: Any) -> bool:
@@ -212,8 +270,12 @@ def _is_remat(eqn: Any) -> bool:
 class JaxprImporter:
     """Builds ops from jaxpr eqns; one instance per import."""
 
-    def __init__(self, *, locations: bool = True) -> None:
+    def __init__(self, *, locations: bool = True, unroll_differentiated_loops: bool = False) -> None:
         self.locations = locations
+        self.unroll_differentiated_loops = unroll_differentiated_loops
+        """Unroll a ``scan`` whose body differentiates (a user's own gradient
+        accumulation over chunks of the batch), so that a pipeline can cut its
+        forward and backward passes (see :mod:`alpa_ir.layer_mirroring`)."""
 
     def region_of(self, closed: Any, location: tuple[str, int, int] | None, where: str) -> Region:
         if isinstance(closed, ClosedJaxpr):
@@ -321,8 +383,10 @@ def import_step(
     donate_argnums: Sequence[int] = (),
     batch_argnums: Sequence[int] = (),
     locations: bool = True,
+    unroll_differentiated_loops: bool = False,
 ) -> ImportedStep:
-    """:func:`import_jax`, also returning the pytree structures (see :class:`ImportedStep`)."""
+    """:func:`import_jax`, also returning the pytree structures (see :class:`ImportedStep`);
+    ``unroll_differentiated_loops`` unrolls ``scan``s whose body differentiates."""
     arguments = step_arguments(fn, example_args, static_argnums)
     abstract = arguments.abstract()
     outputs = OutputStatics()
@@ -340,7 +404,9 @@ def import_step(
     out_tree = jax.tree.structure(out_shape)
     jaxpr = closed.jaxpr
 
-    importer = JaxprImporter(locations=locations)
+    importer = JaxprImporter(
+        locations=locations, unroll_differentiated_loops=unroll_differentiated_loops
+    )
     names = arguments.leaf_names()
     arg_types = [_aval_type(v.aval, n) for v, n in zip(jaxpr.invars, names, strict=True)]
     block = Block(arg_types=arg_types)
