@@ -310,9 +310,19 @@ def test_an_address_that_does_not_answer_fails_within_30_s() -> None:
 
 
 def _descendants() -> list[Any]:
-    """This process's children: the local Ray instance's processes and its workers."""
+    """This process's children that belong to Ray: the local instance's
+    processes and its workers (not, e.g., the resource tracker of another
+    test's multiprocessing pool in the same pytest worker)."""
     psutil = pytest.importorskip("psutil")
-    return list(psutil.Process().children(recursive=True))
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            line = " ".join(p.cmdline())
+        except psutil.Error:
+            continue
+        if "ray" in line or "MeshWorker" in line:
+            out.append(p)
+    return out
 
 
 def test_shutdown_leaves_no_process_behind(cluster: None) -> None:
