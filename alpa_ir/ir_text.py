@@ -218,16 +218,28 @@ def _first_failing_op(module: ModuleOp) -> tuple[Operation, Exception] | None:
 
 
 def verify_module(module: ModuleOp) -> None:
-    """Verify ``module``; raise :class:`IRVerifyError` naming the failing op and where it is."""
+    """Verify ``module`` (every op's verifier, then the sharding annotations
+    against their meshes and tensors, :mod:`alpa_ir.sharding_checks`); raise
+    :class:`IRVerifyError` naming the failing op and where it is."""
+    from alpa_ir.sharding_checks import ShardingCheckError, check_shardings
+
     try:
         module.verify()
     except Exception as err:
         failing = _first_failing_op(module)
         op, cause = failing if failing is not None else (module, err)
-        where = _enclosing_location(op)
-        prefix = f"{where}: " if where else ""
-        detail = _one_line(str(cause)) or type(cause).__name__
-        raise IRVerifyError(f"{prefix}operation {_op_label(op)} does not verify: {detail}") from err
+        raise _verify_error(op, cause) from err
+    try:
+        check_shardings(module)
+    except ShardingCheckError as err:
+        raise _verify_error(err.op, err) from None
+
+
+def _verify_error(op: Operation, cause: Exception) -> IRVerifyError:
+    where = _enclosing_location(op)
+    prefix = f"{where}: " if where else ""
+    detail = _one_line(str(cause)) or type(cause).__name__
+    return IRVerifyError(f"{prefix}operation {_op_label(op)} does not verify: {detail}")
 
 
 def print_module(module: Operation, *, debuginfo: bool = False) -> str:

@@ -15,6 +15,7 @@ MESH_IR = """builtin.module {
 }"""
 
 SHARDING_IR = """builtin.module {
+  mesh.logical_mesh @m {shape = array<i64: 2, 4>, devices = array<i64: 0, 1, 2, 3, 4, 5, 6, 7>, alpha = array<f64: 1.0, 1.0>, beta = array<f64: 1.0, 0.1>}
   func.func @main(%x: tensor<8x16xf32> {sharding.spec = #sharding.spec<[S0, R]>}, %w: tensor<16x32xf32> {sharding.spec = #sharding.spec<[R, S1]>}) -> tensor<8x32xf32> attributes {mesh.mesh = @m} {
     %0 = lax.dot_general %x, %w {dimension_numbers = #lax.dot<lhs_contracting = [1], rhs_contracting = [0], lhs_batch = [], rhs_batch = []>, sharding.specs = [#sharding.spec<[S0, S1]>], sharding.strategy = "i->0,j->1"} : (tensor<8x16xf32>, tensor<16x32xf32>) -> tensor<8x32xf32>
     %1 = sharding.all_gather %0 {axes = array<i64: 1>, dim = 1, sharding.specs = [#sharding.spec<[S0, R]>]} : tensor<8x32xf32>

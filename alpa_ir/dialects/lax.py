@@ -63,6 +63,7 @@ from alpa_ir.dialects.lax_params import (
     is_bool_attr,
 )
 from alpa_ir.dialects.lax_primitives import PRIMITIVES, OpKind, PrimitiveSpec
+from alpa_ir.dialects.lax_verifiers import VERIFIERS
 from alpa_ir.ir_types import dtype_of, shape_of
 
 # --------------------------------------------------------------------------
@@ -235,6 +236,9 @@ class LaxOp(IRDLOperation):
         for region in self.regions:
             if len(region.blocks) != 1:
                 raise VerifyException(f"{self.name}: each region must have exactly one block")
+        check = VERIFIERS.get(spec.name)
+        if check is not None:
+            check(self)
 
 
 def _make_op_class(spec: PrimitiveSpec) -> type[LaxOp]:

@@ -270,7 +270,9 @@ def _is_remat(eqn: Any) -> bool:
 class JaxprImporter:
     """Builds ops from jaxpr eqns; one instance per import."""
 
-    def __init__(self, *, locations: bool = True, unroll_differentiated_loops: bool = False) -> None:
+    def __init__(
+        self, *, locations: bool = True, unroll_differentiated_loops: bool = False
+    ) -> None:
         self.locations = locations
         self.unroll_differentiated_loops = unroll_differentiated_loops
         """Unroll a ``scan`` whose body differentiates (a user's own gradient
