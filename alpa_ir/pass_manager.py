@@ -92,9 +92,13 @@ class PassManager:
     ``print_ir_before``/``print_ir_after`` name passes whose input/output IR is
     dumped to ``ir_printer`` (default: stderr, as MLIR does); ``timing`` writes
     a timing report to ``timing_stream`` (default: stderr) after each run.
-    ``reproducer_dir`` is where reproducers go (default: the system temporary
-    directory); ``crash_reproducer=False`` skips them, and the module copy each
-    pass would otherwise cost.
+    A pass that fails with an internal error (not an
+    :class:`~alpa_ir.errors.AlpaError`: a bug) leaves a reproducer in
+    ``reproducer_dir`` (default: the system temporary directory); a user error
+    (an ``AlpaError``, e.g. a plan that does not fit) leaves one only when
+    ``reproducer_dir`` is given, as ``mlir-opt``'s ``--mlir-pass-pipeline-crash-reproducer``.
+    ``crash_reproducer=False`` skips them all, and the module copy each pass
+    would otherwise cost.
     """
 
     def __init__(
@@ -187,9 +191,12 @@ class PassManager:
         try:
             pass_.apply(ctx, module)
         except AlpaError as err:
-            _, note = self._reproduce(pass_, snapshot, ctx, f"pass '{pass_.name}' failed: {err}")
-            if note:
-                err.add_note(note)
+            if self.reproducer_dir is not None:  # asked for: user errors too
+                _, note = self._reproduce(
+                    pass_, snapshot, ctx, f"pass '{pass_.name}' failed: {err}"
+                )
+                if note:
+                    err.add_note(note)
             raise
         except Exception as err:
             detail = _one_line(str(err))
@@ -204,7 +211,7 @@ class PassManager:
     ) -> None:
         try:
             verify_module(module)
-        except IRVerifyError as err:
+        except IRVerifyError as err:  # a pass that breaks the IR: an internal error
             failure = f"module does not verify after pass '{pass_.name}': {err}"
             _, note = self._reproduce(pass_, snapshot, ctx, failure)
             suffix = f" ({note})" if note else ""

@@ -69,7 +69,15 @@ def test_reproducer_of_lax_module_reruns(
         manager.run(module, make_context(registry))
     reproducer = str(info.value.reproducer)
     assert "lax." in Path(reproducer).read_text()
-    code = main([reproducer, "--run-reproducer", "--reproducer-dir", str(tmp_path / "again")])
+    code = main(
+        [
+            reproducer,
+            "--run-reproducer",
+            "--load-plugin=alpa_testing_passes",
+            "--reproducer",
+            str(tmp_path / "again"),
+        ]
+    )
     assert code == 1
     assert capsys.readouterr().err.startswith(
         "alpa-opt: error: pass 'test-fail' failed: RuntimeError: boom (reproducer: "

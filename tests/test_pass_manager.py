@@ -221,8 +221,20 @@ def test_reproducer_reruns_with_alpa_opt(
     reproducer = str(info.value.reproducer)
     assert "--load-plugin=alpa_testing_passes" in Path(reproducer).read_text()
     rerun_dir = tmp_path / "again"
+    # the file's plugins are not loaded from the file: the user names them
     code = alpa_opt_main(
-        [reproducer, "--run-reproducer", "--reproducer-dir", str(rerun_dir)],
+        [reproducer, "--run-reproducer"], builtin_plugins=False, entry_point_plugins=False
+    )
+    assert code == 1
+    assert "add --load-plugin=alpa_testing_passes" in capsys.readouterr().err
+    code = alpa_opt_main(
+        [
+            reproducer,
+            "--run-reproducer",
+            "--load-plugin=alpa_testing_passes",
+            "--reproducer",
+            str(rerun_dir),
+        ],
         builtin_plugins=False,
         entry_point_plugins=False,
     )

@@ -95,7 +95,14 @@ def build_arg_parser() -> argparse.ArgumentParser:
         default=True,
         help="verify the module after each pass (default: on)",
     )
-    p.add_argument("--reproducer-dir", metavar="DIR", help="where to write crash reproducers")
+    p.add_argument(
+        "--reproducer",
+        "--reproducer-dir",
+        dest="reproducer_dir",
+        metavar="DIR",
+        help="write a reproducer of any failing pass into DIR (user errors too); without it, "
+        "only internal errors leave one, in the system temporary directory",
+    )
     p.add_argument("--traceback", action="store_true", help="show tracebacks of errors")
     return p
 
@@ -261,7 +268,13 @@ def _run(args: argparse.Namespace, *, builtin: bool, entry_points: bool) -> int:
         source = _read_input(args.input)
         recorded = read_reproducer_args(*source)
         pipeline = recorded.pipeline
-        plugins += [p for p in recorded.plugins if p not in plugins]
+        missing = [p for p in recorded.plugins if p not in plugins]
+        if missing:  # a file never makes us import code: the user names it
+            flags = " ".join(f"--load-plugin={p}" for p in missing)
+            raise AlpaError(
+                f"{source[1]} was made with plugins {', '.join(missing)}; replaying it loads "
+                f"only plugins named on the command line: add {flags}"
+            )
     registry = _load_registry(plugins, builtin=builtin, entry_points=entry_points)
     if args.list_passes:
         sys.stdout.write(format_pass_list(registry))
