@@ -1,9 +1,17 @@
-"""Checkpoints (``alpa_ir.checkpoint``): a state trained under one plan is saved,
-restored under another plan and trained on with the numbers of one device;
-arrays on different device subsets; clear errors; atomic writes."""
+"""Checkpoints on orbax (``alpa_ir.checkpoint``): a state trained under one plan
+is saved, restored under another plan (pipelines included, both ways) and
+trained on with the numbers of one device; arrays on different device subsets;
+keys, Python scalars and static leaves; checksums; damaged, edited, truncated
+and path-escaping checkpoints give one-line errors naming the leaf; a save
+killed mid-write or mid-overwrite keeps the previous checkpoint and leaves no
+debris after the next save."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -102,15 +110,6 @@ def test_arrays_on_different_device_subsets(tmp_path: Path) -> None:
         "d": jax.device_put(values["d"], NamedSharding(mesh_b, P(("x", "y")))),
     }
     alpa_ir.save_checkpoint(tmp_path / "ckpt", state)
-    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [
-        "00000.npy",
-        "00001.npy",
-        "00002.npy",
-        "00003.npy",
-        "manifest.json",
-    ]
-    assert np.load(tmp_path / "ckpt" / "00000.npy").shape == (4, 6)  # plain global .npy
-
     plain = alpa_ir.restore_checkpoint(tmp_path / "ckpt")
     assert plain["d"].dtype == jnp.bfloat16
     _assert_equal(plain, values)
@@ -134,6 +133,21 @@ def test_arrays_on_different_device_subsets(tmp_path: Path) -> None:
     assert all(x.devices() == {devices[3]} for x in jax.tree.leaves(one))
 
 
+def test_checksum_is_the_same_under_every_sharding() -> None:
+    value = np.arange(128, dtype=np.float32).reshape(8, 16)
+    mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(2, 4), ("x", "y"))
+    sums = {
+        checkpoint.checksum(value),
+        checkpoint.checksum(jax.device_put(value, NamedSharding(mesh, P("x", "y")))),
+        checkpoint.checksum(jax.device_put(value, NamedSharding(mesh, P(None, ("x", "y"))))),
+        checkpoint.checksum(jax.device_put(value, NamedSharding(mesh, P()))),
+    }
+    assert len(sums) == 1
+    swapped = value.copy()
+    swapped[0, 0], swapped[0, 1] = value[0, 1], value[0, 0]
+    assert checkpoint.checksum(swapped) not in sums  # positions count, not only values
+
+
 def _assert_equal(got: Any, want: Any) -> None:
     assert jax.tree.structure(got) == jax.tree.structure(want)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
@@ -148,43 +162,152 @@ def _small_state() -> dict[str, Any]:
     }
 
 
-def test_missing_directory_and_manifest(tmp_path: Path) -> None:
+def test_keys_python_scalars_and_static_leaves(tmp_path: Path) -> None:
+    state = {
+        "w": jnp.ones((2, 2)),
+        "key": jax.random.key(3),
+        "raw": jax.random.PRNGKey(4),
+        "step": 5,
+        "rate": 0.5,
+        "act": jnp.tanh,
+    }
+    path = alpa_ir.save_checkpoint(tmp_path / "ckpt", state)
+    with pytest.raises(AlpaError, match=r"leaf state\.act is not an array and was not saved"):
+        alpa_ir.restore_checkpoint(path)
+    restored = alpa_ir.restore_checkpoint(path, target=state)
+    assert restored["act"] is jnp.tanh and restored["rate"] == 0.5
+    assert int(restored["step"]) == 5
+    assert np.array_equal(jax.random.key_data(restored["key"]), jax.random.key_data(state["key"]))
+    assert np.array_equal(restored["raw"], state["raw"])
+
+
+def test_train_state_restores_into_its_target(tmp_path: Path) -> None:
+    import flax.linen as nn
+    import optax
+    from flax.training.train_state import TrainState
+
+    model = nn.Dense(3)
+    state = TrainState.create(
+        apply_fn=model.apply,
+        params=model.init(jax.random.key(0), jnp.ones((1, 2))),
+        tx=optax.adam(1e-3),
+    )
+    path = alpa_ir.save_checkpoint(tmp_path / "ckpt", state)
+    with pytest.raises(AlpaError, match="TrainState"):
+        alpa_ir.restore_checkpoint(path)  # its apply_fn and tx are not saved
+    restored = alpa_ir.restore_checkpoint(path, target=state)
+    assert isinstance(restored, TrainState) and restored.apply_fn is state.apply_fn
+    _assert_equal(restored.params, state.params)
+
+
+def test_missing_directory_and_empty_directory(tmp_path: Path) -> None:
     with pytest.raises(AlpaError, match=r"no checkpoint at .*nowhere: not a directory"):
         alpa_ir.restore_checkpoint(tmp_path / "nowhere")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(AlpaError, match=r"manifest\.json is missing"):
+    with pytest.raises(AlpaError, match=r"no checkpoint at .*empty: no committed step"):
         alpa_ir.restore_checkpoint(tmp_path / "empty")
 
 
-def test_missing_leaf_file_is_named(tmp_path: Path) -> None:
-    path = alpa_ir.save_checkpoint(tmp_path / "ckpt", _small_state())
-    names = [e["path"] for e in checkpoint.read_manifest(path)["leaves"]]
-    assert names == ["state.opt_state.0", "state.params.b", "state.params.w"]
-    (path / "00002.npy").unlink()
-    with pytest.raises(AlpaError, match=r"leaf state\.params\.w has no file 00002\.npy"):
+def _step_dir(path: Path) -> Path:
+    [step] = [p for p in path.iterdir() if p.name.isdigit()]
+    return step
+
+
+def _largest_data_file(path: Path) -> Path:
+    files = [
+        p for p in (_step_dir(path) / "state").rglob("*") if p.is_file() and p.parent.name == "d"
+    ]
+    return max(files, key=lambda p: p.stat().st_size)
+
+
+def _big_state() -> dict[str, Any]:
+    rng = np.random.default_rng(0)
+    return {"big": jnp.asarray(rng.normal(size=(256, 256)), jnp.float32), "small": jnp.ones(3)}
+
+
+def test_edited_data_is_caught_by_its_checksum_or_its_reader(tmp_path: Path) -> None:
+    path = alpa_ir.save_checkpoint(tmp_path / "ckpt", _big_state())
+    data = _largest_data_file(path)
+    raw = bytearray(data.read_bytes())
+    for k in range(len(raw) // 2, len(raw) // 2 + 64):
+        raw[k] ^= 0x55
+    data.write_bytes(bytes(raw))
+    with pytest.raises(AlpaError, match=r"checkpoint .*ckpt: .*leaf state\.big"):
         alpa_ir.restore_checkpoint(path)
 
 
-def test_leaf_file_disagreeing_with_manifest(tmp_path: Path) -> None:
-    path = alpa_ir.save_checkpoint(tmp_path / "ckpt", _small_state())
-    np.save(path / "00001.npy", np.zeros((5,), np.float32))
-    with pytest.raises(AlpaError, match=r"leaf state\.params\.b .*float32\[5\].*float32\[3\]"):
+def test_truncated_data_names_the_leaf(tmp_path: Path) -> None:
+    path = alpa_ir.save_checkpoint(tmp_path / "ckpt", _big_state())
+    data = _largest_data_file(path)
+    data.write_bytes(data.read_bytes()[: data.stat().st_size // 3])
+    with pytest.raises(AlpaError, match=r"checkpoint .*ckpt: .*leaf state\.big"):
         alpa_ir.restore_checkpoint(path)
 
 
-def test_target_structure_mismatch_names_the_leaf(tmp_path: Path) -> None:
+def _edit_manifest(path: Path, edit: Any) -> None:
+    file = _step_dir(path) / "manifest" / "metadata"
+    manifest = json.loads(file.read_text())
+    file.write_text(json.dumps(edit(manifest)) if callable(edit) else edit)
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        ("{not json", "cannot read its manifest"),
+        (lambda m: {**m, "format": "other"}, "not an alpa_ir checkpoint manifest"),
+        (lambda m: {**m, "version": 99}, "manifest version 99"),
+        (lambda m: {k: v for k, v in m.items() if k != "leaves"}, "no leaves"),
+        (
+            lambda m: {**m, "leaves": [{**m["leaves"][0], "item": "../../../etc/x"}]},
+            r"leaf state\.big has a malformed manifest entry",
+        ),
+        (
+            lambda m: {**m, "leaves": [{**m["leaves"][0], "shape": [-1]}, m["leaves"][1]]},
+            r"leaf state\.big has a malformed manifest entry",
+        ),
+        (
+            lambda m: {**m, "leaves": [{**m["leaves"][0], "dtype": "float99"}, m["leaves"][1]]},
+            r"leaf state\.big has unknown dtype",
+        ),
+        (lambda m: {**m, "leaves": m["leaves"][:1]}, "the manifest lists 1"),
+        (lambda m: {**m, "treedef": "__import__('os')"}, "malformed pytree text"),
+        (
+            lambda m: {**m, "treedef": "('evil_module:Thing', None, ('*', '*'))"},
+            "not loaded in this process",
+        ),
+        (
+            lambda m: {**m, "leaves": [{**m["leaves"][0], "checksum": "0" * 16}, m["leaves"][1]]},
+            r"leaf state\.big does not match its checksum",
+        ),
+    ],
+    ids=[
+        "json",
+        "format",
+        "version",
+        "no-leaves",
+        "path-escape",
+        "negative-shape",
+        "dtype",
+        "missing-leaf",
+        "code-in-treedef",
+        "unknown-type",
+        "checksum",
+    ],
+)
+def test_damaged_manifests_give_one_line_errors(tmp_path: Path, edit: Any, message: str) -> None:
+    path = alpa_ir.save_checkpoint(tmp_path / "ckpt", _big_state())
+    _edit_manifest(path, edit)
+    with pytest.raises(AlpaError, match=message) as info:
+        alpa_ir.restore_checkpoint(path)
+    assert "\n" not in str(info.value) and "ckpt" in str(info.value)
+
+
+def test_target_structure_and_shape_mismatch(tmp_path: Path) -> None:
     path = alpa_ir.save_checkpoint(tmp_path / "ckpt", _small_state())
     sharding = SingleDeviceSharding(jax.devices()[0])
     target = {"params": {"w": sharding, "b": sharding, "extra": sharding}, "opt_state": (sharding,)}
-    with pytest.raises(AlpaError, match=r"leaf state\.params\.extra is in the target"):
+    with pytest.raises(AlpaError, match=r"does not match the target's structure \(3 vs 4"):
         alpa_ir.restore_checkpoint(path, target=target)
-    target = {"params": {"w": sharding}, "opt_state": (sharding,)}
-    with pytest.raises(AlpaError, match=r"leaf state\.params\.b is in the checkpoint but not"):
-        alpa_ir.restore_checkpoint(path, shardings=target)
-
-
-def test_target_shape_mismatch_names_leaf_and_shapes(tmp_path: Path) -> None:
-    path = alpa_ir.save_checkpoint(tmp_path / "ckpt", _small_state())
     target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), _small_state())
     target["params"]["w"] = jax.ShapeDtypeStruct((4, 4), jnp.float32)
     with pytest.raises(
@@ -217,39 +340,59 @@ def test_existing_checkpoint_needs_overwrite(tmp_path: Path) -> None:
     alpa_ir.save_checkpoint(path, newer, step=2, overwrite=True)
     assert checkpoint.read_manifest(path)["step"] == 2
     _assert_equal(alpa_ir.restore_checkpoint(path), newer)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+    assert [p.name for p in path.iterdir()] == ["2"]  # the old step is gone
 
 
-def _fail_on_third_leaf(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = checkpoint._write_leaf
-    calls = []
-
-    def flaky(file: Path, leaf: Any, name: str) -> None:
-        calls.append(name)
-        if len(calls) == 3:
-            raise OSError("disk full")
-        real(file, leaf, name)
-
-    monkeypatch.setattr(checkpoint, "_write_leaf", flaky)
-
-
-def test_failed_save_leaves_no_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    _fail_on_third_leaf(monkeypatch)
-    with pytest.raises(OSError, match="disk full"):
-        alpa_ir.save_checkpoint(tmp_path / "ckpt", _small_state())
-    assert list(tmp_path.iterdir()) == []  # neither the name nor a temp dir
+_KILLED_SAVE = """
+import os, sys
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+os.environ["JAX_PLATFORMS"] = "cpu"
+import jax.numpy as jnp
+import alpa_ir
+state = {f"leaf{k}": jnp.full((1024, 1024), float(k), jnp.float32) for k in range(24)}
+print("saving", flush=True)
+alpa_ir.save_checkpoint(sys.argv[1], state, step=int(sys.argv[2]), overwrite=True)
+print("saved", flush=True)
+"""
 
 
-def test_failed_overwrite_keeps_the_old_checkpoint(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def _kill_mid_save(path: Path, step: int, tmp_path: Path) -> bool:
+    """Start a 96 MiB save in another process and kill it while orbax writes
+    (a temporary directory exists); returns whether it was killed mid-save."""
+    script = tmp_path / "save.py"
+    script.write_text(_KILLED_SAVE)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(path), str(step)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "saving"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if any("tmp" in p.name for p in path.glob("*")):
+            break
+        time.sleep(0.005)
+    killed = proc.poll() is None
+    proc.kill()
+    proc.wait()
+    return killed
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("overwrite", [False, True], ids=["first-save", "overwrite"])
+def test_a_killed_save_keeps_the_previous_checkpoint_and_leaves_no_debris(
+    tmp_path: Path, overwrite: bool
 ) -> None:
-    path = alpa_ir.save_checkpoint(tmp_path / "ckpt", _small_state(), step=1)
-    _fail_on_third_leaf(monkeypatch)
-    with pytest.raises(OSError, match="disk full"):
-        alpa_ir.save_checkpoint(path, jax.tree.map(lambda x: x + 1, _small_state()), overwrite=True)
+    path = tmp_path / "ckpt"
+    alpa_ir.save_checkpoint(path, _small_state(), step=1)
+    assert _kill_mid_save(path, 2 if overwrite else 5, tmp_path)
     assert checkpoint.read_manifest(path)["step"] == 1
     _assert_equal(alpa_ir.restore_checkpoint(path), _small_state())
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+    newer = jax.tree.map(lambda x: x + 1, _small_state())
+    alpa_ir.save_checkpoint(path, newer, step=3, overwrite=True)
+    assert [p.name for p in path.iterdir()] == ["3"]  # no temporary directory is left
+    _assert_equal(alpa_ir.restore_checkpoint(path), newer)
 
 
 def test_input_avals_of_a_micro_batched_executable() -> None:
