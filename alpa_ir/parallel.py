@@ -271,11 +271,15 @@ class ShardedExecutable:
                 self.function, self.jax_mesh, mesh.axis_names
             )
             return
+        self.donated = donated_leaves(self.function)
+        """Flat inputs whose buffers the program reuses for their new values
+        (the donated state: ``donate_argnums``, default the state, argument 0)."""
         self._run, self._in_shardings = compile_spmd(
             module,
             self.function,
             self.jax_mesh,
             mesh.axis_names,
+            donate=self.donated,
             num_micro_batches=num_micro_batches,
             batch_args=self.batch_leaves,
         )
@@ -312,6 +316,13 @@ class ShardedExecutable:
 
     def _flat_inputs(self, args: tuple[Any, ...]) -> list[Any]:
         flat = self.signature.flatten(args)
+        for k, x in enumerate(flat):
+            if isinstance(x, jax.Array) and x.is_deleted():
+                name = self.signature.leaf_names[k]
+                raise AlpaError(
+                    f"{name} was donated to an earlier call of this step, which consumed its "
+                    "buffer (donate_argnums); pass the state that call returned"
+                )
         if self.num_micro_batches > 1:
             b = self.num_micro_batches
             flat = [
@@ -448,6 +459,28 @@ def _micro_batch_args(
             )
         )
     return tuple(out)
+
+
+def donated_leaves(function: func.FuncOp) -> tuple[int, ...]:
+    """The flat inputs to donate: donated inputs (``alpa.donated``) paired with
+    an output (``alpa.aliases``) that the plan lays out alike, so that XLA can
+    write the new value into the old buffer."""
+    from alpa_ir.frontend.jaxpr_import import ALIASES_ATTR, DONATED_ATTR
+
+    donated_attr = function.attributes.get(DONATED_ATTR)
+    aliases_attr = function.attributes.get(ALIASES_ATTR)
+    if donated_attr is None or aliases_attr is None:
+        return ()
+    donated = {int(x) for x in donated_attr.get_values()}  # type: ignore[attr-defined]
+    returned = list(function.body.block.last_op.operands)  # type: ignore[union-attr]
+    out = []
+    for pair in aliases_attr.data:  # type: ignore[attr-defined]
+        output, arg = (int(x) for x in pair.get_values())
+        if arg not in donated:
+            continue
+        if spec_of_value(function.args[arg], function) == spec_of_value(returned[output], function):
+            out.append(arg)
+    return tuple(sorted(out))
 
 
 def check_micro_batches(value: object) -> int:
