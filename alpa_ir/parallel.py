@@ -638,6 +638,8 @@ class ParallelizedFunction:
         self._cache: dict[Any, ShardedExecutable] = {}
 
     def get_executable(self, *args: Any) -> ShardedExecutable:
+        """The executable for these arguments (compiled on first use)."""
+        _check_method(self.method)
         key = signature_key(step_arguments(self.fn, args, self.static_argnums))
         if key not in self._cache and _is_pipeshard(self.method):
             from alpa_ir.pipeshard_executable import compile_pipeshard
@@ -662,7 +664,23 @@ class ParallelizedFunction:
         return self._cache[key]
 
     def __call__(self, *args: Any) -> Any:
-        return self.get_executable(*args)(*args)
+        executable = self.get_executable(*args)
+        remote = getattr(executable, "remote", None)
+        if remote is not None and getattr(remote, "broken", ""):
+            # its Ray workers died on an earlier call: compile and start them again
+            self._cache = {k: v for k, v in self._cache.items() if v is not executable}
+            executable = self.get_executable(*args)
+        return executable(*args)
+
+
+def _check_method(method: object) -> None:
+    from alpa_ir.pipeshard import PipeshardParallel
+
+    if not isinstance(method, ShardParallel | ManualShardParallel | PipeshardParallel):
+        raise AlpaError(
+            "method must be a parallel method (ShardParallel(), DataParallel(), "
+            f"Zero2Parallel(), Zero3Parallel(), PipeshardParallel(), ...), got {method!r}"
+        )
 
 
 def parallelize(

@@ -68,6 +68,12 @@ def start_or_join(
     process is already connected."""
     ray = _ray()
     if ray.is_initialized():
+        current = _connected_address(ray)
+        if address not in (None, "auto") and current is not None and address != current:
+            raise AlpaError(
+                f"already connected to the Ray cluster at {current}; call alpa_ir.shutdown() "
+                f"before joining {address}"
+            )
         return
     kwargs: dict[str, Any] = {
         "include_dashboard": False,
@@ -96,6 +102,14 @@ def start_or_join(
             _probe(address, timeout_s)
         kwargs["address"] = address
     _init_within(ray, kwargs, timeout_s, address)
+
+
+def _connected_address(ray: Any) -> str | None:
+    """The GCS address of the cluster this process is connected to, if known."""
+    try:
+        return str(ray.get_runtime_context().gcs_address)
+    except Exception:  # an old Ray or a client connection: unknown
+        return None
 
 
 def _init_within(ray: Any, kwargs: dict[str, Any], timeout_s: float, where: str) -> None:

@@ -3,14 +3,15 @@ automatic layer of a benchmark model on a logical mesh (what ``construct-stages`
 solves per (layer range, logical mesh) pair).
 
 ``dump`` traces the model (abstractly, as ``alpa-bench`` does), outlines the
-chosen layer range, builds its ILP for each logical mesh and pickles it;
+chosen layer range, builds its ILP for each logical mesh and writes it as a
+``.npz`` of plain arrays (no pickles: loading one runs no code);
 ``solve`` runs the solver on dumped problems and reports time, objective,
 optimality and the number of variables (after tying repeated layers), so that
 solver changes can be compared on the same instances; ``plan`` times the
 whole ``plan_function`` (graph, ILP, plan written into the IR).
 
-Run: ``python -m alpa_ir.tools.bench_stage_ilp dump gpt3-1.3b --meshes 1x8 2x4``
-then ``python -m alpa_ir.tools.bench_stage_ilp solve /tmp/stage_ilp/*.pkl``.
+Run: ``python -m alpa_ir.tools.bench_stage_ilp dump gpt3-1.3b --out ilps --meshes 1x8 2x4``
+then ``python -m alpa_ir.tools.bench_stage_ilp solve ilps/*.npz``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pickle
 import sys
 import time
 import warnings
@@ -68,6 +68,72 @@ def _mesh(shape: tuple[int, ...]) -> Any:
     return bench_cluster("alpa-testbed", size).logical_mesh(shape, tuple(range(size)))
 
 
+def save_instance(path: str, inst: Instance) -> None:
+    """``inst`` as plain arrays in one ``.npz`` (no pickled objects)."""
+    import numpy as np
+
+    problem = inst.problem
+    arrays: dict[str, Any] = {
+        "meta": np.array(
+            json.dumps(
+                {
+                    "model": inst.model,
+                    "mesh": list(inst.mesh),
+                    "layers": inst.layers,
+                    "first": inst.first,
+                    "last": inst.last,
+                    "num_ops": inst.num_ops,
+                    "nodes": len(problem.node_costs),
+                    "edges": [[e.u, e.v] for e in problem.edges],
+                    "liveness": [list(s) for s in problem.liveness],
+                    "memory_budget": problem.memory_budget,
+                    "memory": problem.node_memory is not None,
+                    "names": list(problem.node_names or ()),
+                }
+            )
+        )
+    }
+    for k, cost in enumerate(problem.node_costs):
+        arrays[f"cost{k}"] = cost
+    for k, edge in enumerate(problem.edges):
+        arrays[f"edge{k}"] = edge.cost
+    for k, mem in enumerate(problem.node_memory or ()):
+        arrays[f"memory{k}"] = mem
+    np.savez(path, **arrays)
+
+
+def load_instance(path: str) -> Instance:
+    """The instance :func:`save_instance` wrote (``allow_pickle=False``)."""
+    import numpy as np
+
+    from alpa_ir.ilp import Edge, ILPProblem
+
+    try:
+        data = np.load(path, allow_pickle=False)
+        meta = json.loads(str(data["meta"]))
+        problem = ILPProblem(
+            node_costs=tuple(data[f"cost{k}"] for k in range(meta["nodes"])),
+            edges=tuple(Edge(u, v, data[f"edge{k}"]) for k, (u, v) in enumerate(meta["edges"])),
+            node_memory=tuple(data[f"memory{k}"] for k in range(meta["nodes"]))
+            if meta["memory"]
+            else None,
+            liveness=tuple(tuple(s) for s in meta["liveness"]),
+            memory_budget=meta["memory_budget"],
+            node_names=tuple(meta["names"]) or None,
+        )
+    except (OSError, KeyError, ValueError, TypeError) as err:
+        raise SystemExit(f"bench_stage_ilp: {path} is not a dumped stage ILP: {err}") from None
+    return Instance(
+        meta["model"],
+        tuple(meta["mesh"]),
+        meta["layers"],
+        meta["first"],
+        meta["last"],
+        meta["num_ops"],
+        problem,
+    )
+
+
 def dump(args: argparse.Namespace) -> None:
     import alpa_ir.passes.auto_sharding as auto_sharding
     from alpa_ir.stage_cost import StageCostOptions, plan_function
@@ -91,9 +157,8 @@ def dump(args: argparse.Namespace) -> None:
             else:
                 raise SystemExit("the ILP was not built")
             inst = Instance(args.model, shape, args.layers, args.first, args.last, num_ops, problem)
-            path = os.path.join(args.out, f"{args.model}_L{args.layers}_{args.first}_{text}.pkl")
-            with open(path, "wb") as f:
-                pickle.dump(vars(inst), f)  # a dict: loadable without this module as __main__
+            path = os.path.join(args.out, f"{args.model}_L{args.layers}_{args.first}_{text}.npz")
+            save_instance(path, inst)
             print(path, problem.num_nodes, "nodes", len(problem.edges), "edges", flush=True)
     finally:
         auto_sharding.build_problem = real  # type: ignore[assignment]
@@ -106,8 +171,7 @@ def solve(args: argparse.Namespace) -> None:
 
     rows = []
     for path in args.files:
-        with open(path, "rb") as f:
-            inst = Instance(**pickle.load(f))
+        inst = load_instance(path)
         problem = inst.problem
         start = time.perf_counter()
         tied = tie_repeated(problem) if args.tie else None
@@ -175,7 +239,7 @@ def main(argv: list[str] | None = None) -> None:
         p.add_argument("--last", type=int, default=1, help="last layer of the range")
         p.add_argument("--meshes", nargs="+", default=["1x8", "2x4", "4x2", "8x1"])
         if name == "dump":
-            p.add_argument("--out", default="/tmp/stage_ilp")
+            p.add_argument("--out", required=True, help="directory for the .npz files")
         else:
             p.add_argument("--time-limit", type=float, default=60.0)
     s = sub.add_parser("solve")
