@@ -49,7 +49,8 @@ def expand_prefix(prefix: Any, tree: Any, what: str) -> list[PartitionSpec | Non
             lambda spec, sub: jax.tree.map(lambda _: spec, sub), prefix, tree, is_leaf=_is_spec
         )
     except (ValueError, TypeError) as exc:
-        raise AlpaError(f"{what} does not match the structure it describes: {exc}") from None
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise AlpaError(f"{what} does not match the structure it describes: {first}") from None
     leaves = jax.tree.leaves(expanded, is_leaf=_is_spec)
     if len(leaves) != len(jax.tree.leaves(tree)):
         raise AlpaError(
