@@ -385,11 +385,9 @@ def cluster_from_system(system: object, device: str) -> Cluster:
     return Cluster(system.name, tuple(levels), memory, flops, hbm, name)
 
 
-def _gcp(kind: str, fixed_nodes: int | None) -> ClusterFactory:
+def _gcp(kind: str, fixed_nodes: int | None, preset: str) -> ClusterFactory:
     def make(num_nodes: int | None = None) -> Cluster:
         from alpa_ir.p2 import system as p2
-
-        preset = f"gcp-{kind}" if fixed_nodes is None else f"gcp-{kind}-x{fixed_nodes}"
         if fixed_nodes is not None and num_nodes not in (None, fixed_nodes):
             raise AlpaError(f"cluster preset '{preset}' has {fixed_nodes} nodes, got {num_nodes}")
         n = _nodes(preset, num_nodes if fixed_nodes is None else fixed_nodes, 2)
@@ -422,15 +420,15 @@ def builtin_presets() -> dict[str, ClusterFactory]:
         "alpa-testbed": alpa_testbed,
         "dgx-a100": dgx_a100,
         "dgx-h100": dgx_h100,
-        "gcp-a100": _gcp("a100", None),
-        "gcp-v100": _gcp("v100", None),
+        "gcp-a100": _gcp("a100", None, "gcp-a100"),
+        "gcp-v100": _gcp("v100", None, "gcp-v100"),
         "local-cpu": local_cpu,
     }
     from alpa_ir.p2.system import PRESETS
 
     for name in PRESETS:  # gcp-a100-16x2 etc.: the P² paper's fixed systems
         kind = name.split("-")[1]
-        presets[name] = _gcp(kind, int(name.rsplit("x", 1)[1]))
+        presets[name] = _gcp(kind, int(name.rsplit("x", 1)[1]), name)
     return presets
 
 

@@ -79,6 +79,7 @@ outlining, simulation).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -86,32 +87,25 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jax
-
-from alpa_ir.backends.simulate import SimPlan, SimStage, simulate
-from alpa_ir.clusters import Cluster, ClusterLevel, get_cluster
-from alpa_ir.device_mesh import LogicalDeviceMesh
-from alpa_ir.dialects.sharding import ShardingSpec
 from alpa_ir.errors import AlpaError, PlanError
-from alpa_ir.ir_types import shape_of
-from alpa_ir.passes.construct_stages import (
-    StageChoice,
-    StageCostTable,
-    StagePlan,
-    ViewCost,
-    cost_table,
-    solve_stages,
-    write_plan,
+from alpa_ir.tools.cli_args import (
+    BooleanOption,
+    OneLineParser,
+    nonnegative_finite_float,
+    positive_int,
+    positive_seconds,
 )
-from alpa_ir.stage_cost import (
-    FORWARD_SHARE,
-    AnalyticalStageCostModel,
-    StageCostOptions,
-    with_argument_specs,
-)
-from alpa_ir.stage_outline import LayerRanges
+
+if TYPE_CHECKING:  # imported where used: a bad option is rejected before jax loads
+    from alpa_ir.backends.simulate import SimPlan
+    from alpa_ir.clusters import Cluster
+    from alpa_ir.device_mesh import LogicalDeviceMesh
+    from alpa_ir.dialects.sharding import ShardingSpec
+    from alpa_ir.passes.construct_stages import StageChoice, StageCostTable, ViewCost
+    from alpa_ir.stage_cost import AnalyticalStageCostModel, StageCostOptions
+    from alpa_ir.stage_outline import LayerRanges
 
 SUITES = {
     "gpt3": ("gpt3-350m", "gpt3-1.3b", "gpt3-2.6b", "gpt3-6.7b", "gpt3-15b", "gpt3-39b"),
@@ -156,11 +150,14 @@ class Outcome:
     apply-grad, no transfers unless ``--cross-stage-comm``), seconds."""
 
 
-def bench_cluster(preset: str, gpus: int) -> Cluster:
-    """The preset with ``gpus`` devices; fewer than a node: one node of ``gpus``."""
-    base = get_cluster(preset)
+def bench_cluster(preset: str, gpus: int, presets: Any = None) -> Cluster:
+    """The preset with ``gpus`` devices; fewer than a node: one node of ``gpus``.
+    ``presets``: where to find ``preset`` (default: the plugin registry's)."""
+    from alpa_ir.clusters import Cluster, ClusterLevel, get_cluster
+
+    base = get_cluster(preset, presets=presets)
     if gpus >= base.devices_per_node:
-        return get_cluster(preset, num_devices=gpus)
+        return get_cluster(preset, num_devices=gpus, presets=presets)
     inner = base.levels[-1]
     return Cluster(
         base.name,
@@ -211,6 +208,8 @@ def trace(name: str, num_micro_batches: int, layers: int) -> Any:
 
 def forward_share(remat: bool) -> float:
     """The forward's share of a stage's forward+backward latency (module docstring)."""
+    from alpa_ir.stage_cost import FORWARD_SHARE
+
     return FORWARD_SHARE / (1 + FORWARD_SHARE) if remat else FORWARD_SHARE
 
 
@@ -220,6 +219,8 @@ def sim_plan(
     num_micro_batches: int,
     remat: bool = False,
 ) -> SimPlan:
+    from alpa_ir.backends.simulate import SimPlan, SimStage
+
     cluster = table.cluster
     hbm = cluster.hbm_bandwidth * MEMORY_EFFICIENCY
     share = forward_share(remat)
@@ -253,6 +254,8 @@ def outcome(
     model_flops: float,
     remat: bool = False,
 ) -> Outcome:
+    from alpa_ir.backends.simulate import simulate
+
     out = Outcome(method)
     out.stages = [
         {
@@ -289,6 +292,8 @@ def uniform_grid(
     remat: bool = False,
 ) -> Outcome:
     """Megatron-style dp x op x pp: equal layer counts, every stage on (dp, op)."""
+    from alpa_ir.passes.construct_stages import StageChoice
+
     cluster = table.cluster
     devices = cluster.num_devices
     num = table.num_layers
@@ -330,6 +335,8 @@ def restricted(
     model_flops: float,
     remat: bool = False,
 ) -> Outcome:
+    from alpa_ir.passes.construct_stages import solve_stages
+
     try:
         plan = solve_stages(table, num_micro_batches, submeshes=submeshes)
     except (AlpaError, PlanError) as error:
@@ -358,6 +365,9 @@ def deepspeed_specs(
     view (module docstring): expert parameters split along the expert axis
     over mesh axis 1, other parameters replicated, batch-dependent arguments
     split along their first dimension over all devices where it divides."""
+    from alpa_ir.dialects.sharding import ShardingSpec
+    from alpa_ir.ir_types import shape_of
+
     all_axes = tuple(a for a, n in enumerate(mesh_shape) if n > 1)
     devices = math.prod(mesh_shape)
     experts = (1,) if len(mesh_shape) == 2 and mesh_shape[1] > 1 else ()
@@ -389,6 +399,9 @@ def deepspeed(
     grid point, one stage on all devices, each layer planned with fixed
     argument shardings and without all-gathers (token exchange by all-to-all),
     the layers' costs added (as ``layer-sum``)."""
+    from alpa_ir.passes.construct_stages import StageChoice, ViewCost
+    from alpa_ir.stage_cost import AnalyticalStageCostModel, with_argument_specs
+
     model = AnalyticalStageCostModel(
         replace(options, keep_argument_specs=True, allow_all_gather=False)
     )
@@ -439,6 +452,8 @@ def deepspeed(
 
 
 def _add_views(a: ViewCost, b: ViewCost) -> ViewCost:
+    from alpa_ir.passes.construct_stages import ViewCost
+
     return ViewCost(
         a.latency + b.latency,
         a.persistent + b.persistent,
@@ -450,6 +465,8 @@ def _add_views(a: ViewCost, b: ViewCost) -> ViewCost:
 
 def one_device(cluster: Cluster) -> Cluster:
     """One device of ``cluster`` (its figures, no links to price)."""
+    from alpa_ir.clusters import Cluster, ClusterLevel
+
     inner = cluster.levels[-1]
     return Cluster(
         cluster.name,
@@ -476,6 +493,8 @@ def inter_op(
     baseline clusters the model into as many layers as it needs) and only the
     1x1 costs are computed."""
     from alpa_ir.module_utils import main_function
+    from alpa_ir.passes.construct_stages import StageChoice, StageCostTable, cost_table
+    from alpa_ir.stage_outline import LayerRanges
 
     cluster = table.cluster
     if table.num_layers < cluster.num_devices:
@@ -519,6 +538,8 @@ def bench_model(
 ) -> dict[str, Any]:
     from alpa_ir.models.train_step import train_step_flops
     from alpa_ir.module_utils import main_function
+    from alpa_ir.passes.construct_stages import StagePlan, cost_table, solve_stages, write_plan
+    from alpa_ir.stage_cost import AnalyticalStageCostModel, StageCostOptions
     from alpa_ir.stage_outline import LayerRanges, count_layers
 
     times = Breakdown()
@@ -664,70 +685,340 @@ def format_result(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="alpa-bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--suite", choices=sorted(SUITES), default="gpt3")
-    parser.add_argument(
-        "--models", default="", help="comma-separated config names (default: the suite)"
+MAX_VIEWS = 1024
+"""The most logical mesh views a benchmarked cluster may have over all the
+submeshes of Alpa's space: ``construct-stages`` prices every layer on each of
+them and the stage DP runs over every submesh and device count, so the work
+grows with the cluster (64 GPUs of 8-GPU nodes: 62 views; 1024 GPUs: 1746
+views, GPT-3 350M still costing after 5 minutes on 2 cores; 100000 GPUs:
+312635 views, minutes before the first progress line). ``--gpus`` beyond it
+is rejected at once, saying so, rather than left running."""
+DEFAULT_MICRO_BATCHES = 16
+DEFAULT_MAX_MICRO_BATCHES = 64
+WORKERS_PER_CORE = 4
+
+
+def _auto_or_positive(text: str) -> int | str:
+    if text.strip() == "auto":
+        return "auto"
+    try:
+        return positive_int(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"must be 'auto' or a positive integer, got {text!r}"
+        ) from None
+
+
+def _micro_batches_arg(text: str) -> int | str:
+    try:
+        return _auto_or_positive(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"must be a positive integer or 'auto', got {text!r}"
+        ) from None
+
+
+def _cluster_presets(name: str = "") -> Any:
+    """The cluster presets: the built-in ones (without loading the plugins) where
+    they have ``name``, else the plugin registry's."""
+    from alpa_ir.clusters import builtin_presets
+
+    builtin = builtin_presets()
+    if name and name in builtin:
+        return builtin
+    from alpa_ir.plugins.registry import default_registry
+
+    return default_registry().cluster_presets
+
+
+def _divisor_count(n: int) -> int:
+    count, k = 0, 1
+    while k * k <= n:
+        if n % k == 0:
+            count += 1 if k * k == n else 2
+        k += 1
+    return count
+
+
+def count_views(cluster: Cluster, limit: int = MAX_VIEWS) -> tuple[int, int]:
+    """(submeshes, logical views) of Alpa's submesh space of ``cluster`` (every
+    view of each submesh, the ``all`` space); the views are counted only up to
+    just past ``limit``, without building the submeshes of a huge cluster."""
+    m, nodes = cluster.devices_per_node, cluster.num_nodes
+    if m & (m - 1):
+        cluster.submesh_shapes()  # raises: not a power of two per node
+    shapes = itertools.chain(
+        ((1, 1 << k) for k in range(m.bit_length())), ((n, m) for n in range(2, nodes + 1))
     )
-    parser.add_argument("--cluster", default="alpa-testbed")
-    parser.add_argument("--gpus", type=int, default=None, help="default: each size's GPU count")
-    parser.add_argument("--micro-batches", default="16", help="an integer or 'auto'")
-    parser.add_argument("--max-micro-batches", type=int, default=64)
+    views = 0
+    for n, size in shapes:
+        views += _divisor_count(n * size)
+        if views > limit:
+            break
+    return m.bit_length() + nodes - 1, views
+
+
+def most_gpus(devices_per_node: int, limit: int = MAX_VIEWS) -> int:
+    """The largest whole-node GPU count whose cluster has at most ``limit`` views."""
+    m = devices_per_node
+    views = sum(_divisor_count(1 << k) for k in range(m.bit_length()))
+    nodes = 1
+    while views + _divisor_count((nodes + 1) * m) <= limit:
+        nodes += 1
+        views += _divisor_count(nodes * m)
+    return nodes * m
+
+
+def _gpus(count: int) -> str:
+    return f"{count} GPU{'s' * (count != 1)}"
+
+
+def _epilog() -> str:
+    """``--help``'s list of cluster presets, suites and models."""
+    from alpa_ir.clusters import Cluster
+    from alpa_ir.models.registry import get_config, list_configs
+
+    presets = []
+    for name, factory in sorted(_cluster_presets().items()):
+        try:
+            probe = factory(None)
+        except AlpaError:
+            presets.append(f"  {name}")
+            continue
+        if isinstance(probe, Cluster):
+            presets.append(
+                f"  {name}: {probe.devices_per_node} {probe.device_name or 'devices'} per node, "
+                f"{probe.num_nodes} node{'s' * (probe.num_nodes != 1)} by default"
+            )
+    suites = []
+    for suite, names in SUITES.items():
+        sizes = ", ".join(f"{n} ({_gpus(get_config(n).num_gpus)})" for n in names)
+        suites.append(f"  {suite}: {sizes}")
+    in_suites = {n for names in SUITES.values() for n in names}
+    others = ", ".join(n for n in list_configs() if n not in in_suites)
+    return "\n".join(
+        [
+            "cluster presets (--cluster):",
+            *presets,
+            "",
+            "suites (--suite) and their sizes (--models), each on its GPU count by default:",
+            *suites,
+            "",
+            f"other models (--models only, without --suite): {others}",
+            "",
+            "--gpus must fit the preset (whole nodes, or a power of two below one node) and "
+            f"give at most {MAX_VIEWS} logical mesh views (alpa-testbed: {most_gpus(8)} GPUs).",
+        ]
+    )
+
+
+def build_parser() -> OneLineParser:
+    parser = OneLineParser(
+        prog="alpa-bench", description=__doc__.splitlines()[0], epilog_fn=_epilog
+    )
+    parser.add_argument(
+        "--suite",
+        choices=sorted(SUITES),
+        default=None,
+        help="the suite whose sizes to run (default: gpt3, unless --models names the models)",
+    )
+    parser.add_argument(
+        "--models",
+        default=None,
+        help="comma-separated model configs (default: every size of the suite); with "
+        "--suite, sizes of that suite only",
+    )
+    parser.add_argument("--cluster", default="alpa-testbed", help="cluster preset (see below)")
+    parser.add_argument(
+        "--gpus",
+        type=positive_int,
+        default=None,
+        help="GPUs for every model (default: each size's GPU count in the paper)",
+    )
+    parser.add_argument(
+        "--micro-batches",
+        type=_micro_batches_arg,
+        default=DEFAULT_MICRO_BATCHES,
+        help="micro-batches per step: a positive integer dividing each model's global batch, "
+        "or 'auto' (the best power of two up to --max-micro-batches)",
+    )
+    parser.add_argument(
+        "--max-micro-batches",
+        type=positive_int,
+        default=None,
+        help=f"with --micro-batches auto: the most micro-batches tried "
+        f"(default: {DEFAULT_MAX_MICRO_BATCHES})",
+    )
     parser.add_argument(
         "--layers",
+        type=_auto_or_positive,
         default="auto",
-        help="automatic layers: an integer, or 'auto' (one per block of the model and one "
-        "more, see default_layers)",
+        help="automatic layers: a positive integer, or 'auto' (one per block of the model and "
+        "one more, see default_layers)",
     )
-    parser.add_argument("--cost-mode", choices=("range", "layer-sum"), default="layer-sum")
+    parser.add_argument(
+        "--cost-mode",
+        choices=("range", "layer-sum"),
+        default="layer-sum",
+        help="price every layer range, or each layer once and sum",
+    )
     parser.add_argument(
         "--submesh-space",
         choices=("all", "single-node-model-parallel", "one-dimensional"),
         default="all",
+        help="the logical mesh views kept per submesh",
     )
-    parser.add_argument("--cross-stage-comm", action="store_true")
-    parser.add_argument("--epsilon", type=float, default=0.0)
-    parser.add_argument("--time-limit", type=float, default=60.0, help="ILP time limit (s)")
+    parser.add_argument(
+        "--cross-stage-comm",
+        action="store_true",
+        help="the stage DP counts the cross-stage transfers (option 6a) for the main plan",
+    )
+    parser.add_argument(
+        "--epsilon",
+        type=nonnegative_finite_float,
+        default=0.0,
+        help="the stage DP's epsilon gap in seconds (0: exact)",
+    )
+    parser.add_argument(
+        "--time-limit",
+        type=positive_seconds,
+        default=60.0,
+        help="ILP time limit in seconds (inf: none)",
+    )
     for flag, help_text in (
-        ("--remat", "rematerialize every layer (the paper's setting; default on)"),
-        ("--zero", "ZeRO-2 for replicated parameters (Alpa's prefer_reduce_scatter; default on)"),
-        (
-            "--fusion",
-            "model XLA's operator fusion in activation memory and memory traffic (default on)",
-        ),
-        (
-            "--memory-fallback",
-            "also price every large layer with all parameters sharded (default on)",
-        ),
+        ("--remat", "rematerialize every layer (the paper's setting)"),
+        ("--zero", "ZeRO-2 for replicated parameters (Alpa's prefer_reduce_scatter)"),
+        ("--fusion", "model XLA's operator fusion in activation memory and memory traffic"),
+        ("--memory-fallback", "also price every large layer with all parameters sharded"),
     ):
-        parser.add_argument(
-            flag, action=argparse.BooleanOptionalAction, default=True, help=help_text
-        )
+        parser.add_argument(flag, action=BooleanOption, default=True, help=help_text)
     parser.add_argument(
         "--workers",
-        type=int,
+        type=positive_int,
         default=os.cpu_count() or 1,
-        help="processes that cost the stage-mesh pairs (default: one per core)",
+        help=f"processes that cost the stage-mesh pairs (at most {WORKERS_PER_CORE} per core; "
+        "the default is one per core)",
     )
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args(argv)
-    if args.workers < 1:
-        parser.error(f"--workers must be >= 1, got {args.workers}")
-    if args.layers != "auto" and not (args.layers.isdigit() and int(args.layers) >= 1):
-        parser.error(f"--layers must be 'auto' or a positive integer, got {args.layers!r}")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    return parser
+
+
+@dataclass(frozen=True)
+class BenchRun:
+    """One model of the run, checked before any work starts."""
+
+    name: str
+    cluster: Cluster
+    layers: int
+    batch_size: int
+
+
+def _model_names(parser: OneLineParser, args: argparse.Namespace) -> list[str]:
+    from alpa_ir.models.registry import list_configs
+
+    if args.models is None:
+        return list(SUITES[args.suite or "gpt3"])
+    names = [n.strip() for n in args.models.split(",")]
+    if not any(names):
+        parser.error(f"--models must name at least one model, got {args.models!r}")
+    if not all(names):
+        parser.error(f"--models has an empty name in {args.models!r}")
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        parser.error(f"--models names {repeated[0]!r} twice in {args.models!r}")
+    known = list_configs()
+    for n in names:
+        if n not in known:
+            parser.error(f"--models: unknown model {n!r}; known: {', '.join(known)}")
+    if args.suite is not None:
+        for n in names:
+            if n not in SUITES[args.suite]:
+                home = [s for s, sizes in SUITES.items() if n in sizes]
+                where = f"a size of suite {home[0]}" if home else "in no suite"
+                parser.error(
+                    f"--models {n!r} is not a size of --suite {args.suite} ({n} is {where}; "
+                    f"{args.suite} has {', '.join(SUITES[args.suite])}); drop --suite to run it"
+                )
+    return names
+
+
+def _bench_cluster_checked(
+    parser: OneLineParser, args: argparse.Namespace, gpus: int, name: str
+) -> Cluster:
+    """``bench_cluster`` for ``name`` on ``gpus`` GPUs, with every reason it cannot
+    be benchmarked as a usage error."""
+    preset = args.cluster
+    presets = _cluster_presets(preset)
+    if preset not in presets:
+        parser.error(
+            f"--cluster: unknown cluster preset {preset!r}; known: {', '.join(sorted(presets))}"
+        )
+    where = (
+        f"--gpus {gpus}"
+        if args.gpus is not None
+        else f"--cluster {preset} cannot run {name} on its {gpus} GPU{'s' * (gpus != 1)} "
+        "(--gpus picks another count)"
+    )
+    try:
+        cluster = bench_cluster(preset, gpus, presets=presets)
+        subs, views = count_views(cluster)
+    except AlpaError as error:
+        parser.error(f"{where}: {error}")
+    if views > MAX_VIEWS:
+        best = most_gpus(cluster.devices_per_node)
+        parser.error(
+            f"{where}: too many GPUs to plan on {preset}: its {subs} submeshes have more "
+            f"than {MAX_VIEWS} logical mesh views, each priced for every layer (at most "
+            f"{best} GPUs on nodes of {cluster.devices_per_node})"
+        )
+    return cluster
+
+
+def check_args(parser: OneLineParser, args: argparse.Namespace) -> list[BenchRun]:
+    """Every option checked (and every model's cluster built) before any work:
+    a bad value is a usage error that names the option and the value."""
+    cores = os.cpu_count() or 1
+    if args.workers > WORKERS_PER_CORE * cores:
+        parser.error(
+            f"--workers must be at most {WORKERS_PER_CORE} per CPU core "
+            f"({WORKERS_PER_CORE * cores} on {cores} cores), got {args.workers}"
+        )
+    if args.max_micro_batches is not None and args.micro_batches != "auto":
+        parser.error(
+            f"--max-micro-batches {args.max_micro_batches} applies only with "
+            f"--micro-batches auto, got --micro-batches {args.micro_batches}"
+        )
     from alpa_ir.models.registry import get_config
 
-    names = [n for n in args.models.split(",") if n] or list(SUITES[args.suite])
+    runs = []
+    clusters: dict[int, Cluster] = {}
+    for name in _model_names(parser, args):
+        config = get_config(name)
+        gpus = args.gpus if args.gpus is not None else int(config.num_gpus)
+        if gpus not in clusters:
+            clusters[gpus] = _bench_cluster_checked(parser, args, gpus, name)
+        batch = int(config.batch_size)
+        if args.micro_batches != "auto" and batch % args.micro_batches:
+            parser.error(
+                f"--micro-batches {args.micro_batches} does not divide the global batch of "
+                f"{name} ({batch}); use a divisor of {batch} or 'auto'"
+            )
+        layers = default_layers(name) if args.layers == "auto" else args.layers
+        runs.append(BenchRun(name, clusters[gpus], layers, batch))
+    return runs
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    runs = check_args(parser, args)
+    max_micro_batches = args.max_micro_batches or DEFAULT_MAX_MICRO_BATCHES
     results = []
     try:
-        for name in names:
-            config = get_config(name)
-            gpus = args.gpus or config.num_gpus
-            cluster = bench_cluster(args.cluster, gpus)
+        for run in runs:
             common = {
-                "cluster": cluster,
-                "layers": default_layers(name) if args.layers == "auto" else int(args.layers),
+                "cluster": run.cluster,
+                "layers": run.layers,
                 "cost_mode": args.cost_mode,
                 "submesh_space": args.submesh_space,
                 "cross_stage_comm": args.cross_stage_comm,
@@ -739,22 +1030,30 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "memory_fallback": args.memory_fallback,
                 "workers": args.workers,
             }
-            if args.micro_batches == "auto":
-                candidates = batch_divisors(config.batch_size, args.max_micro_batches)
-                result = auto_micro_batches(name, candidates, **common)
-            else:
-                result = bench_model(name, num_micro_batches=int(args.micro_batches), **common)
+            try:
+                if args.micro_batches == "auto":
+                    candidates = batch_divisors(run.batch_size, max_micro_batches)
+                    result = auto_micro_batches(run.name, candidates, **common)
+                else:
+                    result = bench_model(run.name, num_micro_batches=args.micro_batches, **common)
+            except AlpaError as error:
+                if args.layers != "auto" and str(error).startswith("cluster-operators:"):
+                    raise AlpaError(f"--layers {args.layers} for {run.name}: {error}") from error
+                raise AlpaError(f"{run.name}: {error}") from error
             results.append(result)
             if not args.json:
                 print(format_result(result), flush=True)
+        if args.json:
+            print(json.dumps(results, indent=1, default=float))
     except AlpaError as error:
         print(f"alpa-bench: error: {error}", file=sys.stderr)
         return 1
-    if args.json:
-        print(json.dumps(results, indent=1, default=float))
+    except BrokenPipeError:  # e.g. piped into `head`: stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     return 0
 
 
 if __name__ == "__main__":
-    jax.config.update("jax_platforms", "cpu")
+    os.environ["JAX_PLATFORMS"] = "cpu"  # before jax loads (as jax_platforms=cpu)
     sys.exit(main())

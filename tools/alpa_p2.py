@@ -11,51 +11,133 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import re
 import sys
+from typing import NoReturn
 
 from alpa_ir.errors import AlpaError
 from alpa_ir.p2.explore import ExploreOptions, MatrixResult, explore
 from alpa_ir.p2.simulator import ALGORITHMS, default_bytes
 from alpa_ir.p2.synthesis import DEFAULT_MAX_SIZE, MAX_SIZE_LIMIT
 from alpa_ir.p2.system import PRESETS, System, get_system
+from alpa_ir.tools.cli_args import (
+    OneLineParser,
+    nonnegative_int,
+    nonnegative_int_list,
+    positive_finite_float,
+    positive_int,
+    positive_int_list,
+)
+
+MAX_CUSTOM_DEVICES = 1 << 16
+"""The most devices of a ``custom-AxB..`` system (custom-128x64 takes seconds; custom-1000x1000
+did not finish in 30 s)."""
+_CUSTOM = re.compile(r"0*[1-9][0-9]*(x0*[1-9][0-9]*)*")
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports a usage error as one line (exit code 2)."""
+class _Parser(OneLineParser):
+    """argparse that reports a usage error as one line (exit code 2, see :func:`main`)."""
 
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise AlpaError(message)
+    def error(self, message: str) -> NoReturn:
+        raise AlpaError(self.one_line(message))
 
 
-def _int_list(text: str, what: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(v) for v in text.split(","))
-    except ValueError:
-        raise AlpaError(f"--{what} expects comma-separated integers, got {text!r}") from None
-    return values
+def _epilog() -> str:
+    return (
+        f"systems (--system): {', '.join(sorted(PRESETS))}, or custom-AxB.. (a system of "
+        "these level cardinalities, outermost first, e.g. custom-4x16)\n"
+        "--axes multiply to the system's device count; --reduce numbers them from 0."
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="alpa-p2", description=__doc__.splitlines()[0])
-    parser.add_argument("--system", required=True, help=f"preset: {', '.join(sorted(PRESETS))}")
-    parser.add_argument("--axes", required=True, help="parallelism axes, e.g. 4,16")
-    parser.add_argument("--reduce", required=True, help="axes to reduce over, e.g. 1 or 0,2")
-    parser.add_argument("--max-size", type=int, default=DEFAULT_MAX_SIZE, help="program size limit")
+    parser = _Parser(prog="alpa-p2", description=__doc__.splitlines()[0], epilog_fn=_epilog)
+    parser.add_argument(
+        "--system", required=True, help="system preset or custom-AxB.. (listed below)"
+    )
+    parser.add_argument(
+        "--axes",
+        required=True,
+        type=positive_int_list,
+        help="parallelism axes: comma-separated positive integers, e.g. 4,16",
+    )
+    parser.add_argument(
+        "--reduce",
+        required=True,
+        type=nonnegative_int_list,
+        help="the axes to reduce over: distinct indices into --axes, e.g. 1 or 0,2",
+    )
+    parser.add_argument(
+        "--max-size",
+        type=positive_int,
+        default=DEFAULT_MAX_SIZE,
+        help=f"program size limit (1 to {MAX_SIZE_LIMIT})",
+    )
     parser.add_argument(
         "--algorithm", choices=ALGORITHMS, default="ring", help="NCCL AllReduce algorithm"
     )
     parser.add_argument(
-        "--bytes", type=float, default=None, help="bytes per device (default: the paper's)"
+        "--bytes",
+        type=positive_finite_float,
+        default=None,
+        help="bytes per device, a positive finite number (default: the paper's)",
     )
     parser.add_argument(
-        "--top", type=int, default=0, help="print only the N fastest programs per matrix"
+        "--top",
+        type=nonnegative_int,
+        default=0,
+        help="print only the N fastest programs per matrix (0: all)",
     )
     parser.add_argument(
         "--verify", action="store_true", help="re-check every lowered program on the whole system"
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     return parser
+
+
+def _system(name: str) -> System:
+    """``--system``: a preset, or ``custom-AxB..`` with positive cardinalities."""
+    custom = name.startswith("custom-") and _CUSTOM.fullmatch(name.removeprefix("custom-"))
+    if name not in PRESETS and not custom:
+        known = ", ".join(sorted(PRESETS))
+        raise AlpaError(
+            f"--system: unknown system {name!r}; known: {known}, or custom-AxB.. with "
+            "positive cardinalities (e.g. custom-4x16)"
+        )
+    if custom:
+        devices = math.prod(int(c) for c in name.removeprefix("custom-").split("x"))
+        if devices > MAX_CUSTOM_DEVICES:
+            raise AlpaError(
+                f"--system {name}: {devices} devices is more than a custom system may have "
+                f"({MAX_CUSTOM_DEVICES}; the synthesis and its simulation grow with the devices)"
+            )
+    try:
+        return get_system(name)
+    except AlpaError as error:
+        raise AlpaError(f"--system {name!r}: {error}") from error
+
+
+def _check_axes(system: System, axes: tuple[int, ...], reduce_axes: tuple[int, ...]) -> None:
+    """``--axes`` fill the system, ``--reduce`` names distinct axes among them."""
+    shown = ",".join(map(str, axes))
+    devices = math.prod(axes)
+    if devices != math.prod(system.hierarchy):
+        raise AlpaError(
+            f"--axes {shown} has {devices} devices but system {system.name} "
+            f"(hierarchy {list(system.hierarchy)}) has {math.prod(system.hierarchy)}"
+        )
+    reduce_text = ",".join(map(str, reduce_axes))
+    out = [a for a in reduce_axes if a >= len(axes)]
+    if out:
+        raise AlpaError(
+            f"--reduce {reduce_text}: axis {out[0]} is out of range for --axes {shown} "
+            f"(axes 0 to {len(axes) - 1})"
+        )
+    repeated = sorted({a for a in reduce_axes if reduce_axes.count(a) > 1})
+    if repeated:
+        raise AlpaError(f"--reduce {reduce_text}: axis {repeated[0]} is named twice")
 
 
 def _matrix_json(result: MatrixResult) -> dict:
@@ -108,13 +190,11 @@ def _print_table(system: System, results: list[MatrixResult], top: int) -> None:
 
 def run(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
-    system = get_system(args.system)
-    axes = _int_list(args.axes, "axes")
-    reduce_axes = _int_list(args.reduce, "reduce")
-    if not 1 <= args.max_size <= MAX_SIZE_LIMIT:
+    if args.max_size > MAX_SIZE_LIMIT:
         raise AlpaError(f"--max-size must be between 1 and {MAX_SIZE_LIMIT}, got {args.max_size}")
-    if args.bytes is not None and not args.bytes > 0:
-        raise AlpaError(f"--bytes must be positive, got {args.bytes}")
+    system = _system(args.system)
+    axes, reduce_axes = args.axes, args.reduce
+    _check_axes(system, axes, reduce_axes)
     options = ExploreOptions(args.max_size, args.algorithm, args.bytes, verify=args.verify)
     results = explore(system, axes, reduce_axes, options)
     if args.json:

@@ -4,32 +4,123 @@ local CPU devices with ``PipeshardParallel``: automatic layers
 each stage auto-sharded by the ILP, 1F1B over 2 micro-batches. Prints the plan
 (stages, meshes, shardings) and the loss.
 
-Runs on any machine: it asks XLA for 8 host CPU devices before JAX starts.
+Runs on any machine: it asks XLA for ``--devices`` host CPU devices before JAX
+starts (``--xla_force_host_platform_device_count`` in ``XLA_FLAGS``, replacing
+a count already there; ``JAX_PLATFORMS=cpu`` unless set). Called in a process
+where JAX already runs, the device count cannot change any more: then
+``--devices`` must be the count JAX has.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 
+from alpa_ir.tools.cli_args import OneLineParser, positive_int
+
+TINY_MODELS = ("mlp-tiny", "gpt-tiny", "moe-tiny", "wresnet-tiny", "bert-tiny")
+"""The zoo models small enough to train on CPU (the paper sizes are not)."""
+MAX_DEVICES = 1024
+"""The most host CPU devices asked of XLA (the tiny models' batch is 8 samples)."""
+_DEVICE_COUNT = re.compile(r"--xla_force_host_platform_device_count(=\S*)?")
+
+
+def _build_parser() -> OneLineParser:
+    parser = OneLineParser(prog="alpa-demo", description=__doc__)
+    parser.add_argument("--model", default="gpt-tiny", choices=TINY_MODELS, help="zoo model")
+    parser.add_argument("--steps", type=positive_int, default=5, help="training steps")
+    parser.add_argument(
+        "--devices",
+        type=positive_int,
+        default=8,
+        help=f"local CPU devices (at most {MAX_DEVICES}; a multiple of --stages)",
+    )
+    parser.add_argument(
+        "--stages", type=positive_int, default=2, help="pipeline stages (dividing --devices)"
+    )
+    parser.add_argument(
+        "--micro-batches",
+        type=positive_int,
+        default=2,
+        help="micro-batches per step (dividing the model's batch of 8)",
+    )
+    return parser
+
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="alpa-demo", description=__doc__)
-    parser.add_argument("--model", default="gpt-tiny", help="zoo model (default gpt-tiny)")
-    parser.add_argument("--steps", type=int, default=5, help="training steps (default 5)")
-    parser.add_argument("--devices", type=int, default=8, help="local CPU devices (default 8)")
-    parser.add_argument("--stages", type=int, default=2, help="pipeline stages (default 2)")
-    parser.add_argument(
-        "--micro-batches", type=int, default=2, help="micro-batches per step (default 2)"
-    )
-    return parser.parse_args(argv)
+    parser = _build_parser()
+    args = parser.parse_args(argv)
+    if args.devices > MAX_DEVICES:
+        parser.error(f"--devices must be at most {MAX_DEVICES}, got {args.devices}")
+    if args.stages > args.devices or args.devices % args.stages:
+        parser.error(
+            f"--stages {args.stages} cannot split --devices {args.devices} evenly "
+            f"(each stage gets the same number of devices)"
+        )
+    from alpa_ir.models.registry import get_config  # jax loads, its devices do not start
+
+    batch = int(get_config(args.model).batch_size)
+    if args.micro_batches > batch or batch % args.micro_batches:
+        parser.error(
+            f"--micro-batches {args.micro_batches} does not divide the batch of {args.model} "
+            f"({batch} samples)"
+        )
+    return args
+
+
+def with_device_count(flags: str, devices: int) -> str:
+    """``XLA_FLAGS`` with the host device count set to ``devices`` (other flags kept)."""
+    rest = _DEVICE_COUNT.sub("", flags).split()
+    return " ".join([*rest, f"--xla_force_host_platform_device_count={devices}"])
+
+
+def _jax_started() -> bool:
+    """Whether JAX has started its devices (then XLA_FLAGS no longer counts)."""
+    if "jax" not in sys.modules:
+        return False
+    try:
+        from jax._src import xla_bridge
+    except ImportError:  # pragma: no cover - a JAX without it: assume started
+        return True
+    started = getattr(xla_bridge, "backends_are_initialized", None)
+    return bool(started()) if callable(started) else True
+
+
+def _use_devices(devices: int) -> str:
+    """Ask for ``devices`` host devices before JAX starts; '' or why it cannot."""
+    if _jax_started():
+        import jax
+
+        have = jax.device_count()
+        if have != devices:
+            return (
+                f"--devices {devices} cannot take effect: JAX already runs in this process "
+                f"with {have} {jax.default_backend()} devices (run alpa-demo in a new process)"
+            )
+        return ""
+    os.environ["XLA_FLAGS"] = with_device_count(os.environ.get("XLA_FLAGS", ""), devices)
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    import jax
+
+    have = jax.device_count()
+    if have != devices:
+        return (
+            f"--devices {devices}: JAX started with {have} {jax.default_backend()} devices "
+            f"(JAX_PLATFORMS={os.environ.get('JAX_PLATFORMS', '')!r}; the host device count "
+            "applies to the cpu platform only)"
+        )
+    return ""
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
-    os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count={args.devices}")
+    problem = _use_devices(args.devices)
+    if problem:
+        print(f"alpa-demo: error: {problem}", file=sys.stderr)
+        return 2
     import alpa_ir
     from alpa_ir.errors import AlpaError
     from alpa_ir.models import make_train_step
@@ -44,7 +135,12 @@ def main(argv: list[str] | None = None) -> int:
         )
         parallel = alpa_ir.parallelize(step, method=method)
         start = time.perf_counter()
-        executable = parallel.get_executable(state, batch)
+        try:
+            executable = parallel.get_executable(state, batch)
+        except AlpaError as err:
+            if "layers requested" in str(err):  # more stages than the model can be cut into
+                raise AlpaError(f"--stages {args.stages} for {args.model}: {err}") from err
+            raise
         print(f"model {args.model}: compiled in {time.perf_counter() - start:.1f} s")
         print(executable.plan_text())
         for k in range(args.steps):
