@@ -388,6 +388,7 @@ def cluster_from_system(system: object, device: str) -> Cluster:
 def _gcp(kind: str, fixed_nodes: int | None, preset: str) -> ClusterFactory:
     def make(num_nodes: int | None = None) -> Cluster:
         from alpa_ir.p2 import system as p2
+
         if fixed_nodes is not None and num_nodes not in (None, fixed_nodes):
             raise AlpaError(f"cluster preset '{preset}' has {fixed_nodes} nodes, got {num_nodes}")
         n = _nodes(preset, num_nodes if fixed_nodes is None else fixed_nodes, 2)

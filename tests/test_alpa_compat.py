@@ -188,8 +188,8 @@ def test_bert_layer_with_dropout(method: str) -> None:
         return state.apply_gradients(grads=grads), loss
 
     rng = jax.random.PRNGKey(7)
-    parallel = alpa.parallelize(step, method=getattr(alpa, method)())
-    actual, loss = parallel(state, batch, rng)
     expected, want = jax.jit(step)(state, batch, rng)
+    parallel = alpa.parallelize(step, method=getattr(alpa, method)())
+    actual, loss = parallel(state, batch, rng)  # donates the state, as in Alpa
     np.testing.assert_allclose(loss, want, rtol=1e-5)
     _assert_allclose(expected.params, actual.params, atol=1e-5)

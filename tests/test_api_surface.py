@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from xdsl.dialects import func
+from zoo_fixtures import fresh
 
 import alpa_ir
 from alpa_ir.errors import AlpaError
@@ -117,7 +118,7 @@ def test_jax_checkpoint_survives_into_the_compiled_program() -> None:
             PARAMS, BATCH
         )
         counts.append(_hlo_count(executable.get_hlo_text(PARAMS, BATCH), "tanh"))
-        _close(executable(PARAMS, BATCH), jax.jit(step)(PARAMS, BATCH))
+        _close(executable(fresh(PARAMS), BATCH), jax.jit(step)(PARAMS, BATCH))
     assert counts[1] > counts[0]
 
 
@@ -131,7 +132,7 @@ def test_layer_remat_recomputes_the_forward_in_each_stage() -> None:
             stage_option=UniformStageOption(num_stages=2),
         )
         parallel = alpa_ir.parallelize(step, method=method)
-        _close(parallel(PARAMS, BATCH), jax.jit(step)(PARAMS, BATCH))
+        _close(parallel(fresh(PARAMS), BATCH), jax.jit(step)(PARAMS, BATCH))
         module = parallel.get_executable(PARAMS, BATCH).module
         functions[remat] = next(
             op

@@ -17,6 +17,7 @@ import numpy as np
 import optax
 import pytest
 from jax.sharding import PartitionSpec as P
+from zoo_fixtures import fresh
 
 import alpa_ir
 from alpa_ir.collective_accounting import hlo_collectives
@@ -65,7 +66,8 @@ def test_force_batch_dim_gives_pure_data_parallelism_on_a_column_mesh() -> None:
     assert specs[0] == {"w1": P(None, None), "w2": P(None, None)}
     kinds = {c.kind for c in hlo_collectives(executable.get_hlo_text(params, batch))}
     assert kinds == {"all-reduce"}
-    _close(executable(params, batch), jax.jit(step)(params, batch))
+    want = jax.jit(step)(params, batch)  # first: the parallel step donates its state
+    _close(executable(params, batch), want)
 
 
 def test_force_batch_dim_on_a_2d_mesh_keeps_the_batch_on_its_axis() -> None:
@@ -128,12 +130,13 @@ def test_manual_sharding_option(enable: bool) -> None:
         manual_sharding_option=manual,
     )
     parallel = alpa_ir.parallelize(step, method=method)
+    want = jax.jit(step)(params, batch)  # first: the parallel step donates its state
     got = parallel(params, batch)
     executable = parallel.get_executable(params, batch)
     assert executable.get_input_placement_specs()[0] == weights
     assert got[0]["w1"].sharding.spec == P(None, "mp")
     assert (executable.pass_pipeline == "builtin.module()") is not enable
-    _close(got, jax.jit(step)(params, batch), rtol=1e-4)
+    _close(got, want, rtol=1e-4)
 
 
 class _ConvAttention(nn.Module):
@@ -173,7 +176,8 @@ def test_data_parallel_plans_a_conv_attention_classifier(method: Any) -> None:
         return (optax.apply_updates(p, updates), o), value
 
     state, batch = (params, tx.init(params)), {"x": x, "y": y}
-    _close(alpa_ir.parallelize(step, method=method())(state, batch), jax.jit(step)(state, batch))
+    want = jax.jit(step)(state, batch)  # first: the parallel step donates its state
+    _close(alpa_ir.parallelize(step, method=method())(state, batch), want)
 
 
 def test_pipeline_with_forced_data_parallelism() -> None:
@@ -187,7 +191,8 @@ def test_pipeline_with_forced_data_parallelism() -> None:
         stage_option=UniformStageOption(num_stages=2),
         auto_sharding_option=option,
     )
-    _close(alpa_ir.parallelize(step, method=method)(params, batch), jax.jit(step)(params, batch))
+    want = jax.jit(step)(params, batch)  # first: the parallel step donates its state
+    _close(alpa_ir.parallelize(step, method=method)(params, batch), want)
 
 
 def test_gradient_traffic_does_not_grow_with_micro_batches() -> None:
@@ -207,6 +212,6 @@ def test_gradient_traffic_does_not_grow_with_micro_batches() -> None:
         ]
         measured.append(sum(c.bytes for c in reductions))
         predicted.append(executable.predicted_wire_bytes())
-        _close(executable(params, batch), jax.jit(step)(params, batch))
+        _close(executable(fresh(params), batch), jax.jit(step)(params, batch))
     assert measured[0] > 0 and len(set(measured)) == 1
     assert len(set(predicted)) == 1

@@ -34,7 +34,8 @@ def _same(a: Any, b: Any) -> bool:
         return np.asarray(x)
 
     return all(
-        np.array_equal(data(x), data(y)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))
+        np.array_equal(data(x), data(y))
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
     )
 
 

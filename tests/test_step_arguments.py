@@ -16,6 +16,7 @@ import numpy as np
 import optax
 import pytest
 from flax.training.train_state import TrainState
+from zoo_fixtures import fresh
 
 import alpa_ir
 from alpa_ir.errors import AlpaError
@@ -65,7 +66,7 @@ def test_train_state_with_a_python_int_step() -> None:
     step = alpa_ir.parallelize(
         _ts_step, method=alpa_ir.ShardParallel(alpa_ir.LogicalDeviceMesh((2, 4)))
     )
-    got, want = state, state
+    got, want = fresh(state), state  # the parallel step consumes (donates) its state
     for _ in range(2):
         got, got_loss = step(got, batch)
         want, want_loss = jax.jit(_ts_step)(want, batch)
@@ -111,8 +112,8 @@ def test_dataclass_state_and_namedtuple_batch() -> None:
     state = _DataclassState(jnp.ones((8, 2)), jnp.zeros((), jnp.int32))
     batch = _TupleBatch(b["x"], b["y"])
     step = alpa_ir.parallelize(_dc_step, method=alpa_ir.DataParallel())
-    got, loss = step(state, batch)
     want, want_loss = jax.jit(_dc_step)(state, batch)
+    got, loss = step(fresh(state), batch)
     assert isinstance(got, _DataclassState)
     np.testing.assert_allclose(loss, want_loss, rtol=1e-5)
     _close(got, want)
@@ -134,8 +135,8 @@ def test_equinox_module_as_state() -> None:
         return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads), value
 
     parallel = alpa_ir.parallelize(step, method=alpa_ir.ShardParallel())
-    got, loss = parallel(params, b)
     want, want_loss = jax.jit(step)(params, b)
+    got, loss = parallel(params, b)
     assert isinstance(got, eqx.nn.MLP)
     np.testing.assert_allclose(loss, want_loss, rtol=1e-5)
     _close(got, want)
@@ -155,9 +156,11 @@ def test_bool_argument_is_static_by_alpas_rule() -> None:
     state, batch = _train_state(), _batch()
     step = alpa_ir.parallelize(_flag_step, method=alpa_ir.DataParallel())
     for train in (True, False):
-        got, loss = step(state, batch, train)
         want, want_loss = jax.jit(_flag_step, static_argnums=2)(state, batch, train)
+        got, loss = step(fresh(state), batch, train)
         np.testing.assert_allclose(loss, want_loss, rtol=1e-5)
+        for a, b in zip(jax.tree.leaves(got.params), jax.tree.leaves(want.params), strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     assert len(step._cache) == 2
     module = step.get_executable(state, batch, True).module
     assert len(module.body.block.last_op.body.block.args) == len(jax.tree.leaves((state, batch)))  # type: ignore[union-attr]
@@ -183,8 +186,8 @@ def test_leaves_that_are_not_arrays_are_bound_at_compile_time() -> None:
         return new, loss * (2.0 if batch["mode"] == "double" else 1.0)
 
     parallel = alpa_ir.parallelize(step, method=alpa_ir.DataParallel())
-    single = parallel(state, {**batch, "mode": "single"})[1]
-    double = parallel(state, {**batch, "mode": "double"})[1]
+    single = parallel(fresh(state), {**batch, "mode": "single"})[1]
+    double = parallel(fresh(state), {**batch, "mode": "double"})[1]
     np.testing.assert_allclose(double, 2 * single, rtol=1e-6)
     assert len(parallel._cache) == 2
 

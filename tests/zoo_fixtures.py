@@ -18,19 +18,31 @@ TINY_MODELS = ("mlp-tiny", "gpt-tiny", "moe-tiny", "wresnet-tiny", "bert-tiny")
 
 
 @functools.cache
-def tiny_step(name: str) -> tuple[Any, tuple[Any, ...]]:
+def _tiny_step(name: str) -> tuple[Any, tuple[Any, ...]]:
     return make_train_step(name)
+
+
+def fresh(tree: Any) -> Any:
+    """A copy of ``tree``'s arrays: a step donates its state (its buffers are
+    consumed), so a test that reuses shared arguments hands each call its own."""
+    return jax.tree.map(lambda x: x.copy() if isinstance(x, jax.Array) else x, tree)
+
+
+def tiny_step(name: str) -> tuple[Any, tuple[Any, ...]]:
+    """The zoo's tiny train step and fresh copies of its example arguments."""
+    fn, args = _tiny_step(name)
+    return fn, fresh(args)
 
 
 @functools.cache
 def tiny_module_text(name: str) -> str:
-    fn, args = tiny_step(name)
+    fn, args = _tiny_step(name)
     return str(alpa_ir.import_jax(fn, *args))
 
 
 @functools.cache
 def reference_outputs(name: str) -> Any:
-    fn, args = tiny_step(name)
+    fn, args = tiny_step(name)  # fresh: the step donates its state
     return jax.jit(fn)(*args)
 
 
