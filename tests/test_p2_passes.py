@@ -356,12 +356,13 @@ def test_placement_refuses_modules_with_synthesized_reductions() -> None:
         (
             "synthesize-placement{system=custom-2x4}",
             _all_reduce((2, 4), (2,)),
-            r"reduces over mesh axes \[2\], out of range for the 2-d mesh \[2, 4\]",
+            r"'sharding.all_reduce' does not verify: mesh axis 2 does not exist on the 2-d "
+            r"mesh \[2, 4\]",
         ),
         (
             "synthesize-reductions{system=custom-2x4}",
             _all_reduce((2, 4), (0, 5)),
-            "out of range for the 2-d mesh",
+            "mesh axis 5 does not exist on the 2-d mesh",
         ),
         (
             "synthesize-placement{system=custom-2x4 max-size=0}",
@@ -514,9 +515,9 @@ def test_alpa_opt_reports_a_bad_reduction_axis_in_one_line(
     code = alpa_opt_main([str(path), "-p", pipeline, "--reproducer-dir", str(tmp_path)])
     err = capsys.readouterr().err
     assert code == 1 and "Traceback" not in err
-    assert err.splitlines()[0] == (
-        "alpa-opt: error: synthesize-reductions: sharding.all_reduce reduces over mesh axes "
-        "[3], out of range for the 2-d mesh [2, 4]"
+    assert err.splitlines()[0] == (  # refused by the verifier, located in the file
+        f"alpa-opt: error: {path}:4:5: operation 'sharding.all_reduce' does not verify: "
+        "mesh axis 3 does not exist on the 2-d mesh [2, 4]"
     )
 
 

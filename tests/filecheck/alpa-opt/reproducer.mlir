@@ -1,7 +1,7 @@
 // RUN: rm -rf %t && mkdir -p %t
 // RUN: not alpa-opt %s --load-plugin=alpa_testing_passes -p 'test-rename-funcs,test-fail{message="no plan"}' --reproducer-dir=%t 2>&1 | filecheck %s
 // RUN: cat %t/test-fail-*.reproducer.mlir | filecheck %s --check-prefix=FILE
-// RUN: not alpa-opt %t/test-fail-*.reproducer.mlir --run-reproducer --reproducer-dir=%t/again 2>&1 | filecheck %s
+// RUN: not alpa-opt %t/test-fail-*.reproducer.mlir --run-reproducer --load-plugin=alpa_testing_passes --reproducer-dir=%t/again 2>&1 | filecheck %s
 
 // A failing pass names itself, its error and the reproducer, which holds the
 // input of that pass and re-runs with --run-reproducer.
