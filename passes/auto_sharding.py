@@ -94,21 +94,29 @@ class AutoSharding(ModulePass):
     name = "auto-sharding"
 
     solver: str = "cbc"
+    """A registered ILP solver (``cbc``, ``highs``, or a plugin's)."""
     time_limit: float = 600.0
+    """Seconds the solver may take; past it, the best plan found so far."""
     memory_budget: float = 0.0
     """Bytes per device; 0 means no limit."""
     allow_all_gather: bool = True
+    """Let resharding between ops use all-gathers."""
     allow_all_to_all: bool = True
+    """Let resharding between ops use all-to-alls."""
     allow_replicated_parameters: bool = True
+    """Allow a parameter to be fully replicated over the mesh."""
     allow_mixed_mesh_shape: bool = True
     """Allow a tensor dimension split over several mesh axes at once (S01 on
     a 2-d mesh: Alpa's "1-d strategies in a 2-d mesh")."""
     force_batch_dim_to_mesh_dim: int = -1
+    """Every op splits its batch dimension over this mesh axis where it can; -1: free."""
     prefer_reduce_scatter: bool = False
     """Finish with ``reduce-scatter-rewrite{mode=zero2}``: gradients reduce-scattered
     and the weight update sharded wherever that shards optimizer state."""
     force_data_parallel: bool = False
+    """Split the batch arguments over all devices (data parallelism); the rest is free."""
     cost_model: str = "alpha-beta"
+    """A registered communication cost model (``alpha-beta``, ``p2``)."""
     system: str = ""
     """For a cost model that prices on the hardware (``p2``): the system preset (e.g.
     gcp-a100-16x4); empty: the mesh's ``p2.system`` or its cluster. Other models ignore it."""
@@ -117,6 +125,9 @@ class AutoSharding(ModulePass):
     compute_grad_scale: float = 1.0
     """Weight of the ops before the gradient marker (the number of micro-batches)."""
     strategy_space: Literal["ilp", "data-parallel", "heuristic"] = "ilp"
+    """``ilp``: Alpa's ILP over every strategy; ``heuristic``: each argument split
+    along its largest dimension (Alpa's "Heuristic" baseline), the ILP choosing the
+    rest; ``data-parallel``: as ``force-data-parallel``."""
     repeated_layers: Literal["auto", "share", "separate"] = "auto"
     """``share``: one ILP variable for the copies of a node in identical layers
     (``alpa_ir.solvers.repeated``; the plan treats identical layers alike, the
@@ -127,6 +138,10 @@ class AutoSharding(ModulePass):
     """Relative gap to the ILP's lower bound at which the solver may stop with
     a plan (for solvers with a ``mip_gap`` field, such as ``cbc`` and
     ``highs``); 0: the solver's own setting (exact)."""
+
+    @property
+    def _data_parallel(self) -> bool:
+        return self.force_data_parallel or self.strategy_space == "data-parallel"
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         self.plan(ctx, op)
@@ -172,12 +187,12 @@ class AutoSharding(ModulePass):
             if GROUP_ATTR in o.attributes
         }
         batch = set(int_list(function, BATCH_ATTR))
-        if (self.force_data_parallel or self.force_batch_dim_to_mesh_dim >= 0) and not batch:
+        if (self._data_parallel or self.force_batch_dim_to_mesh_dim >= 0) and not batch:
             raise AlpaError(
                 "auto-sharding: force-data-parallel / force-batch-dim-to-mesh-dim need the batch "
                 "arguments (import with batch_argnums)"
             )
-        if self.force_data_parallel:
+        if self._data_parallel:
             for k in sorted(batch):
                 shape = function.args[k].type.get_shape()  # type: ignore[attr-defined]
                 if shape and shape[0] % mesh.size:
@@ -198,12 +213,16 @@ class AutoSharding(ModulePass):
                     f"but the mesh {list(mesh.shape)} has {len(mesh.shape)} axes"
                 )
             if mesh.shape[self.force_batch_dim_to_mesh_dim] > 1:
-                batch_axis = (batch_dims(function, sorted(batch)), self.force_batch_dim_to_mesh_dim)
+                batch_axis = (
+                    batch_dims(function, sorted(batch), registry.sharding_rules.get),
+                    self.force_batch_dim_to_mesh_dim,
+                )
         graph = GraphBuilder(
             function,
             groups,
             mesh.shape,
             coster,
+            rule_lookup=registry.sharding_rules.get,  # the built-in rules and the plugins'
             arg_filter=self._arg_cost(mesh, batch, given),
             cache=cache if batch_axis is None and self.allow_mixed_mesh_shape else None,
             batch_axis=batch_axis,
@@ -287,7 +306,7 @@ class AutoSharding(ModulePass):
             if self.strategy_space == "heuristic":
                 return 0.0 if spec == heuristic_spec(arg, mesh) else INF
             is_batch = index in batch
-            if self.force_data_parallel:
+            if self._data_parallel:
                 if is_batch:
                     want = ShardingSpec((axes,) + ((),) * (spec.rank - 1)) if spec.rank else spec
                     return 0.0 if spec == want else INF  # rows divide: checked in apply

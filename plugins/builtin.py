@@ -82,6 +82,13 @@ def alpa_ir_stage_cost_models() -> Mapping[str, Callable[[], Any]]:
 
 
 @hookimpl
+def alpa_ir_sharding_rules() -> Mapping[str, Any]:
+    from alpa_ir.autosharding.rules import RULES
+
+    return RULES
+
+
+@hookimpl
 def alpa_ir_cluster_presets() -> Mapping[str, Callable[..., Any]]:
     from alpa_ir.clusters import builtin_presets
 

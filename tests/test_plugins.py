@@ -148,3 +148,45 @@ def test_duplicate_between_entry_point_and_load_plugin(tmp_path: Path) -> None:
         "alpa-opt: error: pass 'sample-count-ops' is contributed twice: by plugin 'sample' "
         "and by plugin 'alpa_duplicate_plugin'\n"
     )
+
+
+CUSTOM_PRIMITIVE_IR = """\
+builtin.module {
+  func.func @main(%w: tensor<256x256xf32>, %x: tensor<512x256xf32>) -> tensor<512x256xf32> {
+    %0 = lax.dot_general %x, %w {dimension_numbers = #lax.dot<lhs_contracting = [1], rhs_contracting = [0], lhs_batch = [], rhs_batch = []>, preferred_element_type = f32} : (tensor<512x256xf32>, tensor<256x256xf32>) -> tensor<512x256xf32>
+    %1 = lax.primitive "row_scale" %0 {params = {}} : (tensor<512x256xf32>) -> tensor<512x256xf32>
+    %2 = lax.dot_general %1, %w {dimension_numbers = #lax.dot<lhs_contracting = [1], rhs_contracting = [0], lhs_batch = [], rhs_batch = []>, preferred_element_type = f32} : (tensor<512x256xf32>, tensor<256x256xf32>) -> tensor<512x256xf32>
+    func.return %2 : tensor<512x256xf32>
+  }
+}
+"""
+
+
+def _custom_op_line(out: str) -> str:
+    return next(line for line in out.splitlines() if '"row_scale"' in line)
+
+
+def test_a_plugins_sharding_rule_changes_the_plan(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without a rule the custom primitive runs replicated (and says so), which
+    under the memory budget costs communication; the plugin's rule lets
+    auto-sharding split it, which lowers the objective."""
+    pipeline = "--pass-pipeline=auto-sharding{mesh-shape=8 memory-budget=1500000}"
+
+    def plan(*extra: str) -> tuple[str, str]:
+        monkeypatch.setattr(sys, "stdin", __import__("io").StringIO(CUSTOM_PRIMITIVE_IR))
+        assert main([pipeline, *extra]) == 0
+        captured = capsys.readouterr()
+        return captured.out, captured.err
+
+    with pytest.warns(UserWarning, match="no sharding rule for primitive 'row_scale'"):
+        without, _ = plan()
+    with_rule, _ = plan("--load-plugin=alpa_rule_plugin")
+    assert "[R, R]" in _custom_op_line(without)
+    assert "[S0, R]" in _custom_op_line(with_rule) or "[R, S0]" in _custom_op_line(with_rule)
+
+    def objective(out: str) -> float:
+        return float(out.split("sharding.objective = ")[1].split(" ")[0].rstrip(",}:"))
+
+    assert objective(with_rule) < objective(without)

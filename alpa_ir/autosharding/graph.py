@@ -27,7 +27,7 @@ from xdsl.ir import Block, Operation, SSAValue
 from alpa_ir.autosharding.factors import Strategy, enumerate_strategies, replicated_strategy
 from alpa_ir.autosharding.resharding import INF, ReshardCoster, local_nbytes
 from alpa_ir.autosharding.rules import RULES, TRANSPARENT_PRIMITIVES
-from alpa_ir.dialects.lax import ConstantOp, LaxOp
+from alpa_ir.dialects.lax import ConstantOp, LaxOp, PrimitiveOp
 from alpa_ir.dialects.sharding import ShardingSpec
 from alpa_ir.ir_types import dtype_of, is_key_type, shape_of
 
@@ -209,7 +209,7 @@ class GraphBuilder:
     def _op_strategies(self, op: Operation) -> list[Strategy]:
         operand_ranks = [len(shape_of(t)) for t in op.operand_types]
         result_ranks = [len(shape_of(t)) for t in op.result_types]
-        if isinstance(op, LaxOp):
+        if isinstance(op, LaxOp | PrimitiveOp):  # a plugin may give rules to any primitive
             rule_fn = self.rule_lookup(op.primitive_name)
             if rule_fn is not None:
                 strategies = _keys_replicated(
