@@ -14,8 +14,12 @@ pass, the option, the expected type and the value as written.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import enum
+import inspect
+import itertools
+import textwrap
 import types
 import typing
 from collections.abc import Mapping
@@ -194,6 +198,7 @@ def pass_options(cls: type) -> tuple[OptionInfo, ...]:
     if not dataclasses.is_dataclass(cls):
         raise PipelineError(f"pass '{name}' is not a dataclass; its options cannot be read")
     hints = _field_types(cls, name)
+    docs = option_docs(cls)
     infos: list[OptionInfo] = []
     for f in dataclasses.fields(cls):
         if not f.init:
@@ -211,10 +216,35 @@ def pass_options(cls: type) -> tuple[OptionInfo, ...]:
                 type=hints.get(f.name, Any),
                 required=required,
                 default=default,
-                help=str(f.metadata.get("help", "")),
+                help=str(f.metadata.get("help", "")) or docs.get(f.name, ""),
             )
         )
     return tuple(infos)
+
+
+def option_docs(cls: type) -> dict[str, str]:
+    """Field name -> the docstring written under the field
+    in the class body (the one way options are documented), for ``cls`` and its
+    bases; empty where the source is not available."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if klass is object:
+            continue
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        except (OSError, TypeError, SyntaxError):
+            continue
+        body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+        for stmt, after in itertools.pairwise(body):
+            if (
+                isinstance(stmt, ast.AnnAssign)
+                and isinstance(stmt.target, ast.Name)
+                and isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Constant)
+                and isinstance(after.value.value, str)
+            ):
+                docs[stmt.target.id] = " ".join(inspect.cleandoc(after.value.value).split())
+    return docs
 
 
 def _option_list(infos: tuple[OptionInfo, ...]) -> str:

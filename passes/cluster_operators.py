@@ -53,7 +53,9 @@ class ClusterOperators(ModulePass):
     name = "cluster-operators"
 
     layers: int = 2
+    """Number of layers to cut the forward pass into."""
     delta: float = 0.5
+    """Alpa's δ: each layer's FLOPs stay within (1 + δ) of the average."""
     relax_delta: bool = True
     """Use the smallest feasible δ when ``delta`` admits no clustering."""
     fit_delta: bool = False

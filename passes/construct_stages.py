@@ -53,6 +53,7 @@ import sys
 import time
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 import numpy as np
 from xdsl.context import Context
@@ -627,12 +628,22 @@ class ConstructStages(ModulePass):
     cluster: str = ""
     """Cluster preset; empty: the module's ``mesh.cluster``."""
     num_micro_batches: int = 1
-    schedule: str = "1f1b"
-    submesh_space: str = "all"
+    """Micro-batches per step (B of the pipeline latency (B - 1) max t + sum t)."""
+    schedule: Literal["1f1b", "gpipe"] = "1f1b"
+    """Pipeline schedule recorded in the plan (it sets the memory each stage holds)."""
+    submesh_space: Literal["all", "single-node-model-parallel", "one-dimensional"] = "all"
+    """Logical meshes costed per submesh: ``all`` 2-d shapes, only the one with the
+    node's devices on the model-parallel axis, or only (1, n)."""
     epsilon: float = 0.0
-    cost_mode: str = "range"
+    """Alpa's ε: skip stage-mesh pairs whose cost exceeds (1 + ε) times the best
+    pair's for the same layers; 0 keeps all."""
+    cost_mode: Literal["range", "layer-sum"] = "range"
+    """Cost a stage as its whole layer range planned at once, or as the sum of its
+    layers' costs (faster, less exact)."""
     cross_stage_comm: bool = False
+    """Add the transfers between consecutive stages to the DP's objective."""
     progress: bool = True
+    """Report the costing of stage-mesh pairs on stderr."""
     stage_cost_model: str = "analytical"
     """A registered stage cost model (``analytical``, ``profile``: measured on
     the local devices, for the ``local-cpu`` cluster)."""

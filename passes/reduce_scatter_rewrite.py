@@ -155,6 +155,8 @@ class ReduceScatterRewrite(ModulePass):
     name = "reduce-scatter-rewrite"
 
     mode: Literal["zero2", "zero3"] = "zero2"
+    """``zero2``: the update and the optimizer state it alone reads are sharded;
+    ``zero3``: the parameters stay sharded too, all-gathered where read."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         function = main_function(op)

@@ -173,6 +173,30 @@ def test_list_passes_shows_summary_options_types_defaults(
     assert "      prefix: str = renamed_\n" in out
 
 
+def test_every_builtin_option_has_help(capsys: pytest.CaptureFixture[str]) -> None:
+    """Options are documented one way, by the docstring under the field, and
+    --list-passes shows every one (inline, or wrapped under a long one)."""
+    assert main(["--list-passes"], entry_point_plugins=False) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    options = [
+        k
+        for k, line in enumerate(lines)
+        if line.startswith("      ")
+        and ": " in line
+        and not line.startswith("          ")
+        and (" = " in line or "(required)" in line)
+    ]
+    assert len(options) >= 40
+    undocumented = [
+        lines[k].strip()
+        for k in options
+        if " -- " not in lines[k] and not (k + 1 < len(lines) and lines[k + 1].startswith(" " * 10))
+    ]
+    assert undocumented == []
+    assert "      layers: int = 2  -- Number of layers to cut the forward pass into.\n" in out
+
+
 def test_print_pipeline_is_canonical(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, TESTING, "-p", "test-fail, test-rename-funcs", "--print-pipeline")
     assert code == 0

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import inspect
+import textwrap
 
 from alpa_ir.errors import AlpaError
 from alpa_ir.pass_options import format_value, pass_options, type_text
 from alpa_ir.plugins.registry import PluginRegistry
+
+_WIDTH = 100
 
 
 def pass_summary(cls: type) -> str:
@@ -33,7 +36,16 @@ def _option_lines(cls: type) -> list[str]:
             except TypeError:
                 default = repr(info.default)
             spec = f"{info.name}: {type_text(info.type)} = {default}"
-        lines.append(f"      {spec}" + (f"  -- {info.help}" if info.help else ""))
+        inline = f"      {spec}  -- {info.help}"
+        if not info.help or len(inline) <= _WIDTH:
+            lines.append(inline if info.help else f"      {spec}")
+        else:  # a long help goes under the option, wrapped
+            lines.append(f"      {spec}")
+            lines.extend(
+                textwrap.wrap(
+                    info.help, _WIDTH, initial_indent=" " * 10, subsequent_indent=" " * 10
+                )
+            )
     return lines
 
 
