@@ -12,6 +12,7 @@ reuse the executable. ``get_executable(*args)`` returns it without running.
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -363,6 +364,13 @@ class ShardedExecutable:
         for name, arg in zip(names, self.function.args, strict=True):
             lines.append(f"  {name}: {spec_of_value(arg, self.function)}")
         return "\n".join(lines)
+
+    def plot(self, kind: str, path: str | os.PathLike[str]) -> Any:
+        """Draw the plan: ``devices`` (the mesh on the local devices) or
+        ``shardings`` (the largest inputs' tiles) into ``path`` (.png or .svg)."""
+        from alpa_ir.plots.views import plot_module
+
+        return plot_module(self.module, kind, path)
 
     def dump_debug_info(self, folder: str, *args: Any) -> Any:
         """Write the imported module, the pass pipeline, the planned module, the

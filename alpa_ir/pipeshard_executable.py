@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -181,6 +182,15 @@ class PipeshardExecutable:
         for name, text in zip(self.stage_function_names(), self.get_hlo_text(), strict=True):
             files[f"hlo/{name}.hlo"] = text
         return write_debug_info(folder, files)
+
+    def plot(self, kind: str, path: str | os.PathLike[str]) -> Any:
+        """Draw the plan into ``path`` (.png or .svg): ``timeline`` (the simulated
+        schedule: a bar per run and per transfer), ``memory`` (per device over the
+        schedule), ``devices`` (the stages' meshes on the local devices) or
+        ``shardings`` (each stage's largest inputs as tiles over its mesh)."""
+        from alpa_ir.plots.views import plot_module
+
+        return plot_module(self.module, kind, path)
 
     def plan_text(self, max_specs: int = 4) -> str:
         """The plan: stages, their layers, meshes and devices, and the

@@ -93,14 +93,27 @@ class SimTask:
 
 
 @dataclass(frozen=True)
+class SimTransfer:
+    """One micro-batch's values crossing the boundary between stages ``src`` and
+    ``dst`` (forward: activations, backward: their gradients)."""
+
+    src: int
+    dst: int
+    micro_batch: int | None
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
 class SimResult:
     """Iteration time (s), per stage the peak bytes per device and the most
-    micro-batches in flight, and the timeline of every task."""
+    micro-batches in flight, the timeline of every task and every transfer."""
 
     iteration_time: float
     peak_memory: tuple[float, ...]
     max_in_flight: tuple[int, ...]
     timeline: tuple[SimTask, ...]
+    transfers: tuple[SimTransfer, ...] = ()
 
     def stage_busy_time(self, stage: int) -> float:
         return sum(t.end - t.start for t in self.timeline if t.stage == stage)
@@ -188,6 +201,7 @@ def simulate(plan: SimPlan, *, check_memory: bool = True) -> SimResult:
     links: dict[tuple[int, str], float] = {}
     position = [0] * num
     timeline: list[SimTask] = []
+    transfers: list[SimTransfer] = []
     remaining = sum(len(o) for o in orders)
     while remaining:
         progressed = False
@@ -199,7 +213,13 @@ def simulate(plan: SimPlan, *, check_memory: bool = True) -> SimResult:
                     break
                 ready, link = arrival
                 if link is not None:
-                    links[link[0]] = link[1]
+                    key, link_start, link_end = link
+                    links[key] = link_end
+                    boundary, direction = key
+                    src, dst = (boundary, boundary + 1)[:: 1 if direction == "forward" else -1]
+                    transfers.append(
+                        SimTransfer(src, dst, task.micro_batch, link_start, link_end)
+                    )
                 stage = plan.stages[s]
                 duration = {
                     "forward": stage.forward,
@@ -219,6 +239,7 @@ def simulate(plan: SimPlan, *, check_memory: bool = True) -> SimResult:
         peak_memory=peaks,
         max_in_flight=tuple(in_flight),
         timeline=tuple(timeline),
+        transfers=tuple(transfers),
     )
 
 
@@ -229,9 +250,10 @@ def _arrival(
     fwd_transfer: list[float],
     bwd_transfer: list[float],
     links: dict[tuple[int, str], float],
-) -> tuple[float, tuple[tuple[int, str], float] | None] | None:
+) -> tuple[float, tuple[tuple[int, str], float, float] | None] | None:
     """When the inputs of ``task`` are available, and the link its input
-    crossed with the time that link is free again; None if a producer has not
+    crossed with the transfer's start and the time that link is free again
+    (its end); None if a producer has not
     run. A transfer starts when its producer ends and its link (a stage
     boundary, one per direction) has finished the transfer before it: links
     carry one micro-batch at a time, in order."""
@@ -258,7 +280,7 @@ def _arrival(
             return None
         start = max(end[producer], links.get(key, 0.0))
         ready = max(ready, start + duration)
-        link = (key, start + duration)
+        link = (key, start, start + duration)
     return ready, link
 
 

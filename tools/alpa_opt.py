@@ -103,6 +103,12 @@ def build_arg_parser() -> argparse.ArgumentParser:
         help="write a reproducer of any failing pass into DIR (user errors too); without it, "
         "only internal errors leave one, in the system temporary directory",
     )
+    p.add_argument(
+        "--view",
+        metavar="DIR",
+        help="draw the output module's plan into DIR: devices and shardings, and for a "
+        "pipeline plan the simulated timeline and memory (PNG)",
+    )
     p.add_argument("--traceback", action="store_true", help="show tracebacks of errors")
     return p
 
@@ -205,6 +211,8 @@ class _Driver:
             start = time.perf_counter()
             text = print_module(result.module, debuginfo=self.args.mlir_print_debuginfo)
             self.timings.add("Output", time.perf_counter() - start)
+            if self.args.view:
+                self._view(result.module)
         except AlpaError as err:
             if self.args.traceback:
                 traceback.print_exc()
@@ -216,6 +224,18 @@ class _Driver:
             sys.stdout.write(text)
             sys.stdout.flush()
         return True
+
+    def _view(self, module: ModuleOp) -> None:
+        from alpa_ir.plots.views import plot_all
+
+        folder = Path(self.args.view)
+        if self.outputs or self.args.split_input_file:
+            folder = folder / f"chunk{len(self.outputs)}"
+        try:
+            paths = plot_all(module, folder)
+        except OSError as exc:
+            raise AlpaError(f"cannot write pictures into '{folder}': {exc.strerror}") from None
+        print(f"{PROG}: pictures: {', '.join(str(p) for p in paths)}", file=sys.stderr)
 
     def context(self) -> Context:
         if self.ctx is None:
