@@ -47,6 +47,16 @@ def _build_parser() -> OneLineParser:
         default=2,
         help="micro-batches per step (dividing the model's batch of 8)",
     )
+    parser.add_argument(
+        "--pictures",
+        metavar="DIR",
+        help="draw the plan into DIR: timeline, memory, devices, shardings (PNG)",
+    )
+    parser.add_argument(
+        "--no-check",
+        action="store_true",
+        help="skip training the same steps on one device to compare the loss",
+    )
     return parser
 
 
@@ -121,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"alpa-demo: error: {problem}", file=sys.stderr)
         return 2
+    import jax
+
     import alpa_ir
     from alpa_ir.errors import AlpaError
     from alpa_ir.models import make_train_step
@@ -143,14 +155,43 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"model {args.model}: compiled in {time.perf_counter() - start:.1f} s")
         print(executable.plan_text())
+        if args.pictures:
+            _draw(executable, args.pictures)
+        reference = None if args.no_check else jax.jit(step)
+        expected = state if reference is not None else None
+        state = jax.tree.map(lambda x: x.copy() if isinstance(x, jax.Array) else x, state)
         for k in range(args.steps):
             start = time.perf_counter()
             state, loss = parallel(state, batch)
             print(f"step {k}: loss {float(loss):.4f} ({time.perf_counter() - start:.2f} s)")
+            if reference is not None:
+                expected, want = reference(expected, batch)
+        if reference is not None:
+            gap = abs(float(loss) - float(want))
+            verdict = "equal" if gap <= 1e-4 * max(1.0, abs(float(want))) else "DIFFERENT"
+            print(f"one device after {args.steps} steps: loss {float(want):.4f} ({verdict})")
+            if verdict != "equal":
+                return 1
     except AlpaError as err:
         print(f"alpa-demo: error: {err}", file=sys.stderr)
         return 1
     return 0
+
+
+def _draw(executable: object, folder: str) -> None:
+    from pathlib import Path
+
+    from alpa_ir.plots.views import KINDS
+
+    where = Path(folder)
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        from alpa_ir.errors import AlpaError
+
+        raise AlpaError(f"--pictures {folder}: {exc.strerror}") from None
+    paths = [executable.plot(kind, where / f"{kind}.png").path for kind in KINDS]  # type: ignore[attr-defined]
+    print("pictures: " + ", ".join(str(p) for p in paths))
 
 
 if __name__ == "__main__":

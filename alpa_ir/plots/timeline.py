@@ -87,10 +87,10 @@ def draw_timeline(
     ax.set_xlabel(
         "seconds" + ("" if measured is None else " (upper lane: simulated, lower: measured)")
     )
-    ax.set_title(f"{title}: {end:.3g} s per step")
+    ax.set_title(f"{title}: {end:.3g} s per step", loc="left", fontsize=9)
     ax.legend(
         handles=[Patch(facecolor=_shade("#4C72B0", f), label=p) for p, f in PHASE_SHADE.items()]
         + [Patch(facecolor="black", label="transfer")],
-        loc="upper right", fontsize=7, ncols=4,
+        loc="lower right", bbox_to_anchor=(1.0, 1.0), fontsize=7, ncols=4, frameon=False,
     )  # fmt: skip
     return TimelineDrawing(save(figure, path), runs, transfers, measured_runs, end)

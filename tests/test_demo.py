@@ -1,0 +1,25 @@
+"""The main job: alpa-demo plans, draws, trains and checks itself against one device."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from alpa_ir.tools.demo import main
+
+
+def test_demo_trains_draws_and_matches_one_device(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pictures = tmp_path / "pictures"
+    assert main(["--steps", "2", "--pictures", str(pictures)]) == 0
+    out = capsys.readouterr().out
+    assert "pipeline: 2 stages, 2 micro-batches" in out
+    assert sorted(p.name for p in pictures.iterdir()) == [
+        "devices.png", "memory.png", "shardings.png", "timeline.png",
+    ]  # fmt: skip
+    losses = [float(x) for x in re.findall(r"step \d: loss (\d+\.\d+)", out)]
+    assert len(losses) == 2 and losses[1] < losses[0]
+    assert re.search(r"one device after 2 steps: loss \d+\.\d+ \(equal\)", out)
