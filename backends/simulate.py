@@ -217,9 +217,7 @@ def simulate(plan: SimPlan, *, check_memory: bool = True) -> SimResult:
                     links[key] = link_end
                     boundary, direction = key
                     src, dst = (boundary, boundary + 1)[:: 1 if direction == "forward" else -1]
-                    transfers.append(
-                        SimTransfer(src, dst, task.micro_batch, link_start, link_end)
-                    )
+                    transfers.append(SimTransfer(src, dst, task.micro_batch, link_start, link_end))
                 stage = plan.stages[s]
                 duration = {
                     "forward": stage.forward,

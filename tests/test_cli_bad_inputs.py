@@ -79,6 +79,8 @@ BAD: list[tuple[str, list[str], str]] = [
     ("alpa-bench", ["--micro-batches=-4"], r"--micro-batches must be .*, got '-4'"),
     ("alpa-bench", ["--micro-batches", "3"], r"--micro-batches 3 does not divide .*gpt3-350m"),
     ("alpa-bench", ["--models", "mlp-tiny"], r"--micro-batches 16 does not divide .*mlp-tiny"),
+    ("alpa-bench", ["--figure", "scaling.pdf"], r"--figure must name a \.png or \.svg file"),
+    ("alpa-bench", ["--figure", "/no/such/dir/f.png"], r"folder /no/such/dir does not exist"),
     ("alpa-bench", ["--gpus", "0"], r"--gpus must be a positive integer, got '0'"),
     ("alpa-bench", ["--gpus", "-8"], r"--gpus must be a positive integer, got '-8'"),
     ("alpa-bench", ["--gpus", "2.5"], r"--gpus must be a positive integer, got '2\.5'"),

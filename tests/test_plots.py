@@ -153,3 +153,37 @@ def test_alpa_opt_view_draws_the_planned_module(
         "devices.png", "memory.png", "shardings.png", "timeline.png",
     ]  # fmt: skip
     assert "alpa-opt: pictures: " in err
+
+
+def _bench_results() -> list[dict[str, object]]:
+    def outcome(method: str, pflops: float, error: str = "") -> dict[str, object]:
+        return {"method": method, "pflops": pflops, "error": error}
+
+    return [
+        {"model": "gpt3-350m", "gpus": 1, "outcomes": [outcome("alpa", 0.03), outcome("megatron", 0.02)]},
+        {"model": "gpt3-1.3b", "gpus": 4, "outcomes": [outcome("alpa", 0.11), outcome("megatron", 0, "no grid point fits")]},
+    ]  # fmt: skip
+
+
+def test_scaling_figure_has_a_line_per_method_and_a_cross_per_failure(tmp_path: Path) -> None:
+    from alpa_ir.plots.scaling import draw_scaling
+
+    drawing = draw_scaling(_bench_results(), tmp_path / "f.svg")
+    assert drawing.points == {"alpa": [(1, 0.03), (4, 0.11)], "megatron": [(1, 0.02)]}
+    assert drawing.failures == {"megatron": [4]}
+    assert sorted(_ids(drawing.path, "line-")) == ["line-alpa", "line-megatron"]
+    assert _ids(drawing.path, "failed-") == ["failed-megatron-4"]
+
+
+def test_scaling_figure_from_saved_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from alpa_ir.plots.scaling import main as scaling
+
+    saved = tmp_path / "r.json"
+    saved.write_text(json.dumps(_bench_results()))
+    assert scaling([str(saved), str(tmp_path / "f.png")]) == 0
+    assert (tmp_path / "f.png").stat().st_size > 1000
+    saved.write_text('{"model": 1}')
+    assert scaling([str(saved), str(tmp_path / "g.png")]) == 1
+    assert "expected the list alpa-bench --json prints" in capsys.readouterr().err

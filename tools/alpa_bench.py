@@ -87,6 +87,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from alpa_ir.errors import AlpaError, PlanError
@@ -900,6 +901,12 @@ def build_parser() -> OneLineParser:
         "the default is one per core)",
     )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument(
+        "--figure",
+        metavar="PATH",
+        help="draw PFLOPS against GPUs for every method (the paper's Figure 7) into PATH "
+        "(.png or .svg); saved --json results: python -m alpa_ir.plots.scaling",
+    )
     return parser
 
 
@@ -978,6 +985,12 @@ def check_args(parser: OneLineParser, args: argparse.Namespace) -> list[BenchRun
     """Every option checked (and every model's cluster built) before any work:
     a bad value is a usage error that names the option and the value."""
     cores = os.cpu_count() or 1
+    if args.figure is not None:
+        figure = Path(args.figure)
+        if figure.suffix.lower() not in (".png", ".svg"):
+            parser.error(f"--figure must name a .png or .svg file, got {args.figure!r}")
+        if not figure.parent.is_dir():
+            parser.error(f"--figure {args.figure}: folder {figure.parent} does not exist")
     if args.workers > WORKERS_PER_CORE * cores:
         parser.error(
             f"--workers must be at most {WORKERS_PER_CORE} per CPU core "
@@ -1045,6 +1058,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(format_result(result), flush=True)
         if args.json:
             print(json.dumps(results, indent=1, default=float))
+        if args.figure:
+            from alpa_ir.plots.scaling import draw_scaling
+
+            drawn = draw_scaling(results, args.figure).path
+            print(f"figure: {drawn}", file=sys.stderr if args.json else sys.stdout)
     except AlpaError as error:
         print(f"alpa-bench: error: {error}", file=sys.stderr)
         return 1
