@@ -367,7 +367,13 @@ class ShardedExecutable:
 
     def plot(self, kind: str, path: str | os.PathLike[str]) -> Any:
         """Draw the plan: ``devices`` (the mesh on the local devices) or
-        ``shardings`` (the largest inputs' tiles) into ``path`` (.png or .svg)."""
+        ``shardings`` (the largest inputs' tiles), or ``communication`` (bytes per
+        collective kind, predicted by the plan and compiled by XLA) into ``path``
+        (.png or .svg)."""
+        if kind == "communication":
+            from alpa_ir.plots.communication import draw_communication, shard_rows
+
+            return draw_communication(shard_rows(self), path)
         from alpa_ir.plots.views import plot_module
 
         return plot_module(self.module, kind, path)

@@ -187,7 +187,13 @@ class PipeshardExecutable:
         """Draw the plan into ``path`` (.png or .svg): ``timeline`` (the simulated
         schedule: a bar per run and per transfer), ``memory`` (per device over the
         schedule), ``devices`` (the stages' meshes on the local devices) or
-        ``shardings`` (each stage's largest inputs as tiles over its mesh)."""
+        ``shardings`` (each stage's largest inputs as tiles over its mesh) or
+        ``communication`` (per stage program, bytes per collective kind predicted
+        by the plan beside those XLA compiled)."""
+        if kind == "communication":
+            from alpa_ir.plots.communication import draw_communication, pipeshard_rows
+
+            return draw_communication(pipeshard_rows(self), path)
         from alpa_ir.plots.views import plot_module
 
         return plot_module(self.module, kind, path)

@@ -187,3 +187,26 @@ def test_scaling_figure_from_saved_json(tmp_path: Path, capsys: pytest.CaptureFi
     saved.write_text('{"model": 1}')
     assert scaling([str(saved), str(tmp_path / "g.png")]) == 1
     assert "expected the list alpa-bench --json prints" in capsys.readouterr().err
+
+
+def test_communication_predicted_beside_compiled(tmp_path: Path) -> None:
+    """Per stage program and collective kind, the plan's bytes beside XLA's:
+    a bar each, and the two agree on this plan."""
+    fn, args = tiny_step("mlp-tiny")
+    method = alpa_ir.PipeshardParallel(
+        num_micro_batches=2,
+        layer_option=alpa_ir.AutoLayerOption(layer_num=2),
+        stage_option=alpa_ir.UniformStageOption(num_stages=2, submesh_logical_shape=(2, 2)),
+    )
+    executable = alpa_ir.parallelize(fn, method=method).get_executable(*args)
+    drawing = executable.plot("communication", tmp_path / "c.svg")
+    assert drawing.rows, "the plan has collectives"
+    assert {r.program for r in drawing.rows} <= set(executable.stage_function_names())
+    predicted, measured = _ids(drawing.path, "predicted-"), _ids(drawing.path, "measured-")
+    assert len(predicted) == len(measured) == len(drawing.rows)
+    for row in drawing.rows:
+        assert row.measured == pytest.approx(row.predicted, rel=0.1)
+    with pytest.raises(AlpaError, match="a 'communication' picture needs a compiled executable"):
+        from alpa_ir.plots.views import plot_module
+
+        plot_module(executable.module, "communication", tmp_path / "x.png")

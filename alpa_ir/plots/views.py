@@ -113,8 +113,11 @@ def plot_module(
     title: str = "",
 ) -> Any:
     """Draw view ``kind`` of the planned ``module`` into ``path``; returns the drawing."""
+    if kind == "communication":
+        raise AlpaError("plot: a 'communication' picture needs a compiled executable")
     if kind not in KINDS:
-        raise AlpaError(f"plot: unknown picture '{kind}'; known: {', '.join(KINDS)}")
+        known = ", ".join((*KINDS, "communication"))
+        raise AlpaError(f"plot: unknown picture '{kind}'; known: {known}")
     if kind not in available_kinds(module):
         raise AlpaError(f"plot: a '{kind}' picture needs a pipeline plan (PipeshardParallel)")
     hardware = module_cluster(module, cluster)
