@@ -14,6 +14,7 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 
 from alpa_ir.device_mesh import LogicalDeviceMesh
+from alpa_ir.dialects.pipeline import PlanOp, StageOp
 from alpa_ir.frontend.arguments import CompiledSignature, StaticArgnums, compiled_signature
 from alpa_ir.frontend.jaxpr_import import import_step
 from alpa_ir.micro_batch_random import draw_micro_batch_rows
@@ -83,6 +84,12 @@ class PipeshardExecutable:
             )
         self.remote: Any = None
         """The Ray executable when the step runs on the ray backend."""
+        self.record_timeline = False
+        """When true, each in-process step records when every instruction ran
+        (each RUN waits for its results) into :attr:`last_timeline`."""
+        self.last_timeline: Any = None
+        """The measured timeline of the last recorded step (a ``SimResult``);
+        ``plot("timeline", ...)`` draws it beside the simulated one."""
 
     @property
     def num_micro_batches(self) -> int:
@@ -97,8 +104,27 @@ class PipeshardExecutable:
         if self.remote is not None:
             return self.signature.unflatten_outputs(self.remote.run_flat(flat))
         inputs = {m: split_inputs(self.program, flat, m) for m in self.program.meshes}
+        for it in self.interpreters:
+            it.events = [] if self.record_timeline else None
         values = run_interleaved(self.interpreters, inputs)
+        if self.record_timeline:
+            self.last_timeline = self._measured_timeline()
         return self.signature.unflatten_outputs(gather_outputs(self.program, flat, values))
+
+    def _measured_timeline(self) -> Any:
+        from alpa_ir.plots.measured import measured_timeline
+
+        stage_of_function: dict[str, tuple[int, str]] = {}
+        stage_of_mesh: dict[str, int] = {}
+        plan = next(op for op in self.module.ops if isinstance(op, PlanOp))
+        for k, ref in enumerate(plan.stages.data):
+            stage = symbol_op(self.module, ref.root_reference.data, StageOp)
+            assert isinstance(stage, StageOp)
+            stage_of_mesh.setdefault(stage.mesh.root_reference.data, k)
+            for phase, name in stage.phase_functions():
+                stage_of_function[name] = (k, phase)
+        events = [e for it in self.interpreters for e in it.events or ()]
+        return measured_timeline(events, self.program, stage_of_function, stage_of_mesh)
 
     def get_input_shardings(self) -> Any:
         """Where each input array lives, as a pytree like the arguments: the
@@ -196,7 +222,8 @@ class PipeshardExecutable:
             return draw_communication(pipeshard_rows(self), path)
         from alpa_ir.plots.views import plot_module
 
-        return plot_module(self.module, kind, path)
+        measured = self.last_timeline if kind == "timeline" else None
+        return plot_module(self.module, kind, path, measured=measured)
 
     def plan_text(self, max_specs: int = 4) -> str:
         """The plan: stages, their layers, meshes and devices, and the

@@ -37,6 +37,7 @@ Semantics:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -103,6 +104,19 @@ def sharding_of(info: MeshInfo, mesh: Mesh, dims: tuple[tuple[int, ...], ...]) -
     return NamedSharding(mesh, spec)
 
 
+@dataclass(frozen=True)
+class RuntimeEvent:
+    """One executed instruction of a mesh: RUN (target: a call), SEND or RECV
+    (target: a transfer), with its micro-batch and wall-clock seconds."""
+
+    mesh: str
+    kind: str
+    target: str
+    micro_batch: int | None
+    start: float
+    end: float
+
+
 class MeshInterpreter:
     """Executes one mesh's instruction list, step after step."""
 
@@ -125,6 +139,9 @@ class MeshInterpreter:
         self.counts: dict[str, int] = {}
         self.pc = 0
         self.gathers: dict[str, Callable[[Any], Any]] = {}
+        self.events: list[RuntimeEvent] | None = None
+        """When a list: each RUN, SEND and RECV executed is appended with its wall
+        times (a RUN waits for its results, so recording slows the step)."""
 
     def start(self, inputs: Mapping[Key, Any]) -> None:
         """Begin a step with these argument buffers of ``@main``."""
@@ -160,9 +177,24 @@ class MeshInterpreter:
         return {v: self.read((v, None)) for v in self.program.mesh_outputs(self.mesh)}
 
     def execute(self, ins: Instruction) -> bool:
+        if self.events is None:
+            return self._execute(ins)
+        start = time.perf_counter()
+        progressed = self._execute(ins)
+        if progressed and ins.kind in ("run", "send", "recv"):
+            self.events.append(
+                RuntimeEvent(
+                    self.mesh, ins.kind, ins.target, ins.micro_batch, start, time.perf_counter()
+                )
+            )
+        return progressed
+
+    def _execute(self, ins: Instruction) -> bool:
         mb = ins.micro_batch
         if ins.kind == "run":
-            self._run(self.program.calls[ins.target], mb)
+            results = self._run(self.program.calls[ins.target], mb)
+            if self.events is not None:
+                jax.block_until_ready(results)
         elif ins.kind == "send":
             transfer = self.program.transfers[ins.target]
             self.transport.send(transfer, mb, self.read((transfer.value, mb)))
@@ -204,7 +236,7 @@ class MeshInterpreter:
             self.gathers[transfer.name] = program
         return program
 
-    def _run(self, call: Call, micro_batch: int | None) -> None:
+    def _run(self, call: Call, micro_batch: int | None) -> Any:
         compiled = self.functions[call.function]
         args = [self.read(k) for k in self.program.operand_keys(call, micro_batch)]
         placed = jax.device_put(args, list(compiled.in_shardings))
@@ -216,6 +248,7 @@ class MeshInterpreter:
                 if value not in program.read_per_micro_batch:
                     continue
             self.buffers[(value, micro_batch)] = result
+        return results
 
     def _accumulate(self, value: str, result: Any, varies: bool) -> None:
         count = self.counts.get(value, 0)

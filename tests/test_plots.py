@@ -128,6 +128,19 @@ def test_pipeshard_executable_draws_every_view(tmp_path: Path) -> None:
     assert executable.plot("memory", tmp_path / "memory.png").path.is_file()
     assert executable.plot("shardings", tmp_path / "shardings.png").path.is_file()
 
+    # a measured step: a bar per RUN instruction executed, a bar per transfer
+    # between stages (a SEND on one mesh and its RECV on another)
+    executable.record_timeline = True
+    executable(*args)
+    runs = sum(i.kind == "run" for ins in executable.program.instructions.values() for i in ins)
+    sends = {(i.target, i.micro_batch) for ins in executable.program.instructions.values()
+             for i in ins if i.kind == "send"}  # fmt: skip
+    measured = executable.plot("timeline", tmp_path / "measured.svg")
+    assert measured.measured_runs == len(_ids(measured.path, "measured-run-")) == runs
+    crossing = len(_ids(measured.path, "measured-transfer-"))
+    assert 0 < crossing <= len(sends) and crossing == len(executable.last_timeline.transfers)
+    assert measured.end >= executable.last_timeline.iteration_time > 0
+
 
 def test_bad_requests_are_one_line_errors(tmp_path: Path) -> None:
     fn, args = tiny_step("mlp-tiny")
