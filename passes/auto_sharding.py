@@ -50,6 +50,7 @@ from alpa_ir.frontend.jaxpr_import import ALIASES_ATTR, BATCH_ATTR, DONATED_ATTR
 from alpa_ir.ilp import ILPProblem, evaluate
 from alpa_ir.module_utils import main_function, symbol_op
 from alpa_ir.plugins.registry import registry_of
+from alpa_ir.progress import Spinner
 from alpa_ir.solvers.repeated import tie_repeated
 from alpa_ir.step_partition import gradient_ops, partition_step
 
@@ -257,12 +258,14 @@ class AutoSharding(ModulePass):
             self.repeated_layers == "auto" and share_automatically(problem)
         ):
             tied = tie_repeated(problem)
-        if tied is None:
-            solution = solver.solve(problem, time_limit=self.time_limit)
-        else:
-            shared = solver.solve(tied.problem, time_limit=self.time_limit)
-            choice = tied.expand(shared.choice)
-            solution = replace(shared, choice=choice, objective=evaluate(problem, choice))
+        label = f"auto-sharding: solving the ILP of {problem.num_nodes} nodes ({self.solver})"
+        with Spinner(label):
+            if tied is None:
+                solution = solver.solve(problem, time_limit=self.time_limit)
+            else:
+                shared = solver.solve(tied.problem, time_limit=self.time_limit)
+                choice = tied.expand(shared.choice)
+                solution = replace(shared, choice=choice, objective=evaluate(problem, choice))
         function.attributes["sharding.num_variables"] = IntAttr(
             tied.problem.num_nodes if tied is not None else problem.num_nodes
         )

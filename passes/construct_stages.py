@@ -49,7 +49,6 @@ DP's latency (``construct_stages.latency``, seconds per iteration by Eq. 2).
 from __future__ import annotations
 
 import math
-import sys
 import time
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field, replace
@@ -69,6 +68,7 @@ from alpa_ir.dialects.mesh import ClusterOp, LogicalMeshOp
 from alpa_ir.dialects.pipeline import PlanOp
 from alpa_ir.errors import AlpaError, PlanError
 from alpa_ir.module_utils import main_function, top_level_ops
+from alpa_ir.progress import ProgressBar
 from alpa_ir.stage_cost import (
     AnalyticalStageCostModel,
     ParallelStageCostModel,
@@ -384,22 +384,20 @@ def cost_table(
         else [(i, j) for i in range(num) for j in range(i, num)]
     )
     total = len(spans) * len(all_views)
-    report = _Progress(progress)
-    if workers > 1 and isinstance(model, ParallelStageCostModel):
-        _cost_in_workers(table, ranges, spans, all_views, model, workers, report)
-    else:
-        for first, last in spans:
-            extracted = ranges.function(first, last)
-            for view in all_views:
-                cost = model.stage_cost(extracted.function, view, cluster, extracted.param_args)
-                table.costs[(first, last, view.shape)] = _view_cost(
-                    cost, extracted.cross_bytes, extracted.backward_bytes
-                )
-                table.pairs_costed += 1
-                report(
-                    f"costed {table.pairs_costed}/{total} stage-mesh pairs",
-                    table.pairs_costed == total,
-                )
+    report = _Progress(progress, total)
+    with report.bar:
+        if workers > 1 and isinstance(model, ParallelStageCostModel):
+            _cost_in_workers(table, ranges, spans, all_views, model, workers, report)
+        else:
+            for first, last in spans:
+                extracted = ranges.function(first, last)
+                for view in all_views:
+                    cost = model.stage_cost(extracted.function, view, cluster, extracted.param_args)
+                    table.costs[(first, last, view.shape)] = _view_cost(
+                        cost, extracted.cross_bytes, extracted.backward_bytes
+                    )
+                    table.pairs_costed += 1
+                    report("costing stage-mesh pairs", done=table.pairs_costed)
     if cost_mode == "layer-sum":
         # ranges are summed from their layers when asked for; the layers inside
         # one stage do not cross stages
@@ -411,17 +409,13 @@ def cost_table(
 
 
 class _Progress:
-    """Progress lines on stderr, at most every 2 s (and the last one)."""
+    """The costing's progress bar (``alpa_ir.progress``: on a terminal only)."""
 
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
-        self.last = 0.0
+    def __init__(self, enabled: bool, total: int) -> None:
+        self.bar = ProgressBar("costing stage-mesh pairs", total, enabled=enabled)
 
-    def __call__(self, message: str, final: bool = False) -> None:
-        now = time.monotonic()
-        if self.enabled and (final or now - self.last > 2.0):
-            self.last = now
-            print(f"construct-stages: {message}", file=sys.stderr, flush=True)
+    def __call__(self, message: str, *, done: int, total: int | None = None) -> None:
+        self.bar.update(done, f"construct-stages: {message}", total)
 
 
 def _cost_in_workers(
@@ -458,14 +452,18 @@ def _cost_in_workers(
         by_view.values(),
         key=lambda t: (-sum(n > 1 for n in t[0][1].mesh.shape), -t[0][1].mesh.size),
     )
-    report(f"costing {len(jobs)} distinct of {len(pairs)} stage-mesh pairs in {workers} workers")
+    report(
+        f"costing {len(jobs)} distinct of {len(pairs)} stage-mesh pairs in {workers} workers",
+        done=0,
+        total=len(jobs),
+    )
     costs = cost_in_workers(
         functions,
         [[job for _, job in task] for task in order],
         cluster,
         model,
         workers,
-        lambda n: report(f"costed {n}/{len(jobs)} distinct stage-mesh pairs", n == len(jobs)),
+        lambda n: report(f"costing distinct stage-mesh pairs in {workers} workers", done=n),
     )
     by_key: dict[Hashable, StageCost] = {}
     for task, task_costs in zip(order, costs, strict=True):

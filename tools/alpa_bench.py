@@ -91,6 +91,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from alpa_ir.errors import AlpaError, PlanError
+from alpa_ir.progress import ProgressBar
 from alpa_ir.tools.cli_args import (
     BooleanOption,
     OneLineParser,
@@ -536,6 +537,7 @@ def bench_model(
     fusion: bool = True,
     memory_fallback: bool = True,
     workers: int = 1,
+    progress: bool = True,
 ) -> dict[str, Any]:
     from alpa_ir.models.train_step import train_step_flops
     from alpa_ir.module_utils import main_function
@@ -560,7 +562,13 @@ def bench_model(
     )
     model = AnalyticalStageCostModel(options)
     table = cost_table(
-        ranges, cluster, model, space=submesh_space, cost_mode=cost_mode, workers=workers
+        ranges,
+        cluster,
+        model,
+        space=submesh_space,
+        cost_mode=cost_mode,
+        workers=workers,
+        progress=progress,
     )
     t3 = time.perf_counter()
     times.costing = t3 - t2
@@ -902,6 +910,9 @@ def build_parser() -> OneLineParser:
     )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument(
+        "--quiet", action="store_true", help="no progress display (shown only on a terminal)"
+    )
+    parser.add_argument(
         "--figure",
         metavar="PATH",
         help="draw PFLOPS against GPUs for every method (the paper's Figure 7) into PATH "
@@ -1027,35 +1038,44 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs = check_args(parser, args)
     max_micro_batches = args.max_micro_batches or DEFAULT_MAX_MICRO_BATCHES
     results = []
+    suite = ProgressBar("alpa-bench", len(runs), enabled=not args.quiet and len(runs) > 1)
     try:
-        for run in runs:
-            common = {
-                "cluster": run.cluster,
-                "layers": run.layers,
-                "cost_mode": args.cost_mode,
-                "submesh_space": args.submesh_space,
-                "cross_stage_comm": args.cross_stage_comm,
-                "epsilon": args.epsilon,
-                "time_limit": args.time_limit,
-                "remat": args.remat,
-                "zero": args.zero,
-                "fusion": args.fusion,
-                "memory_fallback": args.memory_fallback,
-                "workers": args.workers,
-            }
-            try:
-                if args.micro_batches == "auto":
-                    candidates = batch_divisors(run.batch_size, max_micro_batches)
-                    result = auto_micro_batches(run.name, candidates, **common)
-                else:
-                    result = bench_model(run.name, num_micro_batches=args.micro_batches, **common)
-            except AlpaError as error:
-                if args.layers != "auto" and str(error).startswith("cluster-operators:"):
-                    raise AlpaError(f"--layers {args.layers} for {run.name}: {error}") from error
-                raise AlpaError(f"{run.name}: {error}") from error
-            results.append(result)
-            if not args.json:
-                print(format_result(result), flush=True)
+        with suite:
+            for done, run in enumerate(runs):
+                suite.update(done, f"alpa-bench: {run.name} on {run.cluster.num_devices} GPUs")
+                common = {
+                    "cluster": run.cluster,
+                    "layers": run.layers,
+                    "cost_mode": args.cost_mode,
+                    "submesh_space": args.submesh_space,
+                    "cross_stage_comm": args.cross_stage_comm,
+                    "epsilon": args.epsilon,
+                    "time_limit": args.time_limit,
+                    "remat": args.remat,
+                    "zero": args.zero,
+                    "fusion": args.fusion,
+                    "memory_fallback": args.memory_fallback,
+                    "workers": args.workers,
+                    "progress": not args.quiet,
+                }
+                try:
+                    if args.micro_batches == "auto":
+                        candidates = batch_divisors(run.batch_size, max_micro_batches)
+                        result = auto_micro_batches(run.name, candidates, **common)
+                    else:
+                        result = bench_model(
+                            run.name, num_micro_batches=args.micro_batches, **common
+                        )
+                except AlpaError as error:
+                    if args.layers != "auto" and str(error).startswith("cluster-operators:"):
+                        raise AlpaError(
+                            f"--layers {args.layers} for {run.name}: {error}"
+                        ) from error
+                    raise AlpaError(f"{run.name}: {error}") from error
+                results.append(result)
+                if not args.json:
+                    print(format_result(result), flush=True)
+            suite.update(len(runs))
         if args.json:
             print(json.dumps(results, indent=1, default=float))
         if args.figure:
