@@ -544,6 +544,7 @@ def bench_model(
     from alpa_ir.passes.construct_stages import StagePlan, cost_table, solve_stages, write_plan
     from alpa_ir.stage_cost import AnalyticalStageCostModel, StageCostOptions
     from alpa_ir.stage_outline import LayerRanges, count_layers
+    from alpa_ir.why_plan import stage_reasons
 
     times = Breakdown()
     t0 = time.perf_counter()
@@ -595,6 +596,7 @@ def bench_model(
             table, num_micro_batches, epsilon=epsilon, cross_stage_comm=cross_stage_comm
         )
         alpa = outcome("alpa", table, plan.stages, num_micro_batches, flops, remat)
+        result["why"] = [r.text() for r in stage_reasons(table, plan)]
     except (AlpaError, PlanError) as error:
         alpa = Outcome("alpa", error=str(error))
     t4 = time.perf_counter()
@@ -654,7 +656,7 @@ def batch_divisors(batch: int, limit: int) -> list[int]:
     ]
 
 
-def format_result(result: dict[str, Any]) -> str:
+def format_result(result: dict[str, Any], why: bool = False) -> str:
     lines = [
         f"{result['model']} on {result['gpus']} GPUs ({result['cluster']}), "
         f"B={result['num_micro_batches']}, {result['layers']} layers, "
@@ -680,6 +682,8 @@ def format_result(result: dict[str, Any]) -> str:
             f"  {o['method']:<10} {o['pflops']:8.4g} {o['iteration_time']:9.4g} "
             f"{o.get('eq2_latency', 0.0):9.4g} {o['peak_memory_gib']:9.2f}  {plan}"
         )
+    for reason in result.get("why", []) if why else []:
+        lines.append(f"  why: {reason}")
     c = result["compile_time"]
     lines.append(
         f"  compile time {c['total']:.1f} s: clustering {c['clustering']:.1f}, "
@@ -913,6 +917,12 @@ def build_parser() -> OneLineParser:
         "--quiet", action="store_true", help="no progress display (shown only on a terminal)"
     )
     parser.add_argument(
+        "--why",
+        action="store_true",
+        help="print why each stage has its logical mesh: its latency beside the runner-up's "
+        "(always in --json, as 'why')",
+    )
+    parser.add_argument(
         "--figure",
         metavar="PATH",
         help="draw PFLOPS against GPUs for every method (the paper's Figure 7) into PATH "
@@ -1074,7 +1084,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     raise AlpaError(f"{run.name}: {error}") from error
                 results.append(result)
                 if not args.json:
-                    print(format_result(result), flush=True)
+                    print(format_result(result, args.why), flush=True)
             suite.update(len(runs))
         if args.json:
             print(json.dumps(results, indent=1, default=float))
