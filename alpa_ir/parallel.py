@@ -247,8 +247,8 @@ class ShardedExecutable:
         out_specs: Sequence[PartitionSpec | None] | None = None,
     ) -> None:
         from alpa_ir.backends.spmd import compile_spmd
-        from alpa_ir.backends.xla import local_devices_for
         from alpa_ir.module_utils import main_function
+        from alpa_ir.runtime.devices import local_devices_for
 
         self.module = module
         self.mesh = mesh

@@ -230,7 +230,7 @@ def function_module(module: ModuleOp, name: str, mesh: LogicalDeviceMesh) -> Mod
 
 
 def jax_mesh_of(mesh: LogicalDeviceMesh) -> Mesh:
-    from alpa_ir.backends.xla import local_devices_for
+    from alpa_ir.runtime.devices import local_devices_for
 
     assert mesh.devices is not None and mesh.axis_names is not None
     devices = np.array(local_devices_for(mesh.devices), dtype=object).reshape(mesh.shape)

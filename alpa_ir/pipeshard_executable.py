@@ -64,7 +64,7 @@ class PipeshardExecutable:
         functions: dict[str, CompiledFunction],
         signature: CompiledSignature,
     ) -> None:
-        from alpa_ir.backends.xla import local_devices_for
+        from alpa_ir.runtime.devices import local_devices_for
 
         self.module = module
         self.placements = tuple(placements)

@@ -45,22 +45,12 @@ from alpa_ir.dialects.sharding import (
 from alpa_ir.errors import AlpaError
 from alpa_ir.frontend.jax_export import bind_lax_op
 from alpa_ir.ir_types import shape_of
+from alpa_ir.runtime.devices import partition_spec
 from alpa_ir.step_partition import StepPartition, deferred_reductions, partition_step
 
 
 def value_spec(value: SSAValue, function: func.FuncOp) -> ShardingSpec:
     return spec_of_value(value, function)
-
-
-def partition_spec(spec: ShardingSpec, names: Sequence[str]) -> PartitionSpec:
-    if spec.partial:
-        raise AlpaError(f"a partial value ({spec}) cannot cross the program boundary")
-    return PartitionSpec(
-        *[
-            None if not d else tuple(names[a] for a in d) if len(d) > 1 else names[d[0]]
-            for d in spec.dims
-        ]
-    )
 
 
 def local_slice(

@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
-import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh, NamedSharding
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp, StringAttr, SymbolRefAttr
 from xdsl.ir import Operation
@@ -37,39 +36,7 @@ from alpa_ir.frontend.jaxpr_import import IN_TREE_ATTR, OUT_TREE_ATTR
 from alpa_ir.frontend.pytree_codec import TreeTexts
 from alpa_ir.ir_types import dtype_of, shape_of
 from alpa_ir.module_utils import main_function, symbol_op
-
-
-def mesh_axis_names(mesh_op: LogicalMeshOp) -> tuple[str, ...]:
-    if mesh_op.axis_names is not None:
-        return tuple(a.data for a in mesh_op.axis_names.data)
-    return tuple(f"m{k}" for k in range(len(mesh_op.mesh_shape)))
-
-
-def local_devices_for(device_ids: Sequence[int]) -> list[Any]:
-    """The local JAX devices with these ids (indices into ``jax.devices()``)."""
-    devices = jax.devices()
-    needed = max(device_ids) + 1 if device_ids else 0
-    if needed > len(devices):
-        raise AlpaError(
-            f"the plan needs {needed} devices but only {len(devices)} local devices exist"
-        )
-    return [devices[i] for i in device_ids]
-
-
-def jax_mesh(mesh_op: LogicalMeshOp) -> Mesh:
-    devices = np.array(local_devices_for(mesh_op.device_ids), dtype=object)
-    return Mesh(devices.reshape(mesh_op.mesh_shape), mesh_axis_names(mesh_op))
-
-
-def partition_spec(spec: ShardingSpec, names: Sequence[str]) -> PartitionSpec:
-    if spec.partial:
-        raise AlpaError(f"a partial value ({spec}) cannot be an input or output sharding")
-    return PartitionSpec(
-        *[
-            None if not d else (names[d[0]] if len(d) == 1 else tuple(names[a] for a in d))
-            for d in spec.dims
-        ]
-    )
+from alpa_ir.runtime.devices import jax_mesh, mesh_axis_names, partition_spec
 
 
 def _arg_spec(function: func.FuncOp, index: int, rank: int, results: bool = False) -> ShardingSpec:

@@ -185,7 +185,7 @@ def _ints(attr: object) -> list[int]:
 
 
 def _mesh_info(op: LogicalMeshOp) -> MeshInfo:
-    from alpa_ir.backends.xla import mesh_axis_names
+    from alpa_ir.runtime.devices import mesh_axis_names
 
     return MeshInfo(op.sym_name.data, op.mesh_shape, op.device_ids, mesh_axis_names(op))
 

@@ -27,10 +27,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
-from alpa_ir.backends.xla import local_devices_for, partition_spec
 from alpa_ir.cross_mesh import MeshLayout, TransferPlan, assemble, device_tiles, relative
 from alpa_ir.dialects.sharding import ShardingSpec
 from alpa_ir.errors import AlpaError
+from alpa_ir.runtime.devices import local_devices_for, partition_spec
 from alpa_ir.runtime.program import StepProgram, Transfer
 
 

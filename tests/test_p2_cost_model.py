@@ -11,7 +11,6 @@ from zoo_fixtures import max_abs_diff, reference_outputs, tiny_step
 from alpa_ir import import_jax
 from alpa_ir.autosharding.cost_model import AlphaBetaCostModel
 from alpa_ir.backends.spmd import compile_spmd
-from alpa_ir.backends.xla import jax_mesh, mesh_axis_names
 from alpa_ir.device_mesh import LogicalDeviceMesh, function_mesh
 from alpa_ir.dialects.lax_params import ints_of
 from alpa_ir.dialects.mesh import MESH_ATTR, LogicalMeshOp
@@ -30,6 +29,7 @@ from alpa_ir.pass_manager import PassManager
 from alpa_ir.passes.auto_sharding import OBJECTIVE_ATTR
 from alpa_ir.passes.synthesize_placement import TIME_ATTR
 from alpa_ir.plugins.registry import default_registry
+from alpa_ir.runtime.devices import jax_mesh, mesh_axis_names
 
 SYSTEM = custom_system((2, 4))
 ROW_MAJOR = LogicalDeviceMesh((2, 4))  # axis 0 across the 2 nodes, axis 1 inside

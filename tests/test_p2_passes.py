@@ -18,7 +18,6 @@ from alpa_ir import import_jax
 from alpa_ir.autosharding.plan_bytes import predicted_collectives
 from alpa_ir.backends.program_collectives import full_size_masks
 from alpa_ir.backends.spmd import compile_spmd
-from alpa_ir.backends.xla import jax_mesh, mesh_axis_names
 from alpa_ir.collective_accounting import hlo_collectives, total_wire_bytes
 from alpa_ir.context import make_context
 from alpa_ir.dialects.lax_params import ints_of
@@ -37,6 +36,7 @@ from alpa_ir.p2.system import custom_system, get_system
 from alpa_ir.pass_manager import PassManager
 from alpa_ir.passes.synthesize_placement import rank_placements
 from alpa_ir.plugins.registry import default_registry
+from alpa_ir.runtime.devices import jax_mesh, mesh_axis_names
 from alpa_ir.tools.alpa_opt import main as alpa_opt_main
 
 

@@ -16,8 +16,8 @@ import pytest
 from two_mesh_fixture import example_inputs, reference, two_mesh_module
 from xdsl.dialects.builtin import ModuleOp
 
-from alpa_ir.backends.xla import local_devices_for
 from alpa_ir.errors import AlpaError
+from alpa_ir.runtime.devices import local_devices_for
 from alpa_ir.runtime.interpreter import (
     LocalTransport,
     MeshInterpreter,
