@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -601,13 +601,15 @@ def write_plan(
         op.attributes[LATENCY_ATTR] = FloatAttr(plan.latency, f64)
 
 
-def module_cluster(module: ModuleOp, preset: str) -> Cluster:
-    """The cluster: preset ``preset`` (as many nodes as it has by default), else
-    the module's ``mesh.cluster``."""
+def module_cluster(
+    module: ModuleOp, preset: str, presets: Mapping[str, Callable[..., object]] | None = None
+) -> Cluster:
+    """The cluster: preset ``preset`` (as many nodes as it has by default) among
+    ``presets`` (default: the default registry's), else the module's ``mesh.cluster``."""
     if preset:
         from alpa_ir.clusters import get_cluster
 
-        return get_cluster(preset)
+        return get_cluster(preset, presets=presets)
     ops = list(top_level_ops(module, ClusterOp))
     if not ops:
         raise AlpaError(
@@ -652,10 +654,11 @@ class ConstructStages(ModulePass):
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         from alpa_ir.plugins.registry import registry_of
 
-        model = registry_of(ctx).get("stage_cost_models", self.stage_cost_model)()
+        registry = registry_of(ctx)  # the caller's: presets from --load-plugin are seen
+        model = registry.get("stage_cost_models", self.stage_cost_model)()
         construct_stages(
             op,
-            module_cluster(op, self.cluster),
+            module_cluster(op, self.cluster, registry.cluster_presets),
             num_micro_batches=self.num_micro_batches,
             schedule=self.schedule,
             submesh_space=self.submesh_space,

@@ -190,3 +190,16 @@ def test_a_plugins_sharding_rule_changes_the_plan(
         return float(out.split("sharding.objective = ")[1].split(" ")[0].rstrip(",}:"))
 
     assert objective(with_rule) < objective(without)
+
+
+def test_construct_stages_finds_a_plugins_cluster_preset(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The pass uses the caller's registry: a preset from --load-plugin is found."""
+    source = str(Path(__file__).parent / "filecheck" / "alpa-opt" / "construct-stages.mlir")
+    pipeline = "cluster-operators{layers=2},construct-stages{cluster=lab-2x4 progress=false}"
+    assert main([source, "-p", pipeline]) == 1
+    assert "unknown cluster preset 'lab-2x4'" in capsys.readouterr().err
+    assert main([source, "-p", pipeline, "--load-plugin=alpa_cluster_plugin"]) == 0
+    out = capsys.readouterr().out
+    assert 'mesh.cluster @"lab-2x4" {levels = [#mesh.level<"node" x 2' in out
