@@ -365,6 +365,16 @@ class ShardedExecutable:
             lines.append(f"  {name}: {spec_of_value(arg, self.function)}")
         return "\n".join(lines)
 
+    def why_text(self, top: int = 5) -> str:
+        """Why the plan costs what it costs: its ``top`` largest communication
+        terms, each with the op whose value it moves (and the user's line)."""
+        from alpa_ir.why_plan import sharding_terms
+
+        terms = sharding_terms(self.function, tuple(self.mesh.shape), top)
+        lines = [f"largest communication of the plan on mesh {list(self.mesh.shape)}:"]
+        lines += [f"  {t.text()}" for t in terms] or ["  none: the plan communicates nothing"]
+        return "\n".join(lines)
+
     def plot(self, kind: str, path: str | os.PathLike[str]) -> Any:
         """Draw the plan: ``devices`` (the mesh on the local devices) or
         ``shardings`` (the largest inputs' tiles), or ``communication`` (bytes per

@@ -209,6 +209,23 @@ class PipeshardExecutable:
             files[f"hlo/{name}.hlo"] = text
         return write_debug_info(folder, files)
 
+    def why_text(self, top: int = 3) -> str:
+        """Per stage program, its ``top`` largest communication terms, each with
+        the op whose value it moves (and the user's line)."""
+        from alpa_ir.device_mesh import function_mesh
+        from alpa_ir.why_plan import sharding_terms
+
+        lines = []
+        for name in self.stage_function_names():
+            function = symbol_op(self.module, name, func.FuncOp)
+            assert isinstance(function, func.FuncOp)
+            mesh = function_mesh(self.module, function)
+            assert mesh is not None
+            terms = sharding_terms(function, tuple(mesh.shape), top)
+            lines.append(f"{name} on mesh {list(mesh.shape)}:")
+            lines += [f"  {t.text()}" for t in terms] or ["  no communication"]
+        return "\n".join(lines)
+
     def plot(self, kind: str, path: str | os.PathLike[str]) -> Any:
         """Draw the plan into ``path`` (.png or .svg): ``timeline`` (the simulated
         schedule: a bar per run and per transfer), ``memory`` (per device over the

@@ -57,3 +57,31 @@ def test_a_transposed_mesh_is_not_a_runner_up() -> None:
     (reason,) = stage_reasons(_Table(), _plan((1, 2), (1, 2), 3.0))  # type: ignore[arg-type]
     assert reason.runner_up is not None and reason.runner_up.view == (2, 2)
     assert "runner-up: 4 devices 1x4 as [2, 2], 1200 ms (-60.0 %)" in reason.text()
+
+
+def test_sharding_terms_name_the_op_and_the_users_line() -> None:
+    """A Megatron-style plan: the largest terms are the all-reduces after the
+    row-split matmul, named with its strategy and the line that wrote it."""
+    import jax.numpy as jnp
+
+    import alpa_ir
+
+    def step(w1: jnp.ndarray, w2: jnp.ndarray, x: jnp.ndarray) -> jnp.ndarray:
+        return jnp.tanh(x @ w1) @ w2  # the line the term names
+
+    args = (jnp.ones((64, 256)), jnp.ones((256, 64)), jnp.ones((16, 64)))
+    option = alpa_ir.ManualShardingOption(
+        mesh_axis_names=("mp",), in_axis_resources=(jax_p(None, "mp"), jax_p("mp", None), jax_p())
+    )
+    method = alpa_ir.ShardParallel(alpa_ir.LogicalDeviceMesh((4,)), manual_sharding_option=option)
+    executable = alpa_ir.parallelize(step, method=method, donate_argnums=()).get_executable(*args)
+    text = executable.why_text()
+    first = text.splitlines()[1]
+    assert first.startswith("  all-reduce of ") and "dot_general -> float32[16, 64]" in first
+    assert "test_why_plan.py:" in first
+
+
+def jax_p(*names: object) -> Any:
+    from jax.sharding import PartitionSpec
+
+    return PartitionSpec(*names)

@@ -155,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"model {args.model}: compiled in {time.perf_counter() - start:.1f} s")
         print(executable.plan_text())
+        print(executable.why_text())
         if args.pictures:
             _draw(executable, args.pictures)
         reference = None if args.no_check else jax.jit(step)
