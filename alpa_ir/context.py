@@ -5,6 +5,7 @@ models and rules in it)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import Builtin
@@ -18,6 +19,8 @@ class AlpaContext(Context):
     """An xDSL context that also carries the plugin registry."""
 
     registry: PluginRegistry | None = field(default=None)
+    statistics: list[Any] | None = field(default=None)
+    """While a pass manager runs: the pass statistics recorded so far."""
 
     def clone(self) -> AlpaContext:
         base = super().clone()

@@ -253,6 +253,9 @@ class ShardedExecutable:
         self.module = module
         self.mesh = mesh
         self.function: func.FuncOp = main_function(module)
+        self.pass_statistics: tuple[Any, ...] = ()
+        """What the passes recorded while planning (ILP size, solve time; see
+        :mod:`alpa_ir.pass_statistics`)."""
         self.signature = signature
         self.in_tree, self.out_tree = signature.in_tree, signature.out_tree
         self.batch_leaves = tuple(batch_leaves)
@@ -601,7 +604,7 @@ def compile_step(
     input_module = module.clone()
     rows = draw_micro_batch_rows(function, b)
     pass_pipeline = "builtin.module()" if propagate else option.pipeline(b)
-    PassManager(registry, pass_pipeline).run(module)
+    statistics = PassManager(registry, pass_pipeline).execute(module).statistics
     signature = compiled_signature(arguments, imported.in_tree, imported.out_tree, imported.outputs)
     batch_leaves = _leaf_indices(arguments.arrays, arguments.dynamic_positions(batch_argnums))
     if rows:
@@ -612,6 +615,7 @@ def compile_step(
     )
     executable._example_args = args
     executable.input_module, executable.pass_pipeline = input_module, pass_pipeline
+    executable.pass_statistics = statistics
     return executable
 
 

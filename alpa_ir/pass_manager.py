@@ -23,9 +23,10 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 
-from alpa_ir.context import make_context
+from alpa_ir.context import AlpaContext, make_context
 from alpa_ir.errors import AlpaError, IRVerifyError, PassFailure, PipelineError
 from alpa_ir.ir_text import print_module, verify_module
+from alpa_ir.pass_statistics import PassStatistic
 from alpa_ir.pipeline_syntax import format_pipeline, parse_pipeline
 from alpa_ir.plugins.registry import PluginRegistry
 from alpa_ir.reproducer import write_reproducer
@@ -53,6 +54,8 @@ class PassRunResult:
 
     module: ModuleOp
     timings: tuple[PassTiming, ...]
+    statistics: tuple[PassStatistic, ...] = ()
+    """What the passes recorded (see :mod:`alpa_ir.pass_statistics`)."""
 
 
 def format_timing_report(rows: Sequence[PassTiming]) -> str:
@@ -162,6 +165,21 @@ class PassManager:
         """Run every pass on ``module`` (in place); return it with the pass timings."""
         if ctx is None:
             ctx = make_context(self.registry)
+        collecting = isinstance(ctx, AlpaContext)
+        outer = ctx.statistics if collecting else None  # type: ignore[attr-defined]
+        if collecting:
+            ctx.statistics = []  # type: ignore[attr-defined]
+        try:
+            module, timings = self._execute(module, ctx)
+            stats = tuple(ctx.statistics or ()) if collecting else ()  # type: ignore[attr-defined]
+        finally:
+            if collecting:
+                ctx.statistics = outer  # type: ignore[attr-defined]
+        if outer is not None:  # a nested pass manager: the outer run sees them too
+            outer.extend(stats)
+        return PassRunResult(module, timings, stats)
+
+    def _execute(self, module: ModuleOp, ctx: Context) -> tuple[ModuleOp, tuple[PassTiming, ...]]:
         timings: list[PassTiming] = []
         verify_seconds = 0.0
         for index, pass_ in enumerate(self.passes, start=1):
@@ -183,7 +201,7 @@ class PassManager:
             timings.append(PassTiming(VERIFIER_ROW, verify_seconds))
         if self.timing:
             _emit(self.timing_stream, format_timing_report(timings))
-        return PassRunResult(module, tuple(timings))
+        return module, tuple(timings)
 
     def _apply(
         self, pass_: ModulePass, module: ModuleOp, ctx: Context, snapshot: ModuleOp | None

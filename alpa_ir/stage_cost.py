@@ -78,7 +78,7 @@ import hashlib
 import math
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -688,10 +688,12 @@ def plan_function(
     mesh: LogicalDeviceMesh,
     options: StageCostOptions,
     strategy_caches: dict[tuple[object, ...], StrategyCache] | None = None,
+    statistics: list[Any] | None = None,
 ) -> func.FuncOp:
     """A copy of ``function`` auto-sharded on ``mesh`` (as ``@main`` of its own
     module). ``strategy_caches``: where to keep (and find) the strategies of
-    the ILP mesh, for many functions planned on the same meshes."""
+    the ILP mesh, for many functions planned on the same meshes;
+    ``statistics``: a list that receives the pass statistics of the plan."""
     from alpa_ir.context import make_context
     from alpa_ir.passes.auto_sharding import AutoSharding
 
@@ -732,6 +734,7 @@ def plan_function(
         mip_gap=options.mip_gap,
     )
     ctx = make_context()
+    ctx.statistics = statistics
     cache = None
     if strategy_caches is not None:
         key = (ilp_mesh.shape, ilp_mesh.alpha, ilp_mesh.beta, options.allow_all_gather)

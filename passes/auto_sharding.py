@@ -28,7 +28,6 @@ from xdsl.dialects.builtin import (
     DenseArrayBase,
     FlatSymbolRefAttr,
     FloatAttr,
-    IntAttr,
     ModuleOp,
     SymbolRefAttr,
     f64,
@@ -49,6 +48,7 @@ from alpa_ir.errors import AlpaError
 from alpa_ir.frontend.jaxpr_import import ALIASES_ATTR, BATCH_ATTR, DONATED_ATTR
 from alpa_ir.ilp import ILPProblem, evaluate
 from alpa_ir.module_utils import main_function, symbol_op
+from alpa_ir.pass_statistics import record_statistic
 from alpa_ir.plugins.registry import registry_of
 from alpa_ir.progress import Spinner
 from alpa_ir.solvers.repeated import tie_repeated
@@ -266,15 +266,16 @@ class AutoSharding(ModulePass):
                 shared = solver.solve(tied.problem, time_limit=self.time_limit)
                 choice = tied.expand(shared.choice)
                 solution = replace(shared, choice=choice, objective=evaluate(problem, choice))
-        function.attributes["sharding.num_variables"] = IntAttr(
-            tied.problem.num_nodes if tied is not None else problem.num_nodes
-        )
+        variables = tied.problem.num_nodes if tied is not None else problem.num_nodes
         apply_plan(function, graph, solution.choice, aliases_of(function))
         function.attributes[OBJECTIVE_ATTR] = FloatAttr(
             _without_tie_breaks(solution.objective, graph, solution.choice), f64
         )
-        function.attributes["sharding.solve_time"] = FloatAttr(solution.solve_time, f64)
-        function.attributes["sharding.num_nodes"] = IntAttr(len(graph.nodes))
+        record_statistic(ctx, self.name, "num-nodes", len(graph.nodes), "nodes of the ILP")
+        record_statistic(ctx, self.name, "num-variables", variables, "ILP choice variables")
+        record_statistic(
+            ctx, self.name, "solve-time", solution.solve_time, "seconds in the ILP solver"
+        )
         if self.prefer_reduce_scatter:
             from alpa_ir.passes.reduce_scatter_rewrite import ReduceScatterRewrite
 

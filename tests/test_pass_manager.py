@@ -289,3 +289,35 @@ def test_progress_is_called_before_each_pass(registry: PluginRegistry, ctx: Cont
     )
     manager.run(_module(ctx), ctx)
     assert seen == [(1, 2, "count-ops"), (2, 2, "append-trace")]
+
+
+def test_pass_statistics_leave_the_ir_and_two_runs_print_the_same_module(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Solve times and ILP sizes are pass statistics (--pass-statistics), not
+    attributes: planning the same module twice prints the same text."""
+
+    source = tmp_path / "mlp.mlir"
+    source.write_text(_MLP_FOR_STATISTICS)
+    pipeline = "auto-sharding{mesh-shape=1,4}"
+    outputs = []
+    for _ in range(2):
+        assert alpa_opt_main([str(source), "-p", pipeline, "--pass-statistics"]) == 0
+        out, err = capsys.readouterr()
+        outputs.append(out)
+        assert "solve_time" not in out and "num_nodes" not in out
+        assert "Pass statistics report" in err
+        assert re.search(r"auto-sharding\n  \(S\) +\d+ num-nodes", err)
+        assert re.search(r"\(S\) +[\d.e-]+ solve-time - seconds in the ILP solver", err)
+    assert outputs[0] == outputs[1]
+
+
+_MLP_FOR_STATISTICS = """\
+builtin.module {
+  func.func @main(%x: tensor<8x256xf32>, %w1: tensor<256x1024xf32>) -> tensor<8x1024xf32> {
+    %0 = lax.dot_general %x, %w1 {dimension_numbers = #lax.dot<lhs_contracting = [1], rhs_contracting = [0], lhs_batch = [], rhs_batch = []>, preferred_element_type = f32} : (tensor<8x256xf32>, tensor<256x1024xf32>) -> tensor<8x1024xf32>
+    %1 = lax.tanh %0 : (tensor<8x1024xf32>) -> tensor<8x1024xf32>
+    func.return %1 : tensor<8x1024xf32>
+  }
+}
+"""

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from zoo_fixtures import fresh
 
 from alpa_ir.ilp import Edge, ILPProblem, brute_force, evaluate
+from alpa_ir.pass_statistics import statistic
 from alpa_ir.solvers import MipSolver
 from alpa_ir.solvers.repeated import colours, tie_repeated
 
@@ -144,8 +145,8 @@ def test_parallelize_with_shared_layers_matches_one_device() -> None:
             fn, method=ShardParallel(LogicalDeviceMesh((2, 4)), auto_sharding_option=option)
         )
         executable = step.get_executable(*args)
-        variables = executable.function.attributes["sharding.num_variables"].data
-        nodes = executable.function.attributes["sharding.num_nodes"].data
+        variables = statistic(executable.pass_statistics, "auto-sharding", "num-variables")
+        nodes = statistic(executable.pass_statistics, "auto-sharding", "num-nodes")
         results[mode] = (executable.auto_sharding_objective, variables, nodes)
         want = jax.jit(fn)(*args)  # first: the step donates its state
         got = step(*fresh(args))

@@ -229,8 +229,7 @@ def test_bad_input_is_one_line(make: Any, message: str) -> None:
 
 
 def _plan_text(function: func.FuncOp) -> str:
-    function.attributes.pop("sharding.solve_time")
-    return str(function)
+    return str(function)  # nothing run-dependent (solve times are pass statistics)
 
 
 def test_functions_planned_with_shared_strategies_get_the_same_plans() -> None:

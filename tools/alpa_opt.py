@@ -28,6 +28,7 @@ from alpa_ir.context import make_context
 from alpa_ir.errors import AlpaError
 from alpa_ir.ir_text import SPLIT_MARKER, InputChunk, parse_module, print_module, split_input
 from alpa_ir.pass_manager import PassManager, PassTiming, format_timing_report
+from alpa_ir.pass_statistics import PassStatistic, format_statistics_report
 from alpa_ir.plugins.registry import PluginRegistry, load_registry
 from alpa_ir.reproducer import read_reproducer_args
 from alpa_ir.tools.pass_listing import format_pass_list
@@ -68,6 +69,11 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--print-ir-before-all", action="store_true")
     p.add_argument("--print-ir-after-all", action="store_true")
     p.add_argument("--timing", action="store_true", help="report the wall time of each pass")
+    p.add_argument(
+        "--pass-statistics",
+        action="store_true",
+        help="report the statistics the passes recorded (ILP sizes, solve times) on stderr",
+    )
     p.add_argument(
         "--split-input-file",
         action="store_true",
@@ -197,6 +203,7 @@ class _Driver:
         self.manager = manager
         self.ctx: Context | None = None
         self.timings = _Timings()
+        self.statistics: tuple[PassStatistic, ...] = ()
         self.outputs: list[str] = []
 
     def process_module(self, load: Callable[[], ModuleOp], load_row: str) -> bool:
@@ -208,6 +215,7 @@ class _Driver:
             result = self.manager.execute(module, self.context())
             for position, row in enumerate(result.timings):
                 self.timings.add(row.name, row.seconds, position)
+            self.statistics += result.statistics
             start = time.perf_counter()
             text = print_module(result.module, debuginfo=self.args.mlir_print_debuginfo)
             self.timings.add("Output", time.perf_counter() - start)
@@ -264,6 +272,8 @@ class _Driver:
                 ) from None
         if self.args.timing:
             sys.stderr.write(format_timing_report(self.timings.rows()))
+        if self.args.pass_statistics:
+            sys.stderr.write(format_statistics_report(self.statistics))
 
 
 def _make_manager(args: argparse.Namespace, registry: PluginRegistry, pipeline: str) -> PassManager:

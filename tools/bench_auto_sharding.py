@@ -30,6 +30,8 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
+from alpa_ir.pass_statistics import statistic
+
 METHODS = ("auto", "data", "zero2", "zero3", "megatron", "heuristic")
 MESHES = ((1, 8), (2, 4), (4, 2), (1, 4), (2, 2))
 MODELS = ("mlp-tiny", "gpt-tiny", "moe-tiny", "wresnet-tiny", "bert-tiny")
@@ -126,8 +128,7 @@ def measure(model: str, shape: tuple[int, int], kind: str, micro: int) -> Row:
         )
         executable = step.get_executable(*args)
         got = step(*args)
-        attr = executable.function.attributes.get("sharding.solve_time")
-        row.solve_time = float(attr.value.data) if attr is not None else float("nan")  # type: ignore[attr-defined]
+        row.solve_time = statistic(executable.pass_statistics, "auto-sharding", "solve-time")
         row.objective = executable.auto_sharding_objective
         row.predicted_bytes = executable.predicted_wire_bytes()
         row.measured_bytes = executable.measured_wire_bytes()
@@ -255,11 +256,11 @@ def _scaling(argv: argparse.Namespace) -> int:
             )
             start = time.perf_counter()
             try:
-                PassManager(default_registry(), pipeline).run(module)
-                nodes = function.attributes["sharding.num_nodes"].data  # type: ignore[attr-defined]
-                variables = function.attributes["sharding.num_variables"].data  # type: ignore[attr-defined]
+                stats = PassManager(default_registry(), pipeline).execute(module).statistics
+                nodes = int(statistic(stats, "auto-sharding", "num-nodes"))
+                variables = int(statistic(stats, "auto-sharding", "num-variables"))
                 objective = function.attributes["sharding.objective"].value.data  # type: ignore[attr-defined]
-                solve = function.attributes["sharding.solve_time"].value.data  # type: ignore[attr-defined]
+                solve = statistic(stats, "auto-sharding", "solve-time")
                 planned = time.perf_counter() - start
                 print(
                     f"{layers:6} {'x'.join(map(str, shape)):6} {ops:7} {nodes:6} {variables:6} "

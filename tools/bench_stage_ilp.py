@@ -204,13 +204,18 @@ def solve(args: argparse.Namespace) -> None:
 
 
 def plan(args: argparse.Namespace) -> None:
+    from alpa_ir.pass_statistics import PassStatistic, statistic
     from alpa_ir.stage_cost import StageCostOptions, plan_function
 
     function = _layer_function(args.model, args.layers, args.first, args.last)
     for text in args.meshes:
         start = time.perf_counter()
+        stats: list[PassStatistic] = []
         planned = plan_function(
-            function, _mesh(_parse_mesh(text)), StageCostOptions(time_limit=args.time_limit)
+            function,
+            _mesh(_parse_mesh(text)),
+            StageCostOptions(time_limit=args.time_limit),
+            statistics=stats,
         )
         attrs = planned.attributes
         print(
@@ -220,8 +225,8 @@ def plan(args: argparse.Namespace) -> None:
                     "mesh": text,
                     "seconds": round(time.perf_counter() - start, 3),
                     "objective": attrs["sharding.objective"].value.data,  # type: ignore[attr-defined]
-                    "variables": attrs["sharding.num_variables"].data,  # type: ignore[attr-defined]
-                    "nodes": attrs["sharding.num_nodes"].data,  # type: ignore[attr-defined]
+                    "variables": int(statistic(stats, "auto-sharding", "num-variables")),
+                    "nodes": int(statistic(stats, "auto-sharding", "num-nodes")),
                 }
             ),
             flush=True,
