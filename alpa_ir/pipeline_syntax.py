@@ -229,10 +229,25 @@ def _unknown_pass(name: str, registry: PluginRegistry) -> PipelineError:
     )
 
 
-def build_passes(specs: Sequence[PassSpec], registry: PluginRegistry) -> list[ModulePass]:
-    """Instantiate each pass of ``specs`` from ``registry`` with typed options."""
+@dataclass(frozen=True)
+class NamedPipeline:
+    """A pipeline registered by name: a pipeline string may name it like a
+    pass (without options), and it stands for ``text``'s passes."""
+
+    description: str
+    text: str
+
+
+def build_passes(
+    specs: Sequence[PassSpec], registry: PluginRegistry, _expanding: tuple[str, ...] = ()
+) -> list[ModulePass]:
+    """Instantiate each pass of ``specs`` from ``registry`` with typed options;
+    a named pipeline's passes stand where it is named."""
     passes: list[ModulePass] = []
     for spec in specs:
+        if spec.name not in registry.passes and spec.name in registry.pipelines:
+            passes += _expand(spec, registry, _expanding)
+            continue
         if spec.name not in registry.passes:
             raise _unknown_pass(spec.name, registry)
         pass_cls = registry.passes[spec.name]
@@ -244,6 +259,19 @@ def build_passes(specs: Sequence[PassSpec], registry: PluginRegistry) -> list[Mo
             )
         passes.append(build_pass(pass_cls, spec.name, spec.options))
     return passes
+
+
+def _expand(
+    spec: PassSpec, registry: PluginRegistry, expanding: tuple[str, ...]
+) -> list[ModulePass]:
+    if spec.options:
+        raise PipelineError(f"named pipeline '{spec.name}' takes no options")
+    if spec.name in expanding:
+        raise PipelineError(
+            f"named pipeline '{spec.name}' names itself: {' -> '.join((*expanding, spec.name))}"
+        )
+    named = registry.pipelines[spec.name]
+    return build_passes(parse_pipeline_spec(named.text), registry, (*expanding, spec.name))
 
 
 def parse_pipeline(text: str, registry: PluginRegistry) -> list[ModulePass]:

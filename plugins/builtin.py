@@ -93,3 +93,32 @@ def alpa_ir_cluster_presets() -> Mapping[str, Callable[..., Any]]:
     from alpa_ir.clusters import builtin_presets
 
     return builtin_presets()
+
+
+@hookimpl
+def alpa_ir_pipelines() -> Mapping[str, Any]:
+    """One per single-mesh method: exactly the pipeline the method builds (one
+    micro-batch; the method's own string adds its micro-batch count)."""
+    from alpa_ir.parallel import (
+        DataParallel,
+        HeuristicParallel,
+        ShardParallel,
+        Zero2Parallel,
+        Zero3Parallel,
+    )
+    from alpa_ir.pipeline_syntax import NamedPipeline
+
+    methods = {
+        "shard-parallel": ShardParallel,
+        "data-parallel": DataParallel,
+        "zero2-parallel": Zero2Parallel,
+        "zero3-parallel": Zero3Parallel,
+        "heuristic-parallel": HeuristicParallel,
+    }
+    return {
+        name: NamedPipeline(
+            f"{method.__name__}(): {(method.__doc__ or '').strip().splitlines()[0]}",
+            method().auto_sharding_option.pipeline(1),
+        )
+        for name, method in methods.items()
+    }

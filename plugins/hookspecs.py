@@ -76,3 +76,10 @@ class AlpaIrHookSpecs:
     def alpa_ir_cluster_presets(self) -> Mapping[str, Callable[[], Any]]:
         """Cluster / system presets by name: a factory returning a cluster description."""
         raise NotImplementedError
+
+    @hookspec
+    def alpa_ir_pipelines(self) -> Mapping[str, Any]:
+        """Named pass pipelines (MLIR's ``PassPipelineRegistration``) by name: a
+        :class:`alpa_ir.pipeline_syntax.NamedPipeline` (description and the
+        pipeline text it stands for); a pipeline string may name one like a pass."""
+        raise NotImplementedError

@@ -44,6 +44,8 @@ class PluginRegistry:
     stage_cost_models: Mapping[str, Callable[[], Any]]
     sharding_rules: Mapping[str, Any]
     cluster_presets: Mapping[str, Callable[[], Any]]
+    pipelines: Mapping[str, Any] = field(default_factory=dict)
+    """Named pass pipelines (``alpa_ir_pipelines``)."""
     owners: Mapping[tuple[str, str], str] = field(default_factory=dict)
     plugin_names: tuple[str, ...] = ()
     load_errors: tuple[str, ...] = ()
@@ -87,6 +89,7 @@ _TABLES: tuple[tuple[str, str], ...] = (
     ("stage_cost_models", "alpa_ir_stage_cost_models"),
     ("sharding_rules", "alpa_ir_sharding_rules"),
     ("cluster_presets", "alpa_ir_cluster_presets"),
+    ("pipelines", "alpa_ir_pipelines"),
 )
 
 

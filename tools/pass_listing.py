@@ -59,6 +59,16 @@ def format_pass_list(registry: PluginRegistry) -> str:
         lines.append(f"  {name}{origin}")
         lines.append(f"      {pass_summary(cls)}")
         lines.extend(_option_lines(cls))
+    if registry.pipelines:
+        lines.append(f"Named pipelines ({len(registry.pipelines)}):")
+        for name in sorted(registry.pipelines):
+            named = registry.pipelines[name]
+            owner = registry.owners.get(("pipelines", name), "builtin")
+            origin = "" if owner == "builtin" else f"  [plugin {owner}]"
+            lines.append(f"  {name}{origin}")
+            lines.append(f"      {named.description}")
+            lines.extend(textwrap.wrap(named.text, _WIDTH, initial_indent=" " * 6 + "= ",
+                                       subsequent_indent=" " * 8))  # fmt: skip
     if registry.load_errors:
         lines.append("Plugins that failed to load: " + "; ".join(registry.load_errors))
     return "\n".join(lines) + "\n"

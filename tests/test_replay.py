@@ -1,0 +1,53 @@
+"""A planned step replays in alpa-opt: its input module run through its pass
+pipeline prints exactly the executable's module, and that module, run on the
+xla backend, equals one device."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from zoo_fixtures import max_abs_diff, reference_outputs, tiny_step
+
+import alpa_ir
+from alpa_ir.ir_text import parse_module, print_module
+from alpa_ir.tools.alpa_opt import main as alpa_opt
+
+
+@pytest.mark.parametrize("method", ["ShardParallel", "Zero3Parallel", "DataParallel"])
+def test_alpa_opt_replays_the_plan_exactly(
+    method: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fn, args = tiny_step("mlp-tiny")
+    mesh = alpa_ir.LogicalDeviceMesh((2, 4))
+    executable = alpa_ir.parallelize(fn, method=getattr(alpa_ir, method)(mesh)).get_executable(
+        *args
+    )
+    source = tmp_path / "input.mlir"
+    source.write_text(print_module(executable.input_module))
+    assert alpa_opt([str(source), f"--pass-pipeline={executable.pass_pipeline}"]) == 0
+    replayed = capsys.readouterr().out
+    assert replayed == print_module(executable.module)
+    got = alpa_ir.execute(parse_module(replayed), *args)
+    assert max_abs_diff(got, reference_outputs("mlp-tiny")) <= 1e-5
+
+
+def test_a_named_pipeline_is_the_methods_pipeline(capsys: pytest.CaptureFixture[str]) -> None:
+    """`data-parallel` stands for exactly DataParallel()'s passes, and may be
+    combined with other passes."""
+    want = alpa_ir.DataParallel().auto_sharding_option.pipeline(1)
+    assert alpa_opt(["-p", want, "--print-pipeline"]) == 0
+    canonical = capsys.readouterr().out
+    assert alpa_opt(["-p", "data-parallel", "--print-pipeline"]) == 0
+    assert capsys.readouterr().out == canonical
+    assert alpa_opt(["-p", "zero3-parallel,cluster-operators", "--print-pipeline"]) == 0
+    out = capsys.readouterr().out
+    assert "reduce-scatter-rewrite{mode=zero3}" in out and out.rstrip().endswith(
+        "cluster-operators{layers=2 delta=0.5 relax-delta=true fit-delta=false})"
+    )
+    assert alpa_opt(["-p", "data-parallel{solver=highs}", "--print-pipeline"]) == 1
+    err = capsys.readouterr().err
+    assert "named pipeline 'data-parallel' takes no options" in err
+    assert alpa_opt(["--list-passes"]) == 0
+    listing = capsys.readouterr().out
+    assert "Named pipelines (5):" in listing and "  zero2-parallel\n" in listing
