@@ -49,23 +49,25 @@ def _option_lines(cls: type) -> list[str]:
     return lines
 
 
+def _heading(registry: PluginRegistry, table: str, name: str) -> str:
+    """``  name``, with ``[plugin P]`` when a plugin, not the built-in one, gave it."""
+    owner = registry.owners.get((table, name), "builtin")
+    return f"  {name}" + ("" if owner == "builtin" else f"  [plugin {owner}]")
+
+
 def format_pass_list(registry: PluginRegistry) -> str:
     """Every pass of ``registry`` by name: summary, owning plugin if not built in, options."""
     lines = [f"Available passes ({len(registry.passes)}):"]
     for name in sorted(registry.passes):
         cls = registry.passes[name]
-        owner = registry.owners.get(("passes", name), "builtin")
-        origin = "" if owner == "builtin" else f"  [plugin {owner}]"
-        lines.append(f"  {name}{origin}")
+        lines.append(_heading(registry, "passes", name))
         lines.append(f"      {pass_summary(cls)}")
         lines.extend(_option_lines(cls))
     if registry.pipelines:
         lines.append(f"Named pipelines ({len(registry.pipelines)}):")
         for name in sorted(registry.pipelines):
             named = registry.pipelines[name]
-            owner = registry.owners.get(("pipelines", name), "builtin")
-            origin = "" if owner == "builtin" else f"  [plugin {owner}]"
-            lines.append(f"  {name}{origin}")
+            lines.append(_heading(registry, "pipelines", name))
             lines.append(f"      {named.description}")
             lines.extend(textwrap.wrap(named.text, _WIDTH, initial_indent=" " * 6 + "= ",
                                        subsequent_indent=" " * 8))  # fmt: skip
