@@ -71,7 +71,7 @@ def draw_shardings(
             i, j = (*tile, 0, 0)[:2]
             ax.add_patch(Rectangle((j / cols_n, i / rows_n), 1 / cols_n, 1 / rows_n,
                                    facecolor=stage_colour(tensor.stage), alpha=0.25 + 0.5 * ((i + j) % 2),
-                                   edgecolor="black", gid=f"tile-{t}-{len(counts)}-{i}-{j}"))  # fmt: skip
+                                   edgecolor="black", gid=f"tile-{t}-{i}-{j}"))  # fmt: skip
             text = "\n".join(str(list(h)) for h in holders[:4]) + (
                 "\n…" if len(holders) > 4 else ""
             )
