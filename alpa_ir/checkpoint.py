@@ -34,9 +34,10 @@ when they are literals and otherwise come from ``target``.
 from __future__ import annotations
 
 import ast
+import contextlib
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -252,8 +253,10 @@ def _latest_step(where: Path) -> int | None:
         manager.close()
 
 
-def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The manifest of the checkpoint at ``path`` (its step, tree and leaves)."""
+@contextlib.contextmanager
+def _committed(path: str | os.PathLike[str]) -> Iterator[tuple[Path, Any, int]]:
+    """The checkpoint directory, an open manager on it and its latest committed
+    step; a one-line error where there is none."""
     where = Path(path)
     if not where.is_dir():
         raise AlpaError(f"no checkpoint at {where}: not a directory")
@@ -262,9 +265,15 @@ def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
         step = manager.latest_step()
         if step is None:
             raise AlpaError(f"no checkpoint at {where}: no committed step in the directory")
-        return _read_manifest(where, manager, step)
+        yield where, manager, step
     finally:
         manager.close()
+
+
+def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The manifest of the checkpoint at ``path`` (its step, tree and leaves)."""
+    with _committed(path) as (where, manager, step):
+        return _read_manifest(where, manager, step)
 
 
 def _one_line(err: BaseException) -> str:
@@ -352,18 +361,9 @@ def restore_checkpoint(
     leaf) overrides the placement. Without either, each leaf goes to the
     default device, and the tree's node types must be rebuildable from the
     text (a ``TrainState`` needs a target: its ``apply_fn`` is not saved)."""
-    where = Path(path)
-    if not where.is_dir():
-        raise AlpaError(f"no checkpoint at {where}: not a directory")
-    manager = _manager(where, create=False)
-    try:
-        step = manager.latest_step()
-        if step is None:
-            raise AlpaError(f"no checkpoint at {where}: no committed step in the directory")
+    with _committed(path) as (where, manager, step):
         manifest = _read_manifest(where, manager, step)
         return _restore(where, manager, step, manifest, target, shardings)
-    finally:
-        manager.close()
 
 
 def _restore(

@@ -35,11 +35,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from xdsl.dialects.builtin import ArrayAttr, FloatAttr, StringAttr, f64
+from xdsl.dialects.builtin import ArrayAttr, FloatAttr, ModuleOp, StringAttr, f64
 
 from alpa_ir.device_mesh import LogicalDeviceMesh
 from alpa_ir.dialects.mesh import ClusterOp, LevelAttr
 from alpa_ir.errors import AlpaError
+from alpa_ir.module_utils import top_level_ops
 
 HBM_BANDWIDTH_ATTR = "mesh.hbm_bandwidth"
 """Discardable attribute of ``mesh.cluster``: device memory bandwidth in bytes/s."""
@@ -262,6 +263,12 @@ class Cluster:
         if self.hbm_bandwidth:
             attrs[HBM_BANDWIDTH_ATTR] = FloatAttr(float(self.hbm_bandwidth), f64)
         return ClusterOp.create(properties=props, attributes=attrs)
+
+    @staticmethod
+    def of_module(module: ModuleOp) -> Cluster | None:
+        """The cluster of ``module``'s ``mesh.cluster`` op, or None without one."""
+        op = next(top_level_ops(module, ClusterOp), None)
+        return Cluster.from_op(op) if isinstance(op, ClusterOp) else None
 
     @staticmethod
     def from_op(op: ClusterOp) -> Cluster:

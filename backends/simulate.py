@@ -42,7 +42,7 @@ from xdsl.ir import BlockArgument
 from alpa_ir.clusters import Cluster
 from alpa_ir.device_mesh import LogicalDeviceMesh
 from alpa_ir.dialects.lax_params import ints_of
-from alpa_ir.dialects.mesh import ClusterOp, LogicalMeshOp
+from alpa_ir.dialects.mesh import LogicalMeshOp
 from alpa_ir.dialects.pipeline import PlanOp, StageOp, TransferOp
 from alpa_ir.errors import AlpaError, PlanError
 from alpa_ir.ir_types import dtype_of, shape_of
@@ -407,15 +407,12 @@ class SimulateBackend:
 
     def compile(self, module: ModuleOp, cluster: Cluster | None = None) -> SimResult:
         """Estimate an outlined module on ``cluster`` (default: its ``mesh.cluster``)."""
+        cluster = cluster or Cluster.of_module(module)
         if cluster is None:
-            ops = list(top_level_ops(module, ClusterOp))
-            if not ops:
-                raise AlpaError(
-                    "simulate: the module has no mesh.cluster; pass a cluster "
-                    "(alpa_ir.clusters.get_cluster)"
-                )
-            assert isinstance(ops[0], ClusterOp)
-            cluster = Cluster.from_op(ops[0])
+            raise AlpaError(
+                "simulate: the module has no mesh.cluster; pass a cluster "
+                "(alpa_ir.clusters.get_cluster)"
+            )
         return simulate(plan_from_module(module, cluster))
 
 

@@ -610,13 +610,12 @@ def module_cluster(
         from alpa_ir.clusters import get_cluster
 
         return get_cluster(preset, presets=presets)
-    ops = list(top_level_ops(module, ClusterOp))
-    if not ops:
+    cluster = Cluster.of_module(module)
+    if cluster is None:
         raise AlpaError(
             "construct-stages: the module has no mesh.cluster; give the option cluster=<preset>"
         )
-    assert isinstance(ops[0], ClusterOp)
-    return Cluster.from_op(ops[0])
+    return cluster
 
 
 @dataclass(frozen=True)

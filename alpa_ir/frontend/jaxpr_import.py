@@ -181,7 +181,12 @@ class _BlockEmitter:
             jaxpr, consts = sub, ()
         if _is_remat(eqn) and inputs:
             inputs = self._barrier(eqn, inputs, backward)
-        nested = _BlockEmitter(
+        return self._nested(eqn, backward).emit_jaxpr(jaxpr, consts, inputs)
+
+    def _nested(self, eqn: Any, backward: bool) -> _BlockEmitter:
+        """An emitter into this block for the body of ``eqn`` (its location the
+        fallback, the same backward state)."""
+        return _BlockEmitter(
             self.importer,
             self.block,
             constants=self.constants,
@@ -189,7 +194,6 @@ class _BlockEmitter:
             backward=backward,
             backward_ops=self.backward_ops,
         )
-        return nested.emit_jaxpr(jaxpr, consts, inputs)
 
     def traced(self, fn: Callable[..., Any], inputs: list[SSAValue]) -> list[SSAValue]:
         """Emit the ops of ``fn`` (a small JAX function) applied to ``inputs``."""
@@ -211,15 +215,9 @@ class _BlockEmitter:
         ys: dict[int, list[SSAValue]] = {}
         for i in order:
             x_i = [self.traced(lambda a, i=i: a[i], [x])[0] for x in xs]
-            nested = _BlockEmitter(
-                self.importer,
-                self.block,
-                constants=self.constants,
-                fallback_location=self.location(eqn),
-                backward=backward,
-                backward_ops=self.backward_ops,
+            outs = self._nested(eqn, backward).emit_jaxpr(
+                body.jaxpr, body.consts, [*consts, *carry, *x_i]
             )
-            outs = nested.emit_jaxpr(body.jaxpr, body.consts, [*consts, *carry, *x_i])
             carry, ys[i] = outs[:num_carry], outs[num_carry:]
         stacked = [
             self.traced(lambda *a: jnp.stack(a), [ys[i][k] for i in range(length)])[0]

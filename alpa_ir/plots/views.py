@@ -20,7 +20,7 @@ from xdsl.dialects.builtin import ModuleOp
 
 from alpa_ir.clusters import Cluster
 from alpa_ir.device_mesh import function_mesh
-from alpa_ir.dialects.mesh import ClusterOp, LogicalMeshOp
+from alpa_ir.dialects.mesh import LogicalMeshOp
 from alpa_ir.dialects.pipeline import PlanOp, StageOp
 from alpa_ir.dialects.sharding import spec_of_value
 from alpa_ir.errors import AlpaError
@@ -68,12 +68,9 @@ def _stages(module: ModuleOp) -> list[tuple[StageMesh, func.FuncOp]]:
 def module_cluster(module: ModuleOp, cluster: Cluster | None) -> Cluster:
     """The module's ``mesh.cluster``, else ``cluster``, else the local devices
     (one host holding at least every device id the meshes name)."""
-    ops = list(top_level_ops(module, ClusterOp))
-    if ops:
-        assert isinstance(ops[0], ClusterOp)
-        return Cluster.from_op(ops[0])
-    if cluster is not None:
-        return cluster
+    own = Cluster.of_module(module) or cluster
+    if own is not None:
+        return own
     from alpa_ir.clusters import ClusterLevel, local_cpu
 
     base = local_cpu()
