@@ -229,15 +229,6 @@ def _unknown_pass(name: str, registry: PluginRegistry) -> PipelineError:
     )
 
 
-@dataclass(frozen=True)
-class NamedPipeline:
-    """A pipeline registered by name: a pipeline string may name it like a
-    pass (without options), and it stands for ``text``'s passes."""
-
-    description: str
-    text: str
-
-
 def build_passes(
     specs: Sequence[PassSpec], registry: PluginRegistry, _expanding: tuple[str, ...] = ()
 ) -> list[ModulePass]:

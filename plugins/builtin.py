@@ -99,26 +99,25 @@ def alpa_ir_cluster_presets() -> Mapping[str, Callable[..., Any]]:
 def alpa_ir_pipelines() -> Mapping[str, Any]:
     """One per single-mesh method: exactly the pipeline the method builds (one
     micro-batch; the method's own string adds its micro-batch count)."""
-    from alpa_ir.parallel import (
-        DataParallel,
-        HeuristicParallel,
-        ShardParallel,
-        Zero2Parallel,
-        Zero3Parallel,
+    from alpa_ir.plugins.registry import NamedPipeline
+    from alpa_ir.sharding_options import (
+        AutoShardingOption,
+        data_parallel_option,
+        heuristic_option,
     )
-    from alpa_ir.pipeline_syntax import NamedPipeline
 
-    methods = {
-        "shard-parallel": ShardParallel,
-        "data-parallel": DataParallel,
-        "zero2-parallel": Zero2Parallel,
-        "zero3-parallel": Zero3Parallel,
-        "heuristic-parallel": HeuristicParallel,
-    }
+    options = {
+        "shard-parallel": ("ShardParallel(): the ILP's plan", AutoShardingOption()),
+        "data-parallel": ("DataParallel(): batch split, gradients all-reduced",
+                          data_parallel_option("none")),
+        "zero2-parallel": ("Zero2Parallel(): data parallel, optimizer state sharded (ZeRO-2)",
+                           data_parallel_option("zero2")),
+        "zero3-parallel": ("Zero3Parallel(): ZeRO-2 plus sharded parameters (ZeRO-3)",
+                           data_parallel_option("zero3")),
+        "heuristic-parallel": ("HeuristicParallel(): Alpa's Heuristic baseline",
+                               heuristic_option()),
+    }  # fmt: skip
     return {
-        name: NamedPipeline(
-            f"{method.__name__}(): {(method.__doc__ or '').strip().splitlines()[0]}",
-            method().auto_sharding_option.pipeline(1),
-        )
-        for name, method in methods.items()
+        name: NamedPipeline(description, option.pipeline(1))
+        for name, (description, option) in options.items()
     }

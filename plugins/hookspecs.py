@@ -80,6 +80,6 @@ class AlpaIrHookSpecs:
     @hookspec
     def alpa_ir_pipelines(self) -> Mapping[str, Any]:
         """Named pass pipelines (MLIR's ``PassPipelineRegistration``) by name: a
-        :class:`alpa_ir.pipeline_syntax.NamedPipeline` (description and the
+        :class:`alpa_ir.plugins.registry.NamedPipeline` (description and the
         pipeline text it stands for); a pipeline string may name one like a pass."""
         raise NotImplementedError

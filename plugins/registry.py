@@ -22,6 +22,15 @@ from alpa_ir.errors import AlpaError
 from alpa_ir.plugins.hookspecs import PROJECT_NAME, AlpaIrHookSpecs
 
 
+@dataclass(frozen=True)
+class NamedPipeline:
+    """A pipeline registered by name (``alpa_ir_pipelines``): a pipeline string
+    may name it like a pass (without options), and it stands for ``text``'s passes."""
+
+    description: str
+    text: str
+
+
 class PluginLoadError(AlpaError):
     """A plugin could not be imported or raised while contributing."""
 
@@ -44,7 +53,7 @@ class PluginRegistry:
     stage_cost_models: Mapping[str, Callable[[], Any]]
     sharding_rules: Mapping[str, Any]
     cluster_presets: Mapping[str, Callable[[], Any]]
-    pipelines: Mapping[str, Any] = field(default_factory=dict)
+    pipelines: Mapping[str, NamedPipeline] = field(default_factory=dict)
     """Named pass pipelines (``alpa_ir_pipelines``)."""
     owners: Mapping[tuple[str, str], str] = field(default_factory=dict)
     plugin_names: tuple[str, ...] = ()
