@@ -17,21 +17,13 @@ xla backend, on one Ray actor per mesh on the ray backend.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, Literal
-
-import numpy as np
-from jax.sharding import Mesh
-from xdsl.dialects import func
-from xdsl.dialects.builtin import DenseArrayBase, FlatSymbolRefAttr, ModuleOp, StringAttr
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
 
 from alpa_ir.device_mesh import LogicalDeviceMesh
-from alpa_ir.dialects.mesh import MESH_ATTR
 from alpa_ir.errors import AlpaError
-from alpa_ir.module_utils import main_function, symbol_op
 from alpa_ir.parallel import AutoShardingOption, Devices
-from alpa_ir.plugins.registry import PluginRegistry
 
 
 @dataclass(frozen=True)
@@ -218,68 +210,3 @@ def manual_placements(
         out.append(StagePlacement(layers[0], layers[-1], mesh))
         start += size
     return out
-
-
-def function_module(module: ModuleOp, name: str, mesh: LogicalDeviceMesh) -> ModuleOp:
-    """A module holding a copy of function ``@name`` as ``@main`` on ``@mesh``."""
-    function = symbol_op(module, name, func.FuncOp).clone()
-    assert isinstance(function, func.FuncOp)
-    function.sym_name = StringAttr("main")
-    function.attributes[MESH_ATTR] = FlatSymbolRefAttr("mesh")
-    return ModuleOp([mesh.to_op("mesh"), function])
-
-
-def jax_mesh_of(mesh: LogicalDeviceMesh) -> Mesh:
-    from alpa_ir.runtime.devices import local_devices_for
-
-    assert mesh.devices is not None and mesh.axis_names is not None
-    devices = np.array(local_devices_for(mesh.devices), dtype=object).reshape(mesh.shape)
-    return Mesh(devices, mesh.axis_names)
-
-
-@dataclass
-class CompiledStageFunction:
-    name: str
-    module: ModuleOp
-    mesh: LogicalDeviceMesh
-    run: Callable[..., Any]
-    in_shardings: tuple[Any, ...]
-
-
-def shard_stage_function(
-    module: ModuleOp,
-    name: str,
-    mesh: LogicalDeviceMesh,
-    option: AutoShardingOption,
-    registry: PluginRegistry,
-) -> CompiledStageFunction:
-    """Auto-shard ``@name`` on ``mesh``, write the plan back into ``module``, compile it."""
-    from alpa_ir.backends.spmd import compile_spmd
-    from alpa_ir.pass_manager import PassManager
-
-    single = function_module(module, name, mesh)
-    if "alpa.batch_args" not in main_function(single).attributes:
-        # a function without batch arguments (apply-grad): no batch to force
-        option = replace(option, force_batch_dim_to_mesh_dim=None, force_data_parallel=False)
-    PassManager(registry, option.pipeline(1)).run(single)
-    sharded = main_function(single)
-    original = symbol_op(module, name, func.FuncOp)
-    planned = sharded.clone()
-    planned.sym_name = StringAttr(name)
-    planned.attributes[MESH_ATTR] = original.attributes[MESH_ATTR]
-    module.body.block.insert_op_before(planned, original)
-    module.body.block.erase_op(original)
-    assert mesh.axis_names is not None
-    run, in_shardings = compile_spmd(single, sharded, jax_mesh_of(mesh), mesh.axis_names)
-    return CompiledStageFunction(name, single, mesh, run, in_shardings)
-
-
-def per_micro_batch(function: func.FuncOp) -> frozenset[int]:
-    from alpa_ir.stage_outline import PER_MICRO_BATCH_ATTR
-
-    attr = function.attributes.get(PER_MICRO_BATCH_ATTR)
-    return (
-        frozenset(int(x) for x in attr.get_values())
-        if isinstance(attr, DenseArrayBase)
-        else frozenset()
-    )

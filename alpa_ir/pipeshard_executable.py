@@ -9,87 +9,99 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import Mesh
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 
+from alpa_ir.api import compile_module
+from alpa_ir.backends.xla_pipeline import LocalPipelineExecutable
 from alpa_ir.device_mesh import LogicalDeviceMesh
 from alpa_ir.dialects.pipeline import PlanOp, StageOp
 from alpa_ir.frontend.arguments import CompiledSignature, StaticArgnums, compiled_signature
 from alpa_ir.frontend.jaxpr_import import import_step
-from alpa_ir.micro_batch_random import draw_micro_batch_rows
-from alpa_ir.module_utils import main_function, symbol_op
+from alpa_ir.module_utils import main_function, symbol_op, top_level_ops
 from alpa_ir.pipeshard import (
     AutoLayerOption,
     AutoStageOption,
+    ManualLayerOption,
     ManualStageOption,
     PipeshardParallel,
     StagePlacement,
     _device_ids,
     manual_placements,
-    shard_stage_function,
     uniform_placements,
 )
 from alpa_ir.plugins.registry import PluginRegistry, default_registry
-from alpa_ir.runtime.interpreter import (
-    CompiledFunction,
-    MeshInterpreter,
-    gather_outputs,
-    run_interleaved,
-    split_inputs,
-)
-from alpa_ir.runtime.program import StepProgram, step_program
-from alpa_ir.runtime.transfers import TilePlanTransport
-from alpa_ir.stage_specs import shard_in_call_order
+from alpa_ir.runtime.interpreter import CompiledFunction, RuntimeEvent
+from alpa_ir.runtime.program import StepProgram
 from alpa_ir.step_partition import batch_leaves_of, warn_micro_batch_statistics
 
 
 class PipeshardExecutable:
-    """A step compiled into pipeline stages on submeshes of the local devices.
+    """A step compiled into pipeline stages on submeshes of the devices.
 
-    ``module`` carries the plan after ``cross-mesh-resharding`` and
-    ``emit-instructions``; ``program`` is its per-mesh instruction lists. On
-    the xla backend one :class:`~alpa_ir.runtime.interpreter.MeshInterpreter`
-    per mesh runs them in this process (round-robin, each until it waits for
-    a transfer), moving tensors by their tile plans
-    (:class:`~alpa_ir.runtime.transfers.TilePlanTransport`); on the ray
-    backend ``remote`` runs them on one actor per mesh.
+    ``module`` is the planned module: ``input_module`` (the step as imported)
+    after every pass of ``pass_pipeline``, the last two being
+    ``cross-mesh-resharding`` and ``emit-instructions``; ``program`` is its
+    per-mesh instruction lists. A backend runs it (``runner``): on xla, one
+    :class:`~alpa_ir.runtime.interpreter.MeshInterpreter` per mesh in this
+    process (:mod:`alpa_ir.backends.xla_pipeline`); on ray, one actor per
+    mesh (:mod:`alpa_ir.backends.ray`).
     """
 
     def __init__(
         self,
         module: ModuleOp,
-        placements: Sequence[StagePlacement],
-        program: StepProgram,
-        functions: dict[str, CompiledFunction],
         signature: CompiledSignature,
+        runner: Any,
+        input_module: ModuleOp,
+        pass_pipeline: str,
     ) -> None:
-        from alpa_ir.runtime.devices import local_devices_for
-
         self.module = module
-        self.placements = tuple(placements)
-        self.program = program
+        self.program: StepProgram = runner.program
         self.signature = signature
         self.in_tree, self.out_tree = signature.in_tree, signature.out_tree
-        self.functions = functions
-        self.transport = TilePlanTransport(program)
-        self.interpreters = []
-        for name, info in program.meshes.items():
-            devices = np.array(local_devices_for(info.device_ids), dtype=object)
-            mesh = Mesh(devices.reshape(info.shape), info.axis_names)
-            names = {i.target for i in program.instructions[name] if i.kind == "run"}
-            mesh_functions = {f: functions[f] for f in names}
-            self.interpreters.append(
-                MeshInterpreter(program, name, mesh, mesh_functions, self.transport)
-            )
-        self.remote: Any = None
-        """The Ray executable when the step runs on the ray backend."""
+        self.runner = runner
+        self.input_module = input_module
+        """The step's module as imported, before any pass."""
+        self.pass_pipeline = pass_pipeline
+        """The exact pipeline that turns ``input_module`` into ``module``
+        (``alpa-opt --pass-pipeline=...`` replays it)."""
+        self.pass_statistics: tuple[Any, ...] = ()
+        self._local: LocalPipelineExecutable | None = (
+            runner if isinstance(runner, LocalPipelineExecutable) else None
+        )
         self.record_timeline = False
         """When true, each in-process step records when every instruction ran
         (each RUN waits for its results) into :attr:`last_timeline`."""
         self.last_timeline: Any = None
         """The measured timeline of the last recorded step (a ``SimResult``);
         ``plot("timeline", ...)`` draws it beside the simulated one."""
+
+    @property
+    def remote(self) -> Any:
+        """The Ray executable when the step runs on the ray backend, else None."""
+        return None if self._local is self.runner else self.runner
+
+    @property
+    def functions(self) -> dict[str, CompiledFunction]:
+        """Every stage function compiled for the local devices (on the ray
+        backend compiled here on first use, for HLO text and input shardings)."""
+        if self._local is None:
+            self._local = LocalPipelineExecutable(self.module)
+        return self._local.functions
+
+    @property
+    def placements(self) -> tuple[StagePlacement, ...]:
+        """Each stage's layers and logical mesh, read from the module."""
+        from alpa_ir.dialects.mesh import LogicalMeshOp
+
+        out = []
+        for stage in _stages(self.module):
+            mesh = symbol_op(self.module, stage.mesh.root_reference.data, LogicalMeshOp)
+            assert isinstance(mesh, LogicalMeshOp)
+            first, last = (int(x) for x in stage.layers.get_values())
+            out.append(StagePlacement(first, last, LogicalDeviceMesh.from_op(mesh)))
+        return tuple(out)
 
     @property
     def num_micro_batches(self) -> int:
@@ -101,29 +113,23 @@ class PipeshardExecutable:
 
     def __call__(self, *args: Any) -> Any:
         flat = self.signature.flatten(args)
-        if self.remote is not None:
-            return self.signature.unflatten_outputs(self.remote.run_flat(flat))
-        inputs = {m: split_inputs(self.program, flat, m) for m in self.program.meshes}
-        for it in self.interpreters:
-            it.events = [] if self.record_timeline else None
-        values = run_interleaved(self.interpreters, inputs)
-        if self.record_timeline:
-            self.last_timeline = self._measured_timeline()
-        return self.signature.unflatten_outputs(gather_outputs(self.program, flat, values))
+        runner = self.runner
+        if runner is self._local:
+            runner.record_events = self.record_timeline
+        outputs = runner.run_flat(flat)
+        if runner is self._local and self.record_timeline:
+            self.last_timeline = self._measured_timeline(runner.events)
+        return self.signature.unflatten_outputs(outputs)
 
-    def _measured_timeline(self) -> Any:
+    def _measured_timeline(self, events: Sequence[RuntimeEvent]) -> Any:
         from alpa_ir.plots.measured import measured_timeline
 
         stage_of_function: dict[str, tuple[int, str]] = {}
         stage_of_mesh: dict[str, int] = {}
-        plan = next(op for op in self.module.ops if isinstance(op, PlanOp))
-        for k, ref in enumerate(plan.stages.data):
-            stage = symbol_op(self.module, ref.root_reference.data, StageOp)
-            assert isinstance(stage, StageOp)
+        for k, stage in enumerate(_stages(self.module)):
             stage_of_mesh.setdefault(stage.mesh.root_reference.data, k)
             for phase, name in stage.phase_functions():
                 stage_of_function[name] = (k, phase)
-        events = [e for it in self.interpreters for e in it.events or ()]
         return measured_timeline(events, self.program, stage_of_function, stage_of_mesh)
 
     def get_input_shardings(self) -> Any:
@@ -161,22 +167,16 @@ class PipeshardExecutable:
         if self.remote is not None:
             self.remote.close()
 
-    input_module: ModuleOp | None = None
-    """The step's module as imported, before any pass."""
-
     def stage_function_names(self) -> list[str]:
         """Every stage program's function, in stage order (forward, backward,
         apply-grad rounds within a stage)."""
-        from alpa_ir.dialects.pipeline import PlanOp, StageOp
-        from alpa_ir.module_utils import top_level_ops
-
-        plan = next(op for op in top_level_ops(self.module, PlanOp) if isinstance(op, PlanOp))
-        names: list[str] = []
-        for ref in plan.stages.data:
-            stage = symbol_op(self.module, ref.root_reference.data, StageOp)
-            assert isinstance(stage, StageOp)
-            names += [name for _, name in stage.phase_functions() if name in self.functions]
-        return names
+        run = {c.function for c in self.program.calls.values()}
+        return [
+            name
+            for stage in _stages(self.module)
+            for _, name in stage.phase_functions()
+            if name in run
+        ]
 
     def get_hlo_text(self) -> list[str]:
         """The HLO XLA compiled for each stage program, in stage order (see
@@ -202,9 +202,12 @@ class PipeshardExecutable:
         program's HLO under ``folder`` (see :mod:`alpa_ir.debug_info`)."""
         from alpa_ir.debug_info import write_debug_info
 
-        files = {"module.mlir": str(self.module), "plan.txt": self.plan_text()}
-        if self.input_module is not None:
-            files["input_module.mlir"] = str(self.input_module)
+        files = {
+            "module.mlir": str(self.module),
+            "plan.txt": self.plan_text(),
+            "input_module.mlir": str(self.input_module),
+            "pass_pipeline.txt": self.pass_pipeline,
+        }
         for name, text in zip(self.stage_function_names(), self.get_hlo_text(), strict=True):
             files[f"hlo/{name}.hlo"] = text
         return write_debug_info(folder, files)
@@ -263,100 +266,70 @@ class PipeshardExecutable:
         return "\n".join(lines)
 
 
-def _placements(
-    method: PipeshardParallel, num_layers: int, devices: tuple[int, ...]
-) -> list[StagePlacement]:
+def _stages(module: ModuleOp) -> list[StageOp]:
+    """The module's ``pipeline.stage`` ops in the plan's order."""
+    plan = next(op for op in top_level_ops(module, PlanOp) if isinstance(op, PlanOp))
+    stages = [symbol_op(module, r.root_reference.data, StageOp) for r in plan.stages.data]
+    assert all(isinstance(s, StageOp) for s in stages)
+    return stages  # type: ignore[return-value]
+
+
+def _layer_passes(module: ModuleOp, method: PipeshardParallel) -> list[str]:
+    """The passes that draw the imported step's layers: with
+    :class:`AutoLayerOption` ``cluster-operators`` cuts its forward pass; the
+    user's boundaries (``mark_pipeline_boundary``) otherwise. Boundaries JAX
+    did not mirror into the backward pass are mirrored."""
+    from alpa_ir.stage_outline import is_layer_marker
+
+    b = method.num_micro_batches
+    passes = [f"draw-micro-batch-rows{{num-micro-batches={b}}}"] if b > 1 else []
+    passes += ["merge-backward-runs", "split-conditionals"]
+    option = method.layer_option
+    if option is None:  # the step's own boundaries, else Alpa's default
+        marked = any(is_layer_marker(op) for op in main_function(module).body.block.ops)
+        option = ManualLayerOption() if marked else AutoLayerOption(layer_num=2)
+    if isinstance(option, AutoLayerOption):
+        passes.append(f"cluster-operators{{layers={option.layer_num} delta={option.eps}}}")
+    return [*passes, "mirror-layers"]
+
+
+def _stage_pass(method: PipeshardParallel, num_layers: int, devices: tuple[int, ...]) -> str:
+    """``outline-stages`` with the uniform or manual slicing, or ``construct-stages``."""
     option = method.stage_option
+    b, schedule = method.num_micro_batches, method.pipeline_schedule
+    remat = "true" if method.remat_layer else "false"
+    ids = ",".join(str(d) for d in devices)
+    if isinstance(option, AutoStageOption):
+        space = option.submesh_logical_shape_space.replace("_", "-")
+        return (
+            f"construct-stages{{num-micro-batches={b} schedule={schedule} submesh-space={space} "
+            f"stage-cost-model={option.stage_cost_model} progress=false remat={remat} "
+            f"devices={ids}}}"
+        )
     if isinstance(option, ManualStageOption):
-        return manual_placements(num_layers, devices, option)
-    assert not isinstance(option, AutoStageOption)  # planned by _auto_placements
-    return uniform_placements(num_layers, devices, option)
+        placements = manual_placements(num_layers, devices, option)
+    else:
+        placements = uniform_placements(num_layers, devices, option)
+    layers = ",".join(f"{p.first}-{p.last}" for p in placements)
+    meshes = ",".join("x".join(str(n) for n in p.mesh.shape) for p in placements)
+    return (
+        f"outline-stages{{layers={layers} meshes={meshes} devices={ids} "
+        f"num-micro-batches={b} schedule={schedule} remat={remat}}}"
+    )
 
 
-def _auto_placements(
-    module: ModuleOp,
-    method: PipeshardParallel,
-    devices: tuple[int, ...],
-    registry: PluginRegistry,
-) -> list[StagePlacement]:
-    """Run ``construct-stages`` on the ``local-cpu`` cluster (restricted to
-    ``devices``' count), outline the module, and map its meshes to ``devices``."""
+def _stage_cluster(devices: tuple[int, ...]) -> Any:
+    """The ``local-cpu`` cluster restricted to ``devices``' count, one node."""
     import dataclasses
 
     from alpa_ir.clusters import ClusterLevel, local_cpu
-    from alpa_ir.passes.construct_stages import construct_stages
 
-    option = method.stage_option
-    assert isinstance(option, AutoStageOption)
     base = local_cpu()
     level = base.levels[-1]
-    cluster = dataclasses.replace(
+    return dataclasses.replace(
         base,
         levels=(ClusterLevel(level.name, len(devices), level.bandwidth, level.latency),),
     )
-    space = option.submesh_logical_shape_space.replace("_", "-")
-    model = registry.get("stage_cost_models", option.stage_cost_model)()
-    plan = construct_stages(
-        module,
-        cluster,
-        num_micro_batches=method.num_micro_batches,
-        schedule=method.pipeline_schedule,
-        submesh_space=space,
-        model=model,
-        progress=False,
-        remat=method.remat_layer,
-    )
-    _map_mesh_devices(module, devices)
-    return [
-        StagePlacement(
-            s.first,
-            s.last,
-            LogicalDeviceMesh(
-                s.mesh.shape,
-                s.mesh.alpha,
-                s.mesh.beta,
-                tuple(devices[d] for d in s.mesh.devices or ()),
-                s.mesh.axis_names,
-            ),
-        )
-        for s in plan.stages
-    ]
-
-
-def _map_mesh_devices(module: ModuleOp, devices: tuple[int, ...]) -> None:
-    """Rewrite the device ids of the module's meshes (planned on a cluster of
-    ``len(devices)`` devices, ids 0..n-1) to the ids of ``devices``."""
-    from alpa_ir.dialects.lax_params import ints_attr
-    from alpa_ir.dialects.mesh import LogicalMeshOp
-    from alpa_ir.module_utils import top_level_ops
-
-    for op in top_level_ops(module, LogicalMeshOp):
-        assert isinstance(op, LogicalMeshOp)
-        op.properties["devices"] = ints_attr(tuple(devices[d] for d in op.device_ids))
-
-
-def _draw_layers(module: ModuleOp, method: PipeshardParallel, registry: PluginRegistry) -> None:
-    """Draw the imported step's layers: with :class:`AutoLayerOption` the
-    ``cluster-operators`` pass cuts its forward pass; the user's boundaries
-    (``mark_pipeline_boundary``) otherwise. Boundaries JAX did not mirror into
-    the backward pass are mirrored (:mod:`alpa_ir.layer_mirroring`)."""
-    from alpa_ir.layer_mirroring import merge_runs, mirror_layers, needs_mirroring
-    from alpa_ir.pass_manager import PassManager
-    from alpa_ir.pipeshard import ManualLayerOption
-    from alpa_ir.stage_outline import is_layer_marker
-
-    option = method.layer_option
-    main = main_function(module)
-    merge_runs(main)
-    if option is None:  # the step's own boundaries, else Alpa's default
-        marked = any(is_layer_marker(op) for op in main.body.block.ops)
-        option = ManualLayerOption() if marked else AutoLayerOption(layer_num=2)
-    passes = ["split-conditionals"]
-    if isinstance(option, AutoLayerOption):
-        passes.append(f"cluster-operators{{layers={option.layer_num} delta={option.eps}}}")
-    PassManager(registry, f"builtin.module({','.join(passes)})").run(module)
-    if needs_mirroring(main):
-        mirror_layers(main)
 
 
 def compile_pipeshard(
@@ -369,10 +342,11 @@ def compile_pipeshard(
     static_argnums: StaticArgnums = (),
     registry: PluginRegistry | None = None,
 ) -> PipeshardExecutable:
-    """Plan and compile ``fn`` for ``args`` with ``method``."""
+    """Plan ``fn`` for ``args`` with ``method`` as one pass pipeline on the
+    imported step, and compile the planned module for the method's backend."""
     from alpa_ir.parallel import check_micro_batches, trace_arguments
     from alpa_ir.pass_manager import PassManager
-    from alpa_ir.stage_outline import StageSlice, count_layers, outline_stages
+    from alpa_ir.stage_outline import count_layers
 
     del donate_argnums  # buffers of a pipeline step are not donated yet
     registry = registry or default_registry()
@@ -387,40 +361,37 @@ def compile_pipeshard(
         unroll_differentiated_loops=True,
     )
     module = imported.module
+    main = main_function(module)
+    if isinstance(method.stage_option, AutoStageOption):  # what construct-stages plans on
+        module.body.block.insert_op_before(_stage_cluster(devices).to_op(), main)
     input_module = module.clone()
-    rows = draw_micro_batch_rows(main_function(module), b)
-    _draw_layers(module, method, registry)
+    num_inputs = len(main.args)
+    layer_passes = _layer_passes(module, method)
+    statistics = (
+        PassManager(registry, f"builtin.module({','.join(layer_passes)})")
+        .execute(module)
+        .statistics
+    )
     main = main_function(module)
     warn_micro_batch_statistics(main, batch_leaves_of(main), b)
-    if isinstance(method.stage_option, AutoStageOption):
-        placements = _auto_placements(module, method, devices, registry)
-    else:
-        placements = _placements(method, count_layers(main), devices)
-        for k, p in enumerate(placements):
-            module.body.block.insert_op_before(p.mesh.to_op(f"mesh{k}"), main)
-        slices = [StageSlice(p.first, p.last, f"mesh{k}") for k, p in enumerate(placements)]
-        outline_stages(module, slices, b, method.pipeline_schedule, method.remat_layer)
-    compiled: dict[str, Any] = {}
-
-    def shard(name: str) -> None:
-        stage = int(name.split("_", 1)[0].removeprefix("stage"))
-        mesh: LogicalDeviceMesh = placements[stage].mesh
-        compiled[name] = shard_stage_function(
-            module, name, mesh, method.auto_sharding_option, registry
-        )
-
-    shard_in_call_order(module, shard)
-    PassManager(registry, "builtin.module(cross-mesh-resharding,emit-instructions)").run(module)
-    functions = {name: CompiledFunction(c.run, c.in_shardings) for name, c in compiled.items()}
+    inner = method.auto_sharding_option.pipeline(1).removeprefix("builtin.module(")[:-1]
+    plan_passes = [
+        _stage_pass(method, count_layers(main), devices),
+        f'shard-stages{{stage-pipeline="{inner}"}}',
+        "cross-mesh-resharding",
+        "emit-instructions",
+    ]
+    manager = PassManager(registry, f"builtin.module({','.join(plan_passes)})")
+    statistics += manager.execute(module).statistics
+    pass_pipeline = PassManager(
+        registry, f"builtin.module({','.join(layer_passes + plan_passes)})"
+    ).pipeline
     signature = compiled_signature(arguments, imported.in_tree, imported.out_tree, imported.outputs)
-    if rows:
+    if len(main_function(module).args) > num_inputs:  # draw-micro-batch-rows added the rows
         batch = arguments.dynamic_positions(batch_argnums)
         first = jax.tree.leaves(arguments.arrays[batch[0]])[0]
         signature = replace(signature, micro_batch_rows=int(np.shape(first)[0]))
-    executable = PipeshardExecutable(module, placements, step_program(module), functions, signature)
-    if method.backend == "ray":
-        from alpa_ir.backends.ray import RayExecutable
-
-        executable.remote = RayExecutable(module)
-    executable.input_module = input_module
+    runner = compile_module(module, backend=method.backend, registry=registry)
+    executable = PipeshardExecutable(module, signature, runner, input_module, pass_pipeline)
+    executable.pass_statistics = statistics
     return executable

@@ -61,11 +61,11 @@ from xdsl.dialects.builtin import (
 from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 
 from alpa_ir.dialects.lax import LaxOp
-from alpa_ir.dialects.mesh import MESH_ATTR
+from alpa_ir.dialects.mesh import MESH_ATTR, LogicalMeshOp
 from alpa_ir.dialects.pipeline import SCHEDULES, PlanOp, StageOp
 from alpa_ir.errors import AlpaError
 from alpa_ir.ir_types import dtype_of
-from alpa_ir.module_utils import main_function
+from alpa_ir.module_utils import main_function, top_level_ops
 from alpa_ir.step_partition import is_grad_marker, partition_step
 
 PHASES = ("forward", "backward", "apply_grad")
@@ -83,6 +83,18 @@ class StageSlice:
     first: int
     last: int
     mesh: str
+
+
+def fresh_mesh_names(module: ModuleOp, count: int) -> list[str]:
+    """``count`` names ``meshK`` no top-level op of ``module`` has yet."""
+    taken = {op.sym_name.data for op in top_level_ops(module, LogicalMeshOp)}  # type: ignore[attr-defined]
+    names: list[str] = []
+    k = 0
+    while len(names) < count:
+        if f"mesh{k}" not in taken:
+            names.append(f"mesh{k}")
+        k += 1
+    return names
 
 
 def is_layer_marker(op: Operation) -> bool:

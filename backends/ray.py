@@ -95,8 +95,12 @@ class RayExecutable:
             ).remote(name, info.size)
         self._wait({m: w.ready.remote() for m, w in self.workers.items()}, start_timeout_s, "start")
         text = str(self.module)
+        from alpa_ir.backends.spmd import compile_mesh_functions
+
         loads = {
-            m: w.load.remote(text, self.program, self.workers, self.step_timeout_s)
+            m: w.load.remote(
+                text, self.program, self.workers, self.step_timeout_s, compile_mesh_functions
+            )
             for m, w in self.workers.items()
         }
         self._wait(loads, start_timeout_s, "load its program")

@@ -17,6 +17,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.sharding import Mesh, PartitionSpec
 from xdsl.dialects import func
@@ -45,7 +46,10 @@ from alpa_ir.dialects.sharding import (
 from alpa_ir.errors import AlpaError
 from alpa_ir.frontend.jax_export import bind_lax_op
 from alpa_ir.ir_types import shape_of
+from alpa_ir.module_utils import symbol_op
 from alpa_ir.runtime.devices import partition_spec
+from alpa_ir.runtime.interpreter import CompiledFunction
+from alpa_ir.runtime.program import StepProgram
 from alpa_ir.step_partition import StepPartition, deferred_reductions, partition_step
 
 
@@ -310,3 +314,22 @@ def compile_spmd(
         donate_argnums=tuple(donate),
     )
     return jitted, in_shardings
+
+
+def compile_mesh_functions(
+    module: ModuleOp, program: StepProgram, mesh: str, devices: Sequence[Any]
+) -> tuple[Mesh, dict[str, CompiledFunction]]:
+    """Compile the functions ``mesh`` runs as SPMD programs on ``devices``
+    (the mesh's device ids remapped to these devices in row-major order)."""
+    info = program.meshes[mesh]
+    if len(devices) != info.size:
+        raise AlpaError(f"mesh @{mesh} needs {info.size} devices, got {len(devices)}")
+    jmesh = Mesh(np.array(devices, dtype=object).reshape(info.shape), info.axis_names)
+    names = [i.target for i in program.instructions[mesh] if i.kind == "run"]
+    compiled: dict[str, CompiledFunction] = {}
+    for name in dict.fromkeys(names):
+        function = symbol_op(module, name, func.FuncOp)
+        assert isinstance(function, func.FuncOp)
+        run, in_shardings = compile_spmd(module, function, jmesh, info.axis_names)
+        compiled[name] = CompiledFunction(run, in_shardings)
+    return jmesh, compiled

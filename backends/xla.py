@@ -181,7 +181,17 @@ class XlaBackend:
 
     name = "xla"
 
-    def compile(self, module: ModuleOp) -> XlaExecutable:
+    def compile(self, module: ModuleOp) -> Any:
+        """An :class:`XlaExecutable` of ``@main``, or for an outlined pipeline
+        module (one with a ``pipeline.plan``) a
+        :class:`~alpa_ir.backends.xla_pipeline.LocalPipelineExecutable`."""
+        from alpa_ir.dialects.pipeline import PlanOp
+        from alpa_ir.module_utils import top_level_ops
+
+        if any(True for _ in top_level_ops(module, PlanOp)):
+            from alpa_ir.backends.xla_pipeline import LocalPipelineExecutable
+
+            return LocalPipelineExecutable(module)
         function = main_function(module)
         trees = tree_texts(function)
         mesh_op = function_mesh(module, function)

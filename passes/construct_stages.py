@@ -64,7 +64,7 @@ from alpa_ir.algorithms.stage_dp import StageDPResult, stage_dp
 from alpa_ir.clusters import Cluster
 from alpa_ir.costing_workers import CostJob, cost_in_workers
 from alpa_ir.device_mesh import LogicalDeviceMesh
-from alpa_ir.dialects.mesh import ClusterOp, LogicalMeshOp
+from alpa_ir.dialects.mesh import ClusterOp
 from alpa_ir.dialects.pipeline import PlanOp
 from alpa_ir.errors import AlpaError, PlanError
 from alpa_ir.module_utils import main_function, top_level_ops
@@ -76,7 +76,7 @@ from alpa_ir.stage_cost import (
     StageCostModel,
     max_stages_after,
 )
-from alpa_ir.stage_outline import LayerRanges, StageSlice, outline_stages
+from alpa_ir.stage_outline import LayerRanges, StageSlice, fresh_mesh_names, outline_stages
 
 SUBMESH_SPACES = ("all", "single-node-model-parallel", "one-dimensional")
 COST_MODES = ("range", "layer-sum")
@@ -585,20 +585,22 @@ def write_plan(
 ) -> None:
     """``mesh.logical_mesh @meshK`` per stage, then the outlined pipeline IR."""
     main = main_function(module)
-    taken = {op.sym_name.data for op in top_level_ops(module, LogicalMeshOp)}  # type: ignore[attr-defined]
-    names = []
-    k = 0
-    for stage in plan.stages:
-        while f"mesh{k}" in taken:
-            k += 1
-        name = f"mesh{k}"
-        taken.add(name)
-        names.append(name)
+    names = fresh_mesh_names(module, len(plan.stages))
+    for stage, name in zip(plan.stages, names, strict=True):
         module.body.block.insert_op_before(stage.mesh.to_op(name), main)
     slices = [StageSlice(s.first, s.last, n) for s, n in zip(plan.stages, names, strict=True)]
     outline_stages(module, slices, num_micro_batches, schedule, remat)
     for op in top_level_ops(module, PlanOp):
         op.attributes[LATENCY_ATTR] = FloatAttr(plan.latency, f64)
+
+
+def _on_devices(plan: StagePlan, devices: tuple[int, ...]) -> StagePlan:
+    """``plan`` with its meshes' device ids ``0..n-1`` replaced by ``devices``."""
+    stages = tuple(
+        replace(s, mesh=replace(s.mesh, devices=tuple(devices[d] for d in s.mesh.devices or ())))
+        for s in plan.stages
+    )
+    return replace(plan, stages=stages)
 
 
 def module_cluster(
@@ -649,6 +651,11 @@ class ConstructStages(ModulePass):
     workers: int = 1
     """Processes that cost the stage-mesh pairs (``alpa_ir.costing_workers``;
     a model that measures on the local devices always costs in this one)."""
+    remat: bool = False
+    """Each stage's backward recomputes its forward values (Alpa's ``remat_layer``)."""
+    devices: tuple[int, ...] = ()
+    """The device ids the cluster's devices stand for, in order (the planned
+    meshes take these); empty: ``0..n-1``."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         from alpa_ir.plugins.registry import registry_of
@@ -667,6 +674,8 @@ class ConstructStages(ModulePass):
             model=model,
             progress=self.progress,
             workers=self.workers,
+            remat=self.remat,
+            devices=self.devices,
         )
 
 
@@ -685,9 +694,16 @@ def construct_stages(
     timings: Timings | None = None,
     workers: int = 1,
     remat: bool = False,
+    devices: Sequence[int] = (),
 ) -> StagePlan:
     """The pass as a function: plan, write the plan into ``module``, return it
-    (``remat``: the stages' backward functions recompute their forward values)."""
+    (``remat``: the stages' backward functions recompute their forward values;
+    ``devices``: the ids the cluster's devices stand for, default ``0..n-1``)."""
+    if devices and len(devices) != cluster.num_devices:
+        raise AlpaError(
+            f"construct-stages: {len(devices)} device ids given for the {cluster.num_devices} "
+            f"devices of cluster '{cluster.name}'"
+        )
     timings = timings if timings is not None else Timings()
     if num_micro_batches < 1:
         raise AlpaError(
@@ -712,6 +728,8 @@ def construct_stages(
         table, num_micro_batches, epsilon=epsilon, cross_stage_comm=cross_stage_comm
     )
     t3 = time.perf_counter()
+    if devices:
+        plan = _on_devices(plan, tuple(devices))
     write_plan(module, plan, num_micro_batches, schedule, remat)
     t4 = time.perf_counter()
     timings.costing += t2 - t1

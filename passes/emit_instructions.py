@@ -86,8 +86,8 @@ from alpa_ir.dialects.pipeline import (
 from alpa_ir.dialects.sharding import ShardingSpec, ShardingSpecAttr
 from alpa_ir.errors import AlpaError
 from alpa_ir.module_utils import main_function, top_level_ops
-from alpa_ir.passes.cross_mesh_resharding import RECV_SPEC_ATTR
 from alpa_ir.pipeline_schedule import Phase, ScheduleKind, Task, schedule_clocks, task_clocks
+from alpa_ir.transfer_attrs import RECV_SPEC_ATTR
 
 SPEC_ATTR = "sharding.spec"
 

@@ -28,9 +28,13 @@ def alpa_ir_passes() -> Sequence[type]:
     from alpa_ir.passes.cluster_operators import ClusterOperators
     from alpa_ir.passes.construct_stages import ConstructStages
     from alpa_ir.passes.cross_mesh_resharding import CrossMeshResharding
+    from alpa_ir.passes.draw_micro_batch_rows import DrawMicroBatchRows
     from alpa_ir.passes.emit_instructions import EmitInstructions
     from alpa_ir.passes.merge_trivial_ops import MergeTrivialOps
+    from alpa_ir.passes.mirror_layers import MergeBackwardRuns, MirrorLayers
+    from alpa_ir.passes.outline_stages import OutlineStages
     from alpa_ir.passes.reduce_scatter_rewrite import ReduceScatterRewrite
+    from alpa_ir.passes.shard_stages import ShardStages
     from alpa_ir.passes.split_conditionals import SplitConditionals
     from alpa_ir.passes.synthesize_placement import SynthesizePlacement
     from alpa_ir.passes.synthesize_reductions import SynthesizeReductions
@@ -41,7 +45,12 @@ def alpa_ir_passes() -> Sequence[type]:
         ReduceScatterRewrite,
         ClusterOperators,
         SplitConditionals,
+        DrawMicroBatchRows,
+        MergeBackwardRuns,
+        MirrorLayers,
+        OutlineStages,
         ConstructStages,
+        ShardStages,
         SynthesizePlacement,
         SynthesizeReductions,
         CrossMeshResharding,
@@ -62,8 +71,14 @@ def alpa_ir_backends() -> Mapping[str, Callable[[], Any]]:
     from alpa_ir.backends.ray import RayBackend
     from alpa_ir.backends.simulate import SimulateBackend
     from alpa_ir.backends.xla import XlaBackend
+    from alpa_ir.backends.xla_pipeline import XlaPipelineBackend
 
-    return {"xla": XlaBackend, "simulate": SimulateBackend, "ray": RayBackend}
+    return {
+        "xla": XlaBackend,
+        "xla-pipeline": XlaPipelineBackend,
+        "simulate": SimulateBackend,
+        "ray": RayBackend,
+    }
 
 
 @hookimpl

@@ -69,28 +69,12 @@ class CompiledFunction:
     in_shardings: tuple[Any, ...]
 
 
-def compile_mesh_functions(
-    module: ModuleOp, program: StepProgram, mesh: str, devices: Sequence[Any]
-) -> tuple[Mesh, dict[str, CompiledFunction]]:
-    """Compile the functions ``mesh`` runs as SPMD programs on ``devices``
-    (the mesh's device ids remapped to these devices in row-major order)."""
-    from xdsl.dialects import func
-
-    from alpa_ir.backends.spmd import compile_spmd
-    from alpa_ir.module_utils import symbol_op
-
-    info = program.meshes[mesh]
-    if len(devices) != info.size:
-        raise AlpaError(f"mesh @{mesh} needs {info.size} devices, got {len(devices)}")
-    jmesh = Mesh(np.array(devices, dtype=object).reshape(info.shape), info.axis_names)
-    names = [i.target for i in program.instructions[mesh] if i.kind == "run"]
-    compiled: dict[str, CompiledFunction] = {}
-    for name in dict.fromkeys(names):
-        function = symbol_op(module, name, func.FuncOp)
-        assert isinstance(function, func.FuncOp)
-        run, in_shardings = compile_spmd(module, function, jmesh, info.axis_names)
-        compiled[name] = CompiledFunction(run, in_shardings)
-    return jmesh, compiled
+CompileFunctions = Callable[
+    [ModuleOp, StepProgram, str, Sequence[Any]], tuple[Mesh, dict[str, CompiledFunction]]
+]
+"""A backend's compiler of one mesh's stage functions: ``(module, program, mesh,
+devices) -> (jax mesh, compiled function per name)``; the runtime never
+compiles by itself."""
 
 
 def sharding_of(info: MeshInfo, mesh: Mesh, dims: tuple[tuple[int, ...], ...]) -> NamedSharding:

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from alpa_ir.errors import AlpaError
+from alpa_ir.runtime.interpreter import CompileFunctions
 from alpa_ir.runtime.program import Key, StepProgram, Transfer
 
 MAX_CONCURRENCY = 4
@@ -135,15 +136,20 @@ class MeshWorker:
         return os.getpid()
 
     def load(
-        self, module_text: str, program: StepProgram, peers: Mapping[str, Any], timeout_s: float
+        self,
+        module_text: str,
+        program: StepProgram,
+        peers: Mapping[str, Any],
+        timeout_s: float,
+        compile_functions: CompileFunctions,
     ) -> int:
-        """Take the program (once) and compile this mesh's stage functions;
-        returns how many functions were compiled."""
+        """Take the program (once) and compile this mesh's stage functions with
+        the backend's ``compile_functions``; returns how many were compiled."""
         from alpa_ir.ir_text import parse_module
-        from alpa_ir.runtime.interpreter import MeshInterpreter, compile_mesh_functions
+        from alpa_ir.runtime.interpreter import MeshInterpreter
 
         module = parse_module(module_text)
-        jax_mesh, functions = compile_mesh_functions(module, program, self.mesh, self.devices)
+        jax_mesh, functions = compile_functions(module, program, self.mesh, self.devices)
         self.transport = RayTransport(peers, self.inbox, timeout_s)
         self.interpreter = MeshInterpreter(program, self.mesh, jax_mesh, functions, self.transport)
         return len(functions)

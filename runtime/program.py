@@ -12,9 +12,9 @@ Buffers are named as ``emit-instructions`` names them: a value's name on
 the mesh that computes it (``"stage0_forward:1"``), a transfer's name on the
 mesh that receives it (``"t0"``), each with its micro-batch (None: per
 step; a forward/backward result needed once per step is accumulated into its
-per-step buffer). A module without ``pipeline.program`` ops gets the lists
-that ``emit-instructions`` would write (:func:`~alpa_ir.passes.emit_instructions.emit_programs`;
-it needs the ``pipeline.transfer`` ops of ``cross-mesh-resharding``).
+per-step buffer). A module without ``pipeline.program`` ops is an error:
+run ``cross-mesh-resharding`` and ``emit-instructions`` first (the runtime
+never plans).
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from alpa_ir.dialects.pipeline import (
 from alpa_ir.dialects.sharding import SPEC_ATTR, ShardingSpec, ShardingSpecAttr
 from alpa_ir.errors import AlpaError
 from alpa_ir.module_utils import main_function, symbol_op, top_level_ops
+from alpa_ir.transfer_attrs import plan_of_transfer
 
 BATCH_ATTR = "alpa.batch_args"
 PER_MICRO_BATCH_ATTR = "pipeline.per_micro_batch"
@@ -243,8 +244,6 @@ def _source(
 
 
 def _transfer(module: ModuleOp, op: TransferOp) -> Transfer:
-    from alpa_ir.passes.cross_mesh_resharding import plan_of_transfer
-
     name, value = op.sym_name.data, op.value.data
     src, dst = op.src_mesh.root_reference.data, op.dst_mesh.root_reference.data
     if op.tiles is None:
@@ -332,16 +331,6 @@ def _read_programs(module: ModuleOp) -> dict[str, tuple[Instruction, ...]]:
     return programs
 
 
-def _emitted_programs(module: ModuleOp) -> dict[str, tuple[Instruction, ...]]:
-    """The lists ``emit-instructions`` would write, without touching the module."""
-    from alpa_ir.passes.emit_instructions import emit_programs
-
-    return {
-        mesh: tuple(Instruction(i.kind, i.target, i.micro_batch, i.buffers) for i in instrs)
-        for mesh, instrs in emit_programs(module).items()
-    }
-
-
 def step_program(module: ModuleOp) -> StepProgram:
     """The step of an outlined pipeline module, with one instruction list per mesh."""
     main = main_function(module)
@@ -362,7 +351,11 @@ def step_program(module: ModuleOp) -> StepProgram:
         mesh_op = symbol_op(module, name, LogicalMeshOp)
         assert isinstance(mesh_op, LogicalMeshOp)
         meshes[name] = _mesh_info(mesh_op)
-    programs = _read_programs(module) or _emitted_programs(module)
+    programs = _read_programs(module)
+    if not programs:
+        raise AlpaError(
+            "the module has no pipeline.program instruction lists; run emit-instructions first"
+        )
     for mesh in meshes:
         if mesh not in programs:
             raise AlpaError(f"no pipeline.program for mesh @{mesh}")

@@ -46,12 +46,7 @@ from alpa_ir.dialects.sharding import ShardingSpec
 from alpa_ir.errors import AlpaError
 from alpa_ir.ir_text import parse_module, print_module
 from alpa_ir.pass_manager import PassManager
-from alpa_ir.passes.cross_mesh_resharding import (
-    CROSS_BYTES_ATTR,
-    RECV_SPEC_ATTR,
-    CrossMeshResharding,
-    plan_of_transfer,
-)
+from alpa_ir.passes.cross_mesh_resharding import CrossMeshResharding
 from alpa_ir.plugins.registry import default_registry
 from alpa_ir.runtime.transfers import (
     all_gather_program,
@@ -59,6 +54,7 @@ from alpa_ir.runtime.transfers import (
     layout_mesh,
     layout_sharding,
 )
+from alpa_ir.transfer_attrs import CROSS_BYTES_ATTR, RECV_SPEC_ATTR, plan_of_transfer
 
 
 def spec(text: str) -> ShardingSpec:

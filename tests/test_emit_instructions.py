@@ -469,8 +469,9 @@ def test_on_an_outlined_and_resharded_pipeshard_step(schedule: str) -> None:
 
     import alpa_ir
     from alpa_ir.markers import mark_pipeline_boundary
-    from alpa_ir.passes.cross_mesh_resharding import RECV_SPEC_ATTR, CrossMeshResharding
+    from alpa_ir.passes.cross_mesh_resharding import CrossMeshResharding
     from alpa_ir.pipeshard import ManualStageOption, PipeshardParallel
+    from alpa_ir.transfer_attrs import RECV_SPEC_ATTR
 
     def loss(p: dict[str, jax.Array], x: jax.Array) -> jax.Array:
         h = mark_pipeline_boundary(jnp.tanh(x @ p["w1"]))

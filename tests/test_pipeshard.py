@@ -114,7 +114,7 @@ def test_transfers_follow_their_tile_plans_with_a_local_all_gather() -> None:
     gathered = [t for t in program.transfers.values() if t.gather]
     assert gathered, "no transfer of this plan uses the local all-gather"
     assert all(t.plan is not None for t in program.transfers.values())
-    executable.transport.bytes_moved = 0
+    executable.runner.transport.bytes_moved = 0
     executable(state, batch)
     sends = [
         program.transfers[i.target]
@@ -123,7 +123,7 @@ def test_transfers_follow_their_tile_plans_with_a_local_all_gather() -> None:
         if i.kind == "send"
     ]
     planned = sum(t.plan.cross_bytes for t in sends if t.plan is not None)
-    assert executable.transport.bytes_moved == planned
+    assert executable.runner.transport.bytes_moved == planned
     # without the rewrite every destination replica would get the whole tile
     whole = sum(
         t.plan.tensor_bytes * len(t.plan.dst.devices)

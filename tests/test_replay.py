@@ -51,3 +51,36 @@ def test_a_named_pipeline_is_the_methods_pipeline(capsys: pytest.CaptureFixture[
     assert alpa_opt(["--list-passes"]) == 0
     listing = capsys.readouterr().out
     assert "Named pipelines (5):" in listing and "  zero2-parallel\n" in listing
+
+
+PIPESHARD_STAGE_OPTIONS = {
+    "uniform": alpa_ir.UniformStageOption(num_stages=2),
+    "manual": alpa_ir.ManualStageOption([[0], [1]], [(1, 1), (1, 3)]),
+    "auto": alpa_ir.AutoStageOption(),
+}
+
+
+@pytest.mark.parametrize("stage", sorted(PIPESHARD_STAGE_OPTIONS))
+def test_alpa_opt_replays_a_pipeshard_plan_exactly(
+    stage: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Layers, stages (outline-stages or construct-stages), per-stage sharding
+    (shard-stages), transfers and instruction lists: every step is a pass."""
+    fn, args = tiny_step("mlp-tiny")
+    method = alpa_ir.PipeshardParallel(
+        devices=range(4),
+        num_micro_batches=2,
+        layer_option=alpa_ir.AutoLayerOption(layer_num=2),
+        stage_option=PIPESHARD_STAGE_OPTIONS[stage],
+    )
+    executable = alpa_ir.parallelize(fn, method=method).get_executable(*args)
+    pipeline = executable.pass_pipeline
+    assert ("construct-stages{" if stage == "auto" else "outline-stages{") in pipeline
+    assert "shard-stages{" in pipeline and "emit-instructions{" in pipeline
+    source = tmp_path / "input.mlir"
+    source.write_text(print_module(executable.input_module))
+    assert alpa_opt([str(source), f"--pass-pipeline={pipeline}"]) == 0
+    replayed = capsys.readouterr().out
+    assert replayed == print_module(executable.module)
+    got = alpa_ir.execute(parse_module(replayed), *args)  # the xla backend runs the pipeline
+    assert max_abs_diff(got, reference_outputs("mlp-tiny")) <= 1e-5

@@ -67,9 +67,9 @@ def two_mesh_module(
     mesh0: Sequence[int] = (0, 1),
     mesh1: Sequence[int] = (2, 3),
     micro_batches: int = 2,
-    passes: str = "cross-mesh-resharding",
+    passes: str = "cross-mesh-resharding,emit-instructions",
 ) -> ModuleOp:
-    """The module after ``passes`` (its transfers; add emit-instructions for its programs)."""
+    """The module after ``passes`` (its transfers and instruction lists)."""
     module = alpa_ir.parse_module(module_text(mesh0, mesh1, micro_batches))
     PassManager(default_registry(), f"builtin.module({passes})").run(module)
     return module

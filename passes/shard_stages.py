@@ -1,0 +1,92 @@
+"""``shard-stages``: auto-shard every stage function of an outlined pipeline on its mesh.
+
+Each function ``@main`` calls (forward, backward and apply-grad of every
+stage, in call order) becomes ``@main`` of a module of its own with a copy of
+its ``mesh.logical_mesh``, and a nested pass manager runs ``stage-pipeline``
+on it (so verification, timing, IR dumps, statistics and crash reproducers
+apply to each stage function as to any module); the sharded function then
+replaces the original. A value's layout is carried from function to function
+on one mesh (:func:`alpa_ir.stage_specs.shard_in_call_order`): an argument
+already laid out there by an earlier function is given that spec.
+
+A function without batch arguments (apply-grad) has no batch to force: the
+inner passes' ``force-data-parallel`` and ``force-batch-dim-to-mesh-dim``
+are switched off for it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects import func
+from xdsl.dialects.builtin import FlatSymbolRefAttr, ModuleOp, StringAttr, SymbolRefAttr
+from xdsl.passes import ModulePass
+
+from alpa_ir.dialects.mesh import MESH_ATTR, LogicalMeshOp
+from alpa_ir.module_utils import main_function, symbol_op
+from alpa_ir.stage_outline import BATCH_ATTR
+from alpa_ir.stage_specs import shard_in_call_order
+
+STAGE_PIPELINE = "merge-trivial-ops,auto-sharding"
+
+
+def function_module(module: ModuleOp, name: str) -> ModuleOp:
+    """A module holding a copy of ``@name`` as ``@main`` on a copy of its mesh as ``@mesh``."""
+    function = symbol_op(module, name, func.FuncOp)
+    assert isinstance(function, func.FuncOp)
+    ref = function.attributes[MESH_ATTR]
+    assert isinstance(ref, SymbolRefAttr)
+    mesh = symbol_op(module, ref.root_reference.data, LogicalMeshOp)
+    assert isinstance(mesh, LogicalMeshOp)
+    mesh_copy = mesh.clone()
+    mesh_copy.properties["sym_name"] = StringAttr("mesh")
+    copy = function.clone()
+    copy.sym_name = StringAttr("main")
+    copy.attributes[MESH_ATTR] = FlatSymbolRefAttr("mesh")
+    return ModuleOp([mesh_copy, copy])
+
+
+def _without_batch_forcing(pass_: ModulePass) -> ModulePass:
+    names = {f.name for f in dataclasses.fields(pass_)}  # type: ignore[arg-type]
+    changes: dict[str, object] = {}
+    if "force_data_parallel" in names:
+        changes["force_data_parallel"] = False
+    if "force_batch_dim_to_mesh_dim" in names:
+        changes["force_batch_dim_to_mesh_dim"] = -1
+    return dataclasses.replace(pass_, **changes) if changes else pass_  # type: ignore[type-var]
+
+
+@dataclass(frozen=True)
+class ShardStages(ModulePass):
+    """Auto-shard each stage function on its mesh (module docstring)."""
+
+    name = "shard-stages"
+
+    stage_pipeline: str = STAGE_PIPELINE
+    """The passes run on each stage function (as ``@main`` of its own module),
+    a pipeline string without ``builtin.module(...)``."""
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        from alpa_ir.pass_manager import PassManager
+        from alpa_ir.pipeline_syntax import parse_pipeline
+        from alpa_ir.plugins.registry import registry_of
+
+        registry = registry_of(ctx)
+        passes = tuple(parse_pipeline(f"builtin.module({self.stage_pipeline})", registry))
+        without_batch = tuple(_without_batch_forcing(p) for p in passes)
+
+        def shard(name: str) -> None:
+            single = function_module(op, name)
+            batch = BATCH_ATTR in main_function(single).attributes
+            PassManager(registry, passes if batch else without_batch).run(single, ctx)
+            original = symbol_op(op, name, func.FuncOp)
+            assert isinstance(original, func.FuncOp)
+            planned = main_function(single).clone()
+            planned.sym_name = StringAttr(name)
+            planned.attributes[MESH_ATTR] = original.attributes[MESH_ATTR]
+            op.body.block.insert_op_before(planned, original)
+            op.body.block.erase_op(original)
+
+        shard_in_call_order(op, shard)
