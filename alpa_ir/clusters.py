@@ -448,12 +448,11 @@ def get_cluster(
     presets: Mapping[str, Callable[..., object]] | None = None,
 ) -> Cluster:
     """A preset cluster by name, with ``num_nodes`` nodes, or as many nodes as
-    ``num_devices`` devices fill (``--gpus``); presets from ``presets`` (default:
-    the plugin registry's cluster presets)."""
+    ``num_devices`` devices fill (``--gpus``); presets from ``presets`` (a
+    registry's ``cluster_presets``, which include the plugins'; default: the
+    built-in ones)."""
     if presets is None:
-        from alpa_ir.plugins.registry import default_registry
-
-        presets = default_registry().cluster_presets
+        presets = builtin_presets()
     if name not in presets:
         raise AlpaError(f"unknown cluster preset '{name}'; known: {', '.join(sorted(presets))}")
     factory = presets[name]

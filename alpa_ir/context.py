@@ -11,6 +11,7 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import Builtin
 from xdsl.dialects.func import Func
 
+from alpa_ir.plugins.contributions import Lazy
 from alpa_ir.plugins.registry import PluginRegistry, default_registry
 
 
@@ -45,6 +46,9 @@ def make_context(registry: PluginRegistry | None = None) -> AlpaContext:
     ctx = AlpaContext(allow_unregistered=False, registry=registry)
     ctx.load_dialect(Builtin)
     ctx.load_dialect(Func)
-    for dialect in registry.dialects.values():
-        ctx.load_dialect(dialect)
+    for name, dialect in registry.dialects.items():
+        if isinstance(dialect, Lazy):  # loaded when the parser first meets it
+            ctx.register_dialect(name, dialect.load)
+        else:
+            ctx.load_dialect(dialect)
     return ctx

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from xdsl.dialects.builtin import ArrayAttr, DenseArrayBase, StringAttr, f64
@@ -240,3 +241,37 @@ def get_global_physical_mesh(create_if_not_exist: bool = True) -> PhysicalDevice
     """All local devices as a :class:`PhysicalDeviceMesh` (Alpa's
     ``get_global_physical_mesh``; nothing is kept between calls)."""
     return PhysicalDeviceMesh() if create_if_not_exist else None
+
+
+Devices = LogicalDeviceMesh | PhysicalDeviceMesh | Sequence[Any] | None
+
+
+def resolve_mesh(devices: Devices) -> LogicalDeviceMesh:
+    """The logical mesh a method runs on: all local devices as (1, n) by default
+    (Alpa's (hosts, devices) view, α = (1, 1), β = (1, 0.1)); a
+    :class:`PhysicalDeviceMesh`, or a list of device ids or JAX devices, as (1, n)."""
+    import jax
+
+    available = len(jax.devices())
+    if devices is None:
+        mesh = LogicalDeviceMesh((1, available))
+    elif isinstance(devices, LogicalDeviceMesh):
+        mesh = devices
+    elif isinstance(devices, PhysicalDeviceMesh):
+        mesh = devices.get_logical_mesh()
+    elif isinstance(devices, str) or not isinstance(devices, Sequence):
+        raise AlpaError(
+            f"devices must be a LogicalDeviceMesh, a PhysicalDeviceMesh or a list of device "
+            f"ids or JAX devices, got {type(devices).__name__}"
+        )
+    else:
+        ids = device_indices(devices)
+        mesh = LogicalDeviceMesh((1, len(ids)), devices=ids)
+    assert mesh.devices is not None
+    if max(mesh.devices) >= available:
+        raise AlpaError(
+            f"the mesh needs {max(mesh.devices) + 1} devices (shape {list(mesh.shape)}) but only "
+            f"{available} local devices exist (more CPU devices: "
+            "XLA_FLAGS=--xla_force_host_platform_device_count=N before jax is imported)"
+        )
+    return mesh

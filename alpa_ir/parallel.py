@@ -23,19 +23,19 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from xdsl.dialects import func
 from xdsl.dialects.builtin import FlatSymbolRefAttr, FloatAttr, ModuleOp
 
-from alpa_ir.device_mesh import LogicalDeviceMesh, PhysicalDeviceMesh, device_indices
+from alpa_ir.device_mesh import Devices, LogicalDeviceMesh, resolve_mesh
 from alpa_ir.dialects.mesh import MESH_ATTR
 from alpa_ir.dialects.sharding import SPEC_ATTR, ShardingSpec, spec_of_value
 from alpa_ir.errors import AlpaError
 from alpa_ir.frontend.arguments import (
     CompiledSignature,
     StaticArgnums,
-    StepArguments,
+    check_micro_batches,
     compiled_signature,
     signature_key,
     step_arguments,
+    trace_arguments,
 )
-from alpa_ir.frontend.pytree_codec import leaf_path_name
 from alpa_ir.manual_sharding import (
     ManualShardingOption,
     annotate_inputs,
@@ -46,37 +46,6 @@ from alpa_ir.pass_manager import PassManager
 from alpa_ir.plugins.registry import PluginRegistry, default_registry
 from alpa_ir.sharding_options import AutoShardingOption, data_parallel_option, heuristic_option
 from alpa_ir.step_partition import batch_leaves_of, warn_micro_batch_statistics
-
-Devices = LogicalDeviceMesh | PhysicalDeviceMesh | Sequence[Any] | None
-
-
-def resolve_mesh(devices: Devices) -> LogicalDeviceMesh:
-    """The logical mesh a method runs on: all local devices as (1, n) by default
-    (Alpa's (hosts, devices) view, α = (1, 1), β = (1, 0.1)); a
-    :class:`PhysicalDeviceMesh`, or a list of device ids or JAX devices, as (1, n)."""
-    available = len(jax.devices())
-    if devices is None:
-        mesh = LogicalDeviceMesh((1, available))
-    elif isinstance(devices, LogicalDeviceMesh):
-        mesh = devices
-    elif isinstance(devices, PhysicalDeviceMesh):
-        mesh = devices.get_logical_mesh()
-    elif isinstance(devices, str) or not isinstance(devices, Sequence):
-        raise AlpaError(
-            f"devices must be a LogicalDeviceMesh, a PhysicalDeviceMesh or a list of device "
-            f"ids or JAX devices, got {type(devices).__name__}"
-        )
-    else:
-        ids = device_indices(devices)
-        mesh = LogicalDeviceMesh((1, len(ids)), devices=ids)
-    assert mesh.devices is not None
-    if max(mesh.devices) >= available:
-        raise AlpaError(
-            f"the mesh needs {max(mesh.devices) + 1} devices (shape {list(mesh.shape)}) but only "
-            f"{available} local devices exist (more CPU devices: "
-            "XLA_FLAGS=--xla_force_host_platform_device_count=N before jax is imported)"
-        )
-    return mesh
 
 
 @dataclass(frozen=True)
@@ -380,38 +349,6 @@ class ShardedExecutable:
     _example_args: tuple[Any, ...] = ()
 
 
-def _micro_batch_args(
-    args: tuple[Any, ...], batch_argnums: Sequence[int], b: int, names: Sequence[str] = ()
-) -> tuple[Any, ...]:
-    """``args`` with every leaf of the batch arguments shrunk to one micro-batch."""
-
-    def shrink(name: str, x: Any) -> jax.ShapeDtypeStruct:
-        shape = tuple(np.shape(x))
-        if not shape or shape[0] % b:
-            where = f"{name}: " if name else ""
-            raise AlpaError(
-                f"{where}a batch array of shape {list(shape)} cannot be split into "
-                f"{b} micro-batches"
-            )
-        return jax.ShapeDtypeStruct((shape[0] // b, *shape[1:]), x.dtype)
-
-    out = []
-    for k, a in enumerate(args):
-        if k not in batch_argnums:
-            out.append(a)
-            continue
-        arg_name = names[k] if k < len(names) else f"arg{k}"
-        out.append(
-            jax.tree_util.tree_map_with_path(
-                lambda path, x, n=arg_name: shrink(
-                    leaf_path_name((jax.tree_util.SequenceKey(0), *path), [n]), x
-                ),
-                a,
-            )
-        )
-    return tuple(out)
-
-
 def donated_leaves(function: func.FuncOp) -> tuple[int, ...]:
     """The flat inputs to donate: donated inputs (``alpa.donated``) paired with
     an output (``alpa.aliases``) that the plan lays out alike, so that XLA can
@@ -432,32 +369,6 @@ def donated_leaves(function: func.FuncOp) -> tuple[int, ...]:
         if spec_of_value(function.args[arg], function) == spec_of_value(returned[output], function):
             out.append(arg)
     return tuple(sorted(out))
-
-
-def check_micro_batches(value: object) -> int:
-    """``num_micro_batches`` as an int >= 1 (None means 1)."""
-    if value is None:
-        return 1
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or int(value) < 1:
-        raise AlpaError(f"num_micro_batches must be an int >= 1, got {value!r}")
-    return int(value)
-
-
-def trace_arguments(
-    fn: Callable[..., Any],
-    args: tuple[Any, ...],
-    static_argnums: StaticArgnums,
-    batch_argnums: Sequence[int],
-    num_micro_batches: int,
-) -> tuple[StepArguments, tuple[Any, ...]]:
-    """The call's arguments, and the arguments to trace the step with (every
-    dynamic leaf abstract, batch leaves at the micro-batch shape)."""
-    arguments = step_arguments(fn, args, static_argnums)
-    traced = list(arguments.abstracted())
-    if num_micro_batches > 1:
-        batch = [k for k in batch_argnums if k not in arguments.static_argnums]
-        traced = list(_micro_batch_args(tuple(traced), batch, num_micro_batches, arguments.names))
-    return arguments, tuple(traced)
 
 
 def compile_step(

@@ -241,7 +241,7 @@ def build_passes(
             continue
         if spec.name not in registry.passes:
             raise _unknown_pass(spec.name, registry)
-        pass_cls = registry.passes[spec.name]
+        pass_cls = registry.get_pass(spec.name)
         if not (isinstance(pass_cls, type) and issubclass(pass_cls, ModulePass)):
             owner = registry.owners.get(("passes", spec.name), "?")
             raise PipelineError(

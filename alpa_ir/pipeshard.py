@@ -21,9 +21,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from alpa_ir.device_mesh import LogicalDeviceMesh
+from alpa_ir.device_mesh import Devices, LogicalDeviceMesh
 from alpa_ir.errors import AlpaError
-from alpa_ir.parallel import AutoShardingOption, Devices
+from alpa_ir.sharding_options import AutoShardingOption
 
 
 @dataclass(frozen=True)
@@ -150,8 +150,8 @@ class StagePlacement:
 
 
 def _device_ids(devices: Devices) -> tuple[int, ...]:
-    """The device ids of a pipeline's devices (see :func:`~alpa_ir.parallel.resolve_mesh`)."""
-    from alpa_ir.parallel import resolve_mesh
+    """The device ids of a pipeline's devices (see :func:`~alpa_ir.device_mesh.resolve_mesh`)."""
+    from alpa_ir.device_mesh import resolve_mesh
 
     mesh = resolve_mesh(devices)
     assert mesh.devices is not None

@@ -16,7 +16,13 @@ from alpa_ir.api import compile_module
 from alpa_ir.backends.xla_pipeline import LocalPipelineExecutable
 from alpa_ir.device_mesh import LogicalDeviceMesh
 from alpa_ir.dialects.pipeline import PlanOp, StageOp
-from alpa_ir.frontend.arguments import CompiledSignature, StaticArgnums, compiled_signature
+from alpa_ir.frontend.arguments import (
+    CompiledSignature,
+    StaticArgnums,
+    check_micro_batches,
+    compiled_signature,
+    trace_arguments,
+)
 from alpa_ir.frontend.jaxpr_import import import_step
 from alpa_ir.module_utils import main_function, symbol_op, top_level_ops
 from alpa_ir.pipeshard import (
@@ -344,7 +350,6 @@ def compile_pipeshard(
 ) -> PipeshardExecutable:
     """Plan ``fn`` for ``args`` with ``method`` as one pass pipeline on the
     imported step, and compile the planned module for the method's backend."""
-    from alpa_ir.parallel import check_micro_batches, trace_arguments
     from alpa_ir.pass_manager import PassManager
     from alpa_ir.stage_outline import count_layers
 

@@ -242,7 +242,8 @@ class StageCost:
 
 class StageCostModel(Protocol):
     """What ``construct-stages`` asks of a stage cost model (plugin hook
-    ``alpa_ir_stage_cost_models``: a factory called with no arguments)."""
+    ``alpa_ir_stage_cost_models``: a factory called with the
+    :class:`StageCostOptions` of ``construct-stages``)."""
 
     name: str
 

@@ -59,7 +59,7 @@ class RayExecutable:
         step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S,
         start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
     ) -> None:
-        from alpa_ir.backends.xla import tree_texts
+        from alpa_ir.frontend.module_trees import tree_texts
         from alpa_ir.module_utils import main_function
         from alpa_ir.runtime.ray_cluster import device_resource, require_ray
 

@@ -32,7 +32,7 @@ from alpa_ir.dialects.sharding import (
 from alpa_ir.errors import AlpaError
 from alpa_ir.frontend.arguments import abstract_leaf
 from alpa_ir.frontend.jax_export import OpHandler, eval_block
-from alpa_ir.frontend.jaxpr_import import IN_TREE_ATTR, OUT_TREE_ATTR
+from alpa_ir.frontend.module_trees import tree_texts
 from alpa_ir.frontend.pytree_codec import TreeTexts
 from alpa_ir.ir_types import dtype_of, shape_of
 from alpa_ir.module_utils import main_function, symbol_op
@@ -205,13 +205,3 @@ class XlaBackend:
 
     def execute(self, module: ModuleOp, *args: Any) -> Any:
         return self.compile(module)(*args)
-
-
-def tree_texts(function: func.FuncOp) -> TreeTexts:
-    """The pytree structures @main records (``alpa.in_tree``, ``alpa.out_tree``)."""
-
-    def text(attr: str) -> str | None:
-        value = function.attributes.get(attr)
-        return value.data if isinstance(value, StringAttr) else None
-
-    return TreeTexts(text(IN_TREE_ATTR), text(OUT_TREE_ATTR))

@@ -41,7 +41,7 @@ class LocalPipelineExecutable:
     """An outlined pipeline step compiled for the local devices."""
 
     def __init__(self, module: ModuleOp) -> None:
-        from alpa_ir.backends.xla import tree_texts
+        from alpa_ir.frontend.module_trees import tree_texts
 
         self.module = module
         self.program = step_program(module)

@@ -74,6 +74,7 @@ from alpa_ir.stage_cost import (
     ParallelStageCostModel,
     StageCost,
     StageCostModel,
+    StageCostOptions,
     max_stages_after,
 )
 from alpa_ir.stage_outline import LayerRanges, StageSlice, fresh_mesh_names, outline_stages
@@ -604,14 +605,18 @@ def _on_devices(plan: StagePlan, devices: tuple[int, ...]) -> StagePlan:
 
 
 def module_cluster(
-    module: ModuleOp, preset: str, presets: Mapping[str, Callable[..., object]] | None = None
+    module: ModuleOp,
+    preset: str,
+    presets: Mapping[str, Callable[..., object]] | None = None,
+    num_devices: int = 0,
 ) -> Cluster:
-    """The cluster: preset ``preset`` (as many nodes as it has by default) among
-    ``presets`` (default: the default registry's), else the module's ``mesh.cluster``."""
+    """The cluster: preset ``preset`` (as many nodes as hold ``num_devices``
+    devices, or as it has by default) among ``presets`` (default: the default
+    registry's), else the module's ``mesh.cluster``."""
     if preset:
         from alpa_ir.clusters import get_cluster
 
-        return get_cluster(preset, presets=presets)
+        return get_cluster(preset, presets=presets, num_devices=num_devices or None)
     cluster = Cluster.of_module(module)
     if cluster is None:
         raise AlpaError(
@@ -652,19 +657,49 @@ class ConstructStages(ModulePass):
     """Processes that cost the stage-mesh pairs (``alpa_ir.costing_workers``;
     a model that measures on the local devices always costs in this one)."""
     remat: bool = False
-    """Each stage's backward recomputes its forward values (Alpa's ``remat_layer``)."""
+    """Each stage's backward recomputes its forward values (Alpa's
+    ``remat_layer``); the stage cost model prices the recomputation."""
+    zero: bool = False
+    """Cost stages with ZeRO-2: gradients and optimizer state partitioned where
+    parameters are replicated."""
+    fusion: bool = False
+    """Model XLA's fusion in the stages' activation memory and memory traffic."""
+    memory_fallback: bool = False
+    """Also cost each stage with every parameter sharded where the first plan
+    holds much of the device memory, and keep the fastest plan that fits."""
+    optimizer_state_factor: float = 2.0
+    """Optimizer state per parameter byte (Adam: 2, SGD: 0)."""
+    solver: str = "cbc"
+    """The registered ILP solver of the stages' inner auto-sharding."""
+    time_limit: float = 60.0
+    """Seconds per inner auto-sharding solve."""
+    num_devices: int = 0
+    """With ``cluster``: as many of the preset's nodes as hold this many devices
+    (``alpa-bench --gpus``); 0: the preset's default size."""
     devices: tuple[int, ...] = ()
     """The device ids the cluster's devices stand for, in order (the planned
     meshes take these); empty: ``0..n-1``."""
+
+    def cost_options(self) -> StageCostOptions:
+        """The stage cost model's options these fields stand for."""
+        return StageCostOptions(
+            optimizer_state_factor=self.optimizer_state_factor,
+            solver=self.solver,
+            time_limit=self.time_limit,
+            remat=self.remat,
+            zero=self.zero,
+            fusion=self.fusion,
+            memory_fallback=self.memory_fallback,
+        )
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         from alpa_ir.plugins.registry import registry_of
 
         registry = registry_of(ctx)  # the caller's: presets from --load-plugin are seen
-        model = registry.get("stage_cost_models", self.stage_cost_model)()
+        model = registry.get("stage_cost_models", self.stage_cost_model)(self.cost_options())
         construct_stages(
             op,
-            module_cluster(op, self.cluster, registry.cluster_presets),
+            module_cluster(op, self.cluster, registry.cluster_presets, self.num_devices),
             num_micro_batches=self.num_micro_batches,
             schedule=self.schedule,
             submesh_space=self.submesh_space,

@@ -1,13 +1,12 @@
-"""``merge-backward-runs`` and ``mirror-layers``: a step's layers as outlining needs them.
+"""``mirror-layers``: the backward pass gets the step's layer boundaries.
 
-``merge-backward-runs`` makes one backward pass of several (a step that
-differentiates more than once, e.g. its own unrolled gradient accumulation)
-when no run's forward reads an earlier run's gradients
-(:func:`alpa_ir.layer_mirroring.merge_runs`). ``mirror-layers`` gives the
-backward pass the layer boundaries JAX did not mirror into it (a boundary
-outside ``jax.grad``'s tracing, or one ``cluster-operators`` inserted only in
-the forward pass; :func:`alpa_ir.layer_mirroring.mirror_layers`). Both leave
-a step that needs nothing unchanged.
+Differentiation mirrors a ``mark_pipeline_boundary`` that carries values
+(its transpose), but not one without arguments, nor one outside the
+function JAX differentiates: the backward pass then has fewer boundaries
+than the forward pass. The pass mirrors the missing ones
+(:func:`alpa_ir.layer_mirroring.mirror_layers`), so that layer ``k``'s
+backward ops land with its forward ops when stages are outlined. A step
+whose boundaries are all mirrored is unchanged.
 """
 
 from __future__ import annotations
@@ -18,19 +17,8 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 
-from alpa_ir.layer_mirroring import merge_runs, mirror_layers, needs_mirroring
+from alpa_ir.layer_mirroring import mirror_layers, needs_mirroring
 from alpa_ir.module_utils import main_function
-
-
-@dataclass(frozen=True)
-class MergeBackwardRuns(ModulePass):
-    """Reorder several differentiation runs of ``@main`` into one."""
-
-    name = "merge-backward-runs"
-
-    def apply(self, ctx: Context, op: ModuleOp) -> None:
-        del ctx
-        merge_runs(main_function(op))
 
 
 @dataclass(frozen=True)

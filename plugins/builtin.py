@@ -1,99 +1,93 @@
 """The built-in plugin: registers every dialect, pass, solver, backend, cost model,
 sharding rule and cluster preset of alpa_ir through the public hooks.
 
-Imports happen inside the hooks so that loading the registry stays cheap.
+Dialects, passes, backends, solvers and cost models are contributed as
+:class:`~alpa_ir.plugins.registry.Lazy` names (module and attribute), so that
+loading the registry imports none of them, nor JAX or a solver; the other
+hooks import inside the hook.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from alpa_ir.plugins.contributions import Lazy, NamedPipeline
 from alpa_ir.plugins.hookspecs import hookimpl
 
 
 @hookimpl
-def alpa_ir_dialects() -> Sequence[Any]:
-    from alpa_ir.dialects.lax import Lax
-    from alpa_ir.dialects.mesh import Mesh
-    from alpa_ir.dialects.pipeline import Pipeline
-    from alpa_ir.dialects.sharding import Sharding
-
-    return [Lax, Mesh, Sharding, Pipeline]
-
-
-@hookimpl
-def alpa_ir_passes() -> Sequence[type]:
-    from alpa_ir.passes.auto_sharding import AutoSharding
-    from alpa_ir.passes.cluster_operators import ClusterOperators
-    from alpa_ir.passes.construct_stages import ConstructStages
-    from alpa_ir.passes.cross_mesh_resharding import CrossMeshResharding
-    from alpa_ir.passes.draw_micro_batch_rows import DrawMicroBatchRows
-    from alpa_ir.passes.emit_instructions import EmitInstructions
-    from alpa_ir.passes.merge_trivial_ops import MergeTrivialOps
-    from alpa_ir.passes.mirror_layers import MergeBackwardRuns, MirrorLayers
-    from alpa_ir.passes.outline_stages import OutlineStages
-    from alpa_ir.passes.reduce_scatter_rewrite import ReduceScatterRewrite
-    from alpa_ir.passes.shard_stages import ShardStages
-    from alpa_ir.passes.split_conditionals import SplitConditionals
-    from alpa_ir.passes.synthesize_placement import SynthesizePlacement
-    from alpa_ir.passes.synthesize_reductions import SynthesizeReductions
-
-    return [
-        MergeTrivialOps,
-        AutoSharding,
-        ReduceScatterRewrite,
-        ClusterOperators,
-        SplitConditionals,
-        DrawMicroBatchRows,
-        MergeBackwardRuns,
-        MirrorLayers,
-        OutlineStages,
-        ConstructStages,
-        ShardStages,
-        SynthesizePlacement,
-        SynthesizeReductions,
-        CrossMeshResharding,
-        EmitInstructions,
-    ]
-
-
-@hookimpl
-def alpa_ir_cost_models() -> Mapping[str, Callable[[], Any]]:
-    from alpa_ir.autosharding.cost_model import AlphaBetaCostModel
-    from alpa_ir.p2.cost_model import P2CostModel
-
-    return {"alpha-beta": AlphaBetaCostModel, "p2": P2CostModel}
-
-
-@hookimpl
-def alpa_ir_backends() -> Mapping[str, Callable[[], Any]]:
-    from alpa_ir.backends.ray import RayBackend
-    from alpa_ir.backends.simulate import SimulateBackend
-    from alpa_ir.backends.xla import XlaBackend
-    from alpa_ir.backends.xla_pipeline import XlaPipelineBackend
-
+def alpa_ir_dialects() -> Mapping[str, Any]:
     return {
-        "xla": XlaBackend,
-        "xla-pipeline": XlaPipelineBackend,
-        "simulate": SimulateBackend,
-        "ray": RayBackend,
+        "lax": Lazy("alpa_ir.dialects.lax", "Lax"),
+        "mesh": Lazy("alpa_ir.dialects.mesh", "Mesh"),
+        "sharding": Lazy("alpa_ir.dialects.sharding", "Sharding"),
+        "pipeline": Lazy("alpa_ir.dialects.pipeline", "Pipeline"),
+    }
+
+
+PASSES = {
+    "merge-trivial-ops": "merge_trivial_ops.MergeTrivialOps",
+    "auto-sharding": "auto_sharding.AutoSharding",
+    "reduce-scatter-rewrite": "reduce_scatter_rewrite.ReduceScatterRewrite",
+    "cluster-operators": "cluster_operators.ClusterOperators",
+    "split-conditionals": "split_conditionals.SplitConditionals",
+    "draw-micro-batch-rows": "draw_micro_batch_rows.DrawMicroBatchRows",
+    "merge-backward-runs": "merge_backward_runs.MergeBackwardRuns",
+    "mirror-layers": "mirror_layers.MirrorLayers",
+    "outline-stages": "outline_stages.OutlineStages",
+    "construct-stages": "construct_stages.ConstructStages",
+    "shard-stages": "shard_stages.ShardStages",
+    "synthesize-placement": "synthesize_placement.SynthesizePlacement",
+    "synthesize-reductions": "synthesize_reductions.SynthesizeReductions",
+    "cross-mesh-resharding": "cross_mesh_resharding.CrossMeshResharding",
+    "emit-instructions": "emit_instructions.EmitInstructions",
+}
+"""Each built-in pass: its module under ``alpa_ir.passes`` and class."""
+
+
+def _lazy(package: str, path: str) -> Lazy:
+    module, attribute = path.rsplit(".", 1)
+    return Lazy(f"{package}.{module}", attribute)
+
+
+@hookimpl
+def alpa_ir_passes() -> Mapping[str, Any]:
+    return {name: _lazy("alpa_ir.passes", path) for name, path in PASSES.items()}
+
+
+@hookimpl
+def alpa_ir_cost_models() -> Mapping[str, Callable[..., Any]]:
+    return {
+        "alpha-beta": Lazy("alpa_ir.autosharding.cost_model", "AlphaBetaCostModel"),
+        "p2": Lazy("alpa_ir.p2.cost_model", "P2CostModel"),
     }
 
 
 @hookimpl
-def alpa_ir_solvers() -> Mapping[str, Callable[[], Any]]:
-    from alpa_ir.solvers import cbc_solver, highs_solver
-
-    return {"cbc": cbc_solver, "highs": highs_solver}
+def alpa_ir_backends() -> Mapping[str, Callable[..., Any]]:
+    return {
+        "xla": Lazy("alpa_ir.backends.xla", "XlaBackend"),
+        "xla-pipeline": Lazy("alpa_ir.backends.xla_pipeline", "XlaPipelineBackend"),
+        "simulate": Lazy("alpa_ir.backends.simulate", "SimulateBackend"),
+        "ray": Lazy("alpa_ir.backends.ray", "RayBackend"),
+    }
 
 
 @hookimpl
-def alpa_ir_stage_cost_models() -> Mapping[str, Callable[[], Any]]:
-    from alpa_ir.stage_cost import AnalyticalStageCostModel
-    from alpa_ir.stage_profile import ProfilingStageCostModel
+def alpa_ir_solvers() -> Mapping[str, Callable[..., Any]]:
+    return {
+        "cbc": Lazy("alpa_ir.solvers", "cbc_solver"),
+        "highs": Lazy("alpa_ir.solvers", "highs_solver"),
+    }
 
-    return {"analytical": AnalyticalStageCostModel, "profile": ProfilingStageCostModel}
+
+@hookimpl
+def alpa_ir_stage_cost_models() -> Mapping[str, Callable[..., Any]]:
+    return {
+        "analytical": Lazy("alpa_ir.stage_cost", "AnalyticalStageCostModel"),
+        "profile": Lazy("alpa_ir.stage_profile", "ProfilingStageCostModel"),
+    }
 
 
 @hookimpl
@@ -114,7 +108,6 @@ def alpa_ir_cluster_presets() -> Mapping[str, Callable[..., Any]]:
 def alpa_ir_pipelines() -> Mapping[str, Any]:
     """One per single-mesh method: exactly the pipeline the method builds (one
     micro-batch; the method's own string adds its micro-batch count)."""
-    from alpa_ir.plugins.registry import NamedPipeline
     from alpa_ir.sharding_options import (
         AutoShardingOption,
         data_parallel_option,

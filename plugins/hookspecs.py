@@ -63,8 +63,9 @@ class AlpaIrHookSpecs:
         raise NotImplementedError
 
     @hookspec
-    def alpa_ir_stage_cost_models(self) -> Mapping[str, Callable[[], Any]]:
-        """Stage cost models by name (``analytic``, ``profile``)."""
+    def alpa_ir_stage_cost_models(self) -> Mapping[str, Callable[[Any], Any]]:
+        """Stage cost models by name (``analytical``, ``profile``): factories
+        called with the ``StageCostOptions`` of ``construct-stages``' options."""
         raise NotImplementedError
 
     @hookspec

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import importlib
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType, ModuleType
 from typing import Any
@@ -19,20 +19,8 @@ from typing import Any
 import pluggy
 
 from alpa_ir.errors import AlpaError
+from alpa_ir.plugins.contributions import NamedPipeline, PluginLoadError, resolved
 from alpa_ir.plugins.hookspecs import PROJECT_NAME, AlpaIrHookSpecs
-
-
-@dataclass(frozen=True)
-class NamedPipeline:
-    """A pipeline registered by name (``alpa_ir_pipelines``): a pipeline string
-    may name it like a pass (without options), and it stands for ``text``'s passes."""
-
-    description: str
-    text: str
-
-
-class PluginLoadError(AlpaError):
-    """A plugin could not be imported or raised while contributing."""
 
 
 @dataclass(frozen=True)
@@ -46,11 +34,13 @@ class PluginRegistry:
     """
 
     dialects: Mapping[str, Any]
-    passes: Mapping[str, type]
+    """Dialects by name: ``xdsl.ir.Dialect`` objects or :class:`Lazy` ones."""
+    passes: Mapping[str, Any]
+    """Pass classes by name, or :class:`Lazy` ones (use :meth:`get_pass`)."""
     solvers: Mapping[str, Callable[[], Any]]
     backends: Mapping[str, Callable[[], Any]]
     cost_models: Mapping[str, Callable[[], Any]]
-    stage_cost_models: Mapping[str, Callable[[], Any]]
+    stage_cost_models: Mapping[str, Callable[[Any], Any]]
     sharding_rules: Mapping[str, Any]
     cluster_presets: Mapping[str, Callable[[], Any]]
     pipelines: Mapping[str, NamedPipeline] = field(default_factory=dict)
@@ -69,8 +59,9 @@ class PluginRegistry:
         return " (plugins that failed to load: " + "; ".join(self.load_errors) + ")"
 
     def get_pass(self, name: str) -> type:
+        """The pass class registered as ``name`` (imported now if it is lazy)."""
         try:
-            return self.passes[name]
+            return resolved(self.passes[name])  # type: ignore[no-any-return]
         except KeyError:
             known = ", ".join(sorted(self.passes))
             raise AlpaError(
@@ -100,6 +91,58 @@ _TABLES: tuple[tuple[str, str], ...] = (
     ("cluster_presets", "alpa_ir_cluster_presets"),
     ("pipelines", "alpa_ir_pipelines"),
 )
+
+
+_ON_FIRST_USE = frozenset({"sharding_rules", "cluster_presets"})
+"""Tables whose hooks import much (the rules and presets need the dialects,
+hence JAX): merged when first used, so that ``--list-passes`` imports neither."""
+
+
+class _TableOnFirstUse(Mapping[str, Any]):
+    """A table merged from its hook when first read (then fixed)."""
+
+    def __init__(self, merge: Callable[[], dict[str, Any]]) -> None:
+        self._merge = merge
+        self._merged: Mapping[str, Any] | None = None
+
+    def _table(self) -> Mapping[str, Any]:
+        if self._merged is None:
+            self._merged = MappingProxyType(self._merge())
+        return self._merged
+
+    def __getitem__(self, name: str) -> Any:
+        return self._table()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._table())
+
+    def __len__(self) -> int:
+        return len(self._table())
+
+
+class _Owners(Mapping[tuple[str, str], str]):
+    """``(table, name) -> plugin``; reading an entry of a table merged on first
+    use merges it first."""
+
+    def __init__(self, owners: dict[tuple[str, str], str], later: Mapping[str, Any]) -> None:
+        self._owners, self._later = owners, later
+
+    def _all(self) -> dict[tuple[str, str], str]:
+        for table in self._later.values():
+            len(table)  # merge it
+        return self._owners
+
+    def __getitem__(self, key: tuple[str, str]) -> str:
+        table = self._later.get(key[0])
+        if table is not None:
+            len(table)
+        return self._owners[key]
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        return iter(dict(self._all()))
+
+    def __len__(self) -> int:
+        return len(self._all())
 
 
 def _singular(table: str) -> str:
@@ -199,8 +242,8 @@ def load_registry(
                 raise PluginLoadError(f"plugin '{name}' failed to register: {exc}") from exc
 
     owners: dict[tuple[str, str], str] = {}
-    tables: dict[str, dict[str, Any]] = {}
-    for table, hook_name in (("dialects", "alpa_ir_dialects"), *_TABLES):
+
+    def merge(table: str, hook_name: str) -> dict[str, Any]:
         merged: dict[str, Any] = {}
         for plugin_name, items in _contributions(pm, hook_name):
             for name, value in items:
@@ -211,10 +254,17 @@ def load_registry(
                     )
                 merged[name] = value
                 owners[(table, name)] = plugin_name
-        tables[table] = merged
+        return merged
+
+    tables: dict[str, Mapping[str, Any]] = {}
+    for table, hook_name in (("dialects", "alpa_ir_dialects"), *_TABLES):
+        if table in _ON_FIRST_USE:
+            tables[table] = _TableOnFirstUse(functools.partial(merge, table, hook_name))
+        else:
+            tables[table] = MappingProxyType(merge(table, hook_name))
     return PluginRegistry(
-        **{k: MappingProxyType(v) for k, v in tables.items()},
-        owners=MappingProxyType(owners),
+        **tables,
+        owners=_Owners(owners, {k: v for k, v in tables.items() if k in _ON_FIRST_USE}),
         plugin_names=tuple(n for n, _ in pm.list_name_plugin()),
         load_errors=tuple(load_errors),
         explicit_plugins=tuple(spec for spec in extra_plugins if isinstance(spec, str)),

@@ -203,3 +203,48 @@ def test_construct_stages_finds_a_plugins_cluster_preset(
     assert main([source, "-p", pipeline, "--load-plugin=alpa_cluster_plugin"]) == 0
     out = capsys.readouterr().out
     assert 'mesh.cluster @"lab-2x4" {levels = [#mesh.level<"node" x 2' in out
+
+
+def test_listing_passes_imports_no_pass_jax_or_solver() -> None:
+    """The registry names built-in passes, dialects, backends and solvers
+    lazily: `alpa-opt --list-passes` reads the passes' options from source."""
+    code = (
+        "import sys\n"
+        "from alpa_ir.tools.alpa_opt import main\n"
+        "assert main(['--list-passes']) == 0\n"
+        "loaded = [m for m in sys.modules if m in ('jax', 'mip', 'highspy')"
+        " or m.startswith('alpa_ir.passes.') or m.startswith('alpa_ir.dialects.')]\n"
+        "print('LOADED', sorted(loaded))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert "auto-sharding" in done.stdout and "shard-stages" in done.stdout
+    assert done.stdout.rstrip().endswith("LOADED []")
+
+
+def test_a_lazy_pass_is_listed_as_its_class_reads() -> None:
+    """Reading a built-in pass from source gives what importing it gives."""
+    from alpa_ir.pass_options import format_value, pass_options, type_text
+    from alpa_ir.pass_source import read_pass_source
+    from alpa_ir.plugins.contributions import Lazy
+    from alpa_ir.plugins.registry import default_registry
+    from alpa_ir.tools.pass_listing import pass_summary
+
+    registry = default_registry()
+    for name, entry in registry.passes.items():
+        assert isinstance(entry, Lazy)
+        cls = entry.load()
+        assert cls.name == name
+        source = read_pass_source(entry.module, entry.attribute)
+        assert source.summary == pass_summary(cls), name
+        want = [
+            (o.name, type_text(o.type), o.required, format_value(o.default, o.type), o.help)
+            for o in pass_options(cls)
+        ]
+        got = [
+            (o.name, type_text(o.type), o.required, format_value(o.default, o.type), o.help)
+            for o in source.options
+        ]
+        assert got == want, name

@@ -154,7 +154,7 @@ class Outcome:
 
 def bench_cluster(preset: str, gpus: int, presets: Any = None) -> Cluster:
     """The preset with ``gpus`` devices; fewer than a node: one node of ``gpus``.
-    ``presets``: where to find ``preset`` (default: the plugin registry's)."""
+    ``presets``: where to find ``preset`` (default: the built-in presets)."""
     from alpa_ir.clusters import Cluster, ClusterLevel, get_cluster
 
     base = get_cluster(preset, presets=presets)
@@ -196,13 +196,13 @@ def bench_optimizer(name: str) -> tuple[str, float]:
 
 
 def trace(name: str, num_micro_batches: int, layers: int) -> Any:
+    from alpa_ir.frontend.arguments import micro_batch_args
     from alpa_ir.frontend.jaxpr_import import import_jax
     from alpa_ir.markers import AutomaticLayers, automatic_layers
     from alpa_ir.models.train_step import make_train_step
-    from alpa_ir.parallel import _micro_batch_args
 
     step, args = make_train_step(name, abstract=True, optimizer=bench_optimizer(name)[0])
-    micro = _micro_batch_args(tuple(args), (1,), num_micro_batches)
+    micro = micro_batch_args(tuple(args), (1,), num_micro_batches)
     with automatic_layers(AutomaticLayers(layers, 0.5, fit_delta=True)):
         # a fresh function object: JAX's trace cache must not reuse an unmarked trace
         return import_jax(lambda *a: step(*a), *micro, batch_argnums=(1,))
@@ -541,8 +541,15 @@ def bench_model(
 ) -> dict[str, Any]:
     from alpa_ir.models.train_step import train_step_flops
     from alpa_ir.module_utils import main_function
-    from alpa_ir.passes.construct_stages import StagePlan, cost_table, solve_stages, write_plan
-    from alpa_ir.stage_cost import AnalyticalStageCostModel, StageCostOptions
+    from alpa_ir.passes.construct_stages import (
+        ConstructStages,
+        StagePlan,
+        cost_table,
+        solve_stages,
+        write_plan,
+    )
+    from alpa_ir.pipeline_syntax import format_pipeline
+    from alpa_ir.stage_cost import AnalyticalStageCostModel
     from alpa_ir.stage_outline import LayerRanges, count_layers
     from alpa_ir.why_plan import stage_reasons
 
@@ -553,14 +560,24 @@ def bench_model(
     times.clustering = t1 - t0
     ranges = LayerRanges(main_function(module))
     t2 = time.perf_counter()
-    options = StageCostOptions(
-        optimizer_state_factor=bench_optimizer(name)[1],
-        time_limit=time_limit,
+    stage_pass = ConstructStages(
+        cluster=cluster.name,
+        num_devices=cluster.num_devices,
+        num_micro_batches=num_micro_batches,
+        submesh_space=submesh_space,  # type: ignore[arg-type]
+        epsilon=epsilon,
+        cost_mode=cost_mode,  # type: ignore[arg-type]
+        cross_stage_comm=cross_stage_comm,
+        progress=progress,
+        workers=workers,
         remat=remat,
         zero=zero,
         fusion=fusion,
         memory_fallback=memory_fallback,
+        optimizer_state_factor=bench_optimizer(name)[1],
+        time_limit=time_limit,
     )
+    options = stage_pass.cost_options()
     model = AnalyticalStageCostModel(options)
     table = cost_table(
         ranges,
@@ -588,6 +605,7 @@ def bench_model(
         "fusion": fusion,
         "memory_fallback": memory_fallback,
         "workers": workers,
+        "pass_pipeline": format_pipeline([stage_pass]),
         "cache": {"hits": model.stats.hits, "misses": model.stats.misses},
     }
     plan: StagePlan | None = None

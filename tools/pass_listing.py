@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import inspect
 import textwrap
+from typing import Any
 
 from alpa_ir.errors import AlpaError
-from alpa_ir.pass_options import format_value, pass_options, type_text
+from alpa_ir.pass_options import OptionInfo, format_value, pass_options, type_text
+from alpa_ir.pass_source import read_pass_source
+from alpa_ir.plugins.contributions import Lazy
 from alpa_ir.plugins.registry import PluginRegistry
 
 _WIDTH = 100
@@ -21,11 +24,21 @@ def pass_summary(cls: type) -> str:
     return lines[0].strip() if lines else "(no description)"
 
 
-def _option_lines(cls: type) -> list[str]:
+def _pass_text(entry: Any) -> tuple[str, tuple[OptionInfo, ...] | str]:
+    """A registry entry's summary and options (or why they are unreadable): a
+    lazy pass from its module's source, imported nothing; a class from itself."""
     try:
-        infos = pass_options(cls)
-    except AlpaError as err:
-        return [f"      (options unreadable: {err})"]
+        if isinstance(entry, Lazy):
+            source = read_pass_source(entry.module, entry.attribute)
+            return source.summary, source.options
+        return pass_summary(entry), pass_options(entry)
+    except (AlpaError, OSError, SyntaxError) as err:
+        return "(no description)", str(err)
+
+
+def _option_lines(infos: tuple[OptionInfo, ...] | str) -> list[str]:
+    if isinstance(infos, str):
+        return [f"      (options unreadable: {infos})"]
     lines: list[str] = []
     for info in infos:
         if info.required:
@@ -59,10 +72,10 @@ def format_pass_list(registry: PluginRegistry) -> str:
     """Every pass of ``registry`` by name: summary, owning plugin if not built in, options."""
     lines = [f"Available passes ({len(registry.passes)}):"]
     for name in sorted(registry.passes):
-        cls = registry.passes[name]
+        summary, infos = _pass_text(registry.passes[name])
         lines.append(_heading(registry, "passes", name))
-        lines.append(f"      {pass_summary(cls)}")
-        lines.extend(_option_lines(cls))
+        lines.append(f"      {summary}")
+        lines.extend(_option_lines(infos))
     if registry.pipelines:
         lines.append(f"Named pipelines ({len(registry.pipelines)}):")
         for name in sorted(registry.pipelines):

@@ -378,3 +378,61 @@ def _aval_text(shape: tuple[int, ...], dtype: str) -> str:
 def _short(tree: Any, limit: int = 160) -> str:
     text = str(tree)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def micro_batch_args(
+    args: tuple[Any, ...], batch_argnums: Sequence[int], b: int, names: Sequence[str] = ()
+) -> tuple[Any, ...]:
+    """``args`` with every leaf of the batch arguments shrunk to one micro-batch."""
+
+    def shrink(name: str, x: Any) -> jax.ShapeDtypeStruct:
+        shape = tuple(np.shape(x))
+        if not shape or shape[0] % b:
+            where = f"{name}: " if name else ""
+            raise AlpaError(
+                f"{where}a batch array of shape {list(shape)} cannot be split into "
+                f"{b} micro-batches"
+            )
+        return jax.ShapeDtypeStruct((shape[0] // b, *shape[1:]), x.dtype)
+
+    out = []
+    for k, a in enumerate(args):
+        if k not in batch_argnums:
+            out.append(a)
+            continue
+        arg_name = names[k] if k < len(names) else f"arg{k}"
+        out.append(
+            jax.tree_util.tree_map_with_path(
+                lambda path, x, n=arg_name: shrink(
+                    leaf_path_name((jax.tree_util.SequenceKey(0), *path), [n]), x
+                ),
+                a,
+            )
+        )
+    return tuple(out)
+
+
+def check_micro_batches(value: object) -> int:
+    """``num_micro_batches`` as an int >= 1 (None means 1)."""
+    if value is None:
+        return 1
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or int(value) < 1:
+        raise AlpaError(f"num_micro_batches must be an int >= 1, got {value!r}")
+    return int(value)
+
+
+def trace_arguments(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    static_argnums: StaticArgnums,
+    batch_argnums: Sequence[int],
+    num_micro_batches: int,
+) -> tuple[StepArguments, tuple[Any, ...]]:
+    """The call's arguments, and the arguments to trace the step with (every
+    dynamic leaf abstract, batch leaves at the micro-batch shape)."""
+    arguments = step_arguments(fn, args, static_argnums)
+    traced = list(arguments.abstracted())
+    if num_micro_batches > 1:
+        batch = [k for k in batch_argnums if k not in arguments.static_argnums]
+        traced = list(micro_batch_args(tuple(traced), batch, num_micro_batches, arguments.names))
+    return arguments, tuple(traced)

@@ -1,0 +1,41 @@
+// RUN: alpa-opt %s -p 'cluster-operators{layers=2},outline-stages{layers=0-0,1-1 meshes=1x2,2x1 devices=4,5,6,7 num-micro-batches=2}' | filecheck %s
+
+// The slicing given as options: layer 0 on a 1x2 mesh of devices 4 and 5, layer 1
+// on a 2x1 mesh of devices 6 and 7; the step is outlined into stage functions
+// that @main calls, nothing sharded yet.
+builtin.module {
+  func.func @main(%state.0: tensor<16x8xf32>, %state.1: tensor<16x8xf32>, %x: tensor<8x16xf32>) -> (tensor<16x8xf32>, tensor<16x8xf32>) attributes {alpa.in_tree = "('tuple', None, (('tuple', None, ('*', '*')), '*'))", alpa.out_tree = "('tuple', None, ('*', '*'))", alpa.donated = array<i64: 0, 1>, alpa.batch_args = array<i64: 2>} {
+    %0 = lax.dot_general %x, %state.0 {dimension_numbers = #lax.dot<lhs_contracting = [1], rhs_contracting = [0], lhs_batch = [], rhs_batch = []>, preferred_element_type = f32} : (tensor<8x16xf32>, tensor<16x8xf32>) -> tensor<8x8xf32>
+    %1 = lax.tanh %0 : (tensor<8x8xf32>) -> tensor<8x8xf32>
+    %2 = lax.constant 1.0 : tensor<f32>
+    %3 = lax.sub %2, %1 : (tensor<f32>, tensor<8x8xf32>) -> tensor<8x8xf32>
+    %4 = lax.reduce_sum %1 {axes = array<i64: 0, 1>} : (tensor<8x8xf32>) -> tensor<f32>
+    lax.pipeline_marker {kind = "backward"} : () -> ()
+    %5 = lax.broadcast_in_dim %2 {shape = array<i64: 8, 8>, broadcast_dimensions = array<i64>} : (tensor<f32>) -> tensor<8x8xf32>
+    %6 = lax.mul %5, %3 : (tensor<8x8xf32>, tensor<8x8xf32>) -> tensor<8x8xf32>
+    %7 = lax.mul %6, %1 : (tensor<8x8xf32>, tensor<8x8xf32>) -> tensor<8x8xf32>
+    %8 = lax.add_any %6, %7 : (tensor<8x8xf32>, tensor<8x8xf32>) -> tensor<8x8xf32>
+    %9 = lax.dot_general %8, %x {dimension_numbers = #lax.dot<lhs_contracting = [0], rhs_contracting = [0], lhs_batch = [], rhs_batch = []>, preferred_element_type = f32} : (tensor<8x8xf32>, tensor<8x16xf32>) -> tensor<8x16xf32>
+    %10 = lax.transpose %9 {permutation = array<i64: 1, 0>} : (tensor<8x16xf32>) -> tensor<16x8xf32>
+    %11 = lax.pipeline_marker %10 {kind = "grad"} : (tensor<16x8xf32>) -> tensor<16x8xf32>
+    %12 = lax.constant 0.9 : tensor<f32>
+    %13 = lax.mul %12, %state.1 : (tensor<f32>, tensor<16x8xf32>) -> tensor<16x8xf32>
+    %14 = lax.add %13, %11 : (tensor<16x8xf32>, tensor<16x8xf32>) -> tensor<16x8xf32>
+    %15 = lax.constant 0.1 : tensor<f32>
+    %16 = lax.mul %15, %14 : (tensor<f32>, tensor<16x8xf32>) -> tensor<16x8xf32>
+    %17 = lax.sub %state.0, %16 : (tensor<16x8xf32>, tensor<16x8xf32>) -> tensor<16x8xf32>
+    func.return %17, %14 : tensor<16x8xf32>, tensor<16x8xf32>
+  }
+}
+
+// CHECK:      mesh.logical_mesh @mesh0 {shape = array<i64: 1, 2>, devices = array<i64: 4, 5>
+// CHECK-NEXT: mesh.logical_mesh @mesh1 {shape = array<i64: 2, 1>, devices = array<i64: 6, 7>
+// CHECK-NEXT: pipeline.plan @plan {stages = [@stage0, @stage1], num_micro_batches = 2, schedule = "1f1b"}
+// CHECK-NEXT: pipeline.stage @stage0 {layers = array<i64: 0, 0>, mesh = @mesh0, forward = @stage0_forward}
+// CHECK-NEXT: pipeline.stage @stage1 {layers = array<i64: 1, 1>, mesh = @mesh1, forward = @stage1_forward, apply_grad = @stage1_apply_grad}
+// CHECK:      func.func @stage0_forward(%0: tensor<8x16xf32>, %1: tensor<16x8xf32>) -> tensor<8x8xf32> attributes {mesh.mesh = @mesh0
+// CHECK-NOT:  sharding.spec
+// CHECK:      func.func @main(
+// CHECK:      func.call @stage0_forward
+// CHECK:      func.call @stage1_forward
+// CHECK:      func.call @stage1_apply_grad
