@@ -60,7 +60,7 @@ class RayExecutable:
         start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
     ) -> None:
         from alpa_ir.frontend.module_trees import tree_texts
-        from alpa_ir.module_utils import main_function
+        from alpa_ir.ir.module_utils import main_function
         from alpa_ir.runtime.ray_cluster import device_resource, require_ray
 
         self.ray = require_ray()
@@ -185,8 +185,18 @@ class RayBackend:
 
     name = "ray"
 
-    def compile(self, module: ModuleOp) -> RayExecutable:
-        return RayExecutable(module)
+    def compile(self, module: ModuleOp) -> Any:
+        """An outlined pipeline module: one actor per mesh (:class:`RayExecutable`);
+        a single-mesh module: one actor per host, the mesh may span hosts
+        (:class:`~alpa_ir.backends.ray_hosts.RayHostsExecutable`)."""
+        from alpa_ir.dialects.pipeline import PlanOp
+        from alpa_ir.ir.module_utils import top_level_ops
+
+        if any(True for _ in top_level_ops(module, PlanOp)):
+            return RayExecutable(module)
+        from alpa_ir.backends.ray_hosts import RayHostsExecutable
+
+        return RayHostsExecutable(module)
 
     def execute(self, module: ModuleOp, *args: Any) -> Any:
         executable = self.compile(module)

@@ -8,7 +8,7 @@ micro-batch, per device; the transfer time of a micro-batch's activations
 between consecutive stages (and of their gradients back); the schedule
 (``gpipe`` | ``1f1b``) and the number of micro-batches ``B``.
 
-Time: the task order of each stage comes from :mod:`alpa_ir.pipeline_schedule`
+Time: the task order of each stage comes from :mod:`alpa_ir.pipeline.schedule`
 (the order its clocks give); each stage runs its tasks one after another, a
 task starting when its stage is free and its inputs have arrived:
 ``forward (s, b)`` after ``forward (s−1, b)`` ended plus the forward transfer,
@@ -39,16 +39,16 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import DenseArrayBase, IntegerAttr, ModuleOp
 from xdsl.ir import BlockArgument
 
-from alpa_ir.clusters import Cluster
-from alpa_ir.device_mesh import LogicalDeviceMesh
+from alpa_ir.costs.stage_cost import StageCost, StageCostModel
 from alpa_ir.dialects.lax_params import ints_of
 from alpa_ir.dialects.mesh import LogicalMeshOp
 from alpa_ir.dialects.pipeline import PlanOp, StageOp, TransferOp
 from alpa_ir.errors import AlpaError, PlanError
-from alpa_ir.ir_types import dtype_of, shape_of
-from alpa_ir.module_utils import main_function, symbol_op, top_level_ops
-from alpa_ir.pipeline_schedule import SCHEDULE_KINDS, Task, peak_in_flight, schedule_clocks
-from alpa_ir.stage_cost import StageCost, StageCostModel
+from alpa_ir.hardware.clusters import Cluster
+from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
+from alpa_ir.ir.module_utils import main_function, symbol_op, top_level_ops
+from alpa_ir.ir.types import dtype_of, shape_of
+from alpa_ir.pipeline.schedule import SCHEDULE_KINDS, Task, peak_in_flight, schedule_clocks
 
 BATCH_ATTR = "alpa.batch_args"
 CROSS_BYTES_ATTR = "pipeline.cross_bytes"
@@ -301,7 +301,7 @@ def plan_from_module(
     costs ``α + β·bytes`` (``pipeline.cross_bytes``, else the value's bytes) on the
     link between the first devices of its meshes, and counts at the stage
     boundary it crosses (forward values forward, backward values back)."""
-    from alpa_ir.stage_cost import AnalyticalStageCostModel
+    from alpa_ir.costs.stage_cost import AnalyticalStageCostModel
 
     model = cost_model or AnalyticalStageCostModel()
     plans = list(top_level_ops(module, PlanOp))
@@ -411,7 +411,7 @@ class SimulateBackend:
         if cluster is None:
             raise AlpaError(
                 "simulate: the module has no mesh.cluster; pass a cluster "
-                "(alpa_ir.clusters.get_cluster)"
+                "(alpa_ir.hardware.clusters.get_cluster)"
             )
         return simulate(plan_from_module(module, cluster))
 

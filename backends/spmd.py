@@ -45,12 +45,12 @@ from alpa_ir.dialects.sharding import (
 )
 from alpa_ir.errors import AlpaError
 from alpa_ir.frontend.jax_export import bind_lax_op
-from alpa_ir.ir_types import shape_of
-from alpa_ir.module_utils import symbol_op
+from alpa_ir.ir.module_utils import symbol_op
+from alpa_ir.ir.types import shape_of
+from alpa_ir.pipeline.step_partition import StepPartition, deferred_reductions, partition_step
 from alpa_ir.runtime.devices import partition_spec
 from alpa_ir.runtime.interpreter import CompiledFunction
 from alpa_ir.runtime.program import StepProgram
-from alpa_ir.step_partition import StepPartition, deferred_reductions, partition_step
 
 
 def value_spec(value: SSAValue, function: func.FuncOp) -> ShardingSpec:
@@ -243,7 +243,7 @@ class _LocalEvaluator:
 
 def _accumulated_from(op: Operation, part: StepPartition) -> list[SSAValue]:
     """The accumulated values a deferred reduction's result reaches (through
-    the linear ops :func:`~alpa_ir.step_partition.deferred_reductions` allows)."""
+    the linear ops :func:`~alpa_ir.pipeline.step_partition.deferred_reductions` allows)."""
     accumulated = set(part.accumulated)
     out, stack = [], [op.results[0]]
     while stack:
@@ -274,7 +274,7 @@ def compile_spmd(
     """A jitted function of the flat arguments running ``function``'s plan, and
     the input shardings it expects. With ``num_micro_batches`` B > 1 the batch
     arguments are passed as ``[B, micro-batch...]`` and the gradients are
-    accumulated over the B micro-batches (see :mod:`alpa_ir.step_partition`)."""
+    accumulated over the B micro-batches (see :mod:`alpa_ir.pipeline.step_partition`)."""
     from jax.sharding import NamedSharding
 
     mesh_shape = tuple(mesh.devices.shape)

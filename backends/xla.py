@@ -34,8 +34,8 @@ from alpa_ir.frontend.arguments import abstract_leaf
 from alpa_ir.frontend.jax_export import OpHandler, eval_block
 from alpa_ir.frontend.module_trees import tree_texts
 from alpa_ir.frontend.pytree_codec import TreeTexts
-from alpa_ir.ir_types import dtype_of, shape_of
-from alpa_ir.module_utils import main_function, symbol_op
+from alpa_ir.ir.module_utils import main_function, symbol_op
+from alpa_ir.ir.types import dtype_of, shape_of
 from alpa_ir.runtime.devices import jax_mesh, mesh_axis_names, partition_spec
 
 
@@ -186,7 +186,7 @@ class XlaBackend:
         module (one with a ``pipeline.plan``) a
         :class:`~alpa_ir.backends.xla_pipeline.LocalPipelineExecutable`."""
         from alpa_ir.dialects.pipeline import PlanOp
-        from alpa_ir.module_utils import top_level_ops
+        from alpa_ir.ir.module_utils import top_level_ops
 
         if any(True for _ in top_level_ops(module, PlanOp)):
             from alpa_ir.backends.xla_pipeline import LocalPipelineExecutable

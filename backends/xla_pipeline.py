@@ -22,8 +22,8 @@ from xdsl.dialects.builtin import ModuleOp
 
 from alpa_ir.backends.spmd import compile_mesh_functions
 from alpa_ir.errors import AlpaError
-from alpa_ir.micro_batch_random import ROWS_NAME
-from alpa_ir.module_utils import main_function
+from alpa_ir.ir.module_utils import main_function
+from alpa_ir.pipeline.micro_batch_random import ROWS_NAME
 from alpa_ir.runtime.devices import local_devices_for
 from alpa_ir.runtime.interpreter import (
     CompiledFunction,

@@ -5,9 +5,9 @@ function before differentiation; the markers then carry the values that
 later layers use, so that differentiating the marked function mirrors them)
 or a whole differentiated step as imported (``backward`` and ``grad``
 markers, see :mod:`alpa_ir.frontend.differentiation`): then its forward pass
-is cut by operand-free markers and :mod:`alpa_ir.layer_mirroring` draws the
+is cut by operand-free markers and :mod:`alpa_ir.pipeline.layer_mirroring` draws the
 mirrored cuts into the backward pass. The operators in program order get their FLOPs
-(:func:`alpa_ir.flops.op_flops`) and the tensors between them their bytes;
+(:func:`alpa_ir.costs.flops.op_flops`) and the tensors between them their bytes;
 the clustering DP (:func:`alpa_ir.algorithms.cluster_operators`) groups them
 into ``layers`` consecutive layers whose FLOPs stay within ``(1 + delta)`` of
 the average while minimising the largest bytes any layer receives. The pass
@@ -32,14 +32,14 @@ from xdsl.passes import ModulePass
 
 from alpa_ir.algorithms import cluster_operators
 from alpa_ir.algorithms.operator_clustering import ClusteringResult, Edge
+from alpa_ir.costs.flops import op_flops
 from alpa_ir.dialects.lax import PRIMITIVE_OPS
 from alpa_ir.errors import AlpaError
-from alpa_ir.flops import op_flops
 from alpa_ir.frontend.differentiation import make_marker
-from alpa_ir.ir_types import nbytes_of
-from alpa_ir.layer_mirroring import mirror_layers, step_regions
-from alpa_ir.module_utils import main_function
-from alpa_ir.stage_outline import is_layer_marker
+from alpa_ir.ir.module_utils import main_function
+from alpa_ir.ir.types import nbytes_of
+from alpa_ir.pipeline.layer_mirroring import mirror_layers, step_regions
+from alpa_ir.pipeline.stage_outline import is_layer_marker
 
 
 def _floats(values: object) -> ArrayAttr:

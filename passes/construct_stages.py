@@ -1,11 +1,11 @@
 """``construct-stages``: Alpa's stage construction (OSDI'22 §5.2, AutoStageOption).
 
 Input: a module whose ``@main`` is a marked training step with ``L`` layers
-(:func:`alpa_ir.stage_outline.count_layers`), traced at the micro-batch shape.
+(:func:`alpa_ir.pipeline.stage_outline.count_layers`), traced at the micro-batch shape.
 
 1. **Costing.** For every layer range ``i..j`` the forward+backward ops of the
-   range become one function (:class:`alpa_ir.stage_outline.LayerRanges`); the
-   stage cost model (:mod:`alpa_ir.stage_cost`, cached by structural
+   range become one function (:class:`alpa_ir.pipeline.stage_outline.LayerRanges`); the
+   stage cost model (:mod:`alpa_ir.costs.stage_cost`, cached by structural
    fingerprint, so identical ranges such as GPT's repeated layers are planned
    once) prices it on every logical mesh view ``(dp, mp)`` of every submesh of
    Alpa's space; the best view per submesh (the fastest that fits in memory)
@@ -61,15 +61,8 @@ from xdsl.dialects.builtin import FloatAttr, ModuleOp, f64
 from xdsl.passes import ModulePass
 
 from alpa_ir.algorithms.stage_dp import StageDPResult, stage_dp
-from alpa_ir.clusters import Cluster
-from alpa_ir.costing_workers import CostJob, cost_in_workers
-from alpa_ir.device_mesh import LogicalDeviceMesh
-from alpa_ir.dialects.mesh import ClusterOp
-from alpa_ir.dialects.pipeline import PlanOp
-from alpa_ir.errors import AlpaError, PlanError
-from alpa_ir.module_utils import main_function, top_level_ops
-from alpa_ir.progress import ProgressBar
-from alpa_ir.stage_cost import (
+from alpa_ir.costs.costing_workers import CostJob, cost_in_workers
+from alpa_ir.costs.stage_cost import (
     AnalyticalStageCostModel,
     ParallelStageCostModel,
     StageCost,
@@ -77,7 +70,14 @@ from alpa_ir.stage_cost import (
     StageCostOptions,
     max_stages_after,
 )
-from alpa_ir.stage_outline import LayerRanges, StageSlice, fresh_mesh_names, outline_stages
+from alpa_ir.dialects.mesh import ClusterOp
+from alpa_ir.dialects.pipeline import PlanOp
+from alpa_ir.errors import AlpaError, PlanError
+from alpa_ir.hardware.clusters import Cluster
+from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
+from alpa_ir.ir.module_utils import main_function, top_level_ops
+from alpa_ir.passmanager.progress import ProgressBar
+from alpa_ir.pipeline.stage_outline import LayerRanges, StageSlice, fresh_mesh_names, outline_stages
 
 SUBMESH_SPACES = ("all", "single-node-model-parallel", "one-dimensional")
 COST_MODES = ("range", "layer-sum")
@@ -370,7 +370,7 @@ def cost_table(
     workers: int = 1,
 ) -> StageCostTable:
     """Price every layer range on every view (module docstring, step 1), in
-    ``workers`` processes if the model allows it (:mod:`alpa_ir.costing_workers`)."""
+    ``workers`` processes if the model allows it (:mod:`alpa_ir.costs.costing_workers`)."""
     if cost_mode not in COST_MODES:
         raise AlpaError(f"construct-stages: unknown cost mode '{cost_mode}'; expected {COST_MODES}")
     if workers < 1:
@@ -410,7 +410,7 @@ def cost_table(
 
 
 class _Progress:
-    """The costing's progress bar (``alpa_ir.progress``: on a terminal only)."""
+    """The costing's progress bar (``alpa_ir.passmanager.progress``: on a terminal only)."""
 
     def __init__(self, enabled: bool, total: int) -> None:
         self.bar = ProgressBar("costing stage-mesh pairs", total, enabled=enabled)
@@ -614,7 +614,7 @@ def module_cluster(
     devices, or as it has by default) among ``presets`` (default: the default
     registry's), else the module's ``mesh.cluster``."""
     if preset:
-        from alpa_ir.clusters import get_cluster
+        from alpa_ir.hardware.clusters import get_cluster
 
         return get_cluster(preset, presets=presets, num_devices=num_devices or None)
     cluster = Cluster.of_module(module)
@@ -654,7 +654,7 @@ class ConstructStages(ModulePass):
     """A registered stage cost model (``analytical``, ``profile``: measured on
     the local devices, for the ``local-cpu`` cluster)."""
     workers: int = 1
-    """Processes that cost the stage-mesh pairs (``alpa_ir.costing_workers``;
+    """Processes that cost the stage-mesh pairs (``alpa_ir.costs.costing_workers``;
     a model that measures on the local devices always costs in this one)."""
     remat: bool = False
     """Each stage's backward recomputes its forward values (Alpa's

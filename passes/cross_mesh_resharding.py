@@ -14,7 +14,7 @@ per (value, destination mesh, destination spec)::
 
 The source spec is the producer's ``sharding.spec`` result attribute, the
 destination spec the consumer's argument attribute (replicated if absent).
-``tiles`` is the plan of :func:`alpa_ir.cross_mesh.plan_transfer`: one entry
+``tiles`` is the plan of :func:`alpa_ir.pipeline.cross_mesh.plan_transfer`: one entry
 per point-to-point send (source device, destination devices, global index
 slice ``[start, stop)`` per tensor axis, bytes per destination).
 ``pipeline.cross_bytes`` is the bytes crossing between the meshes.
@@ -46,14 +46,14 @@ from xdsl.ir import Attribute, OpResult, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
 
-from alpa_ir.cross_mesh import TransferPlan, plan_transfer
 from alpa_ir.dialects.mesh import MESH_ATTR
 from alpa_ir.dialects.pipeline import TransferOp
 from alpa_ir.dialects.sharding import SPEC_ATTR, ShardingSpec, ShardingSpecAttr
 from alpa_ir.errors import AlpaError
-from alpa_ir.ir_types import dtype_of, shape_of
-from alpa_ir.module_utils import main_function
-from alpa_ir.transfer_attrs import (
+from alpa_ir.ir.module_utils import main_function
+from alpa_ir.ir.types import dtype_of, shape_of
+from alpa_ir.pipeline.cross_mesh import TransferPlan, plan_transfer
+from alpa_ir.pipeline.transfer_attrs import (
     CROSS_BYTES_ATTR,
     RECV_SPEC_ATTR,
     mesh_layout,

@@ -3,7 +3,7 @@
 A step traced at the micro-batch shape would draw the same dropout rows in
 every micro-batch. The pass gives ``@main`` a ``micro_batch_rows`` batch
 argument and rewrites each per-example draw to take the micro-batch's rows of
-the whole batch's draw (:mod:`alpa_ir.micro_batch_random`). With one
+the whole batch's draw (:mod:`alpa_ir.pipeline.micro_batch_random`). With one
 micro-batch, or no such draw, the module is unchanged.
 """
 
@@ -15,8 +15,8 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 
-from alpa_ir.micro_batch_random import draw_micro_batch_rows
-from alpa_ir.module_utils import main_function
+from alpa_ir.ir.module_utils import main_function
+from alpa_ir.pipeline.micro_batch_random import draw_micro_batch_rows
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ stage, its functions, ``@main`` as a list of ``func.call`` ops) and the
 (programs from an earlier run are replaced; the plan's ``schedule`` is set to
 the one used). The schedule is the plan's, or the pass's ``schedule`` option.
 
-Each mesh's list follows the schedule (:mod:`alpa_ir.pipeline_schedule`)
+Each mesh's list follows the schedule (:mod:`alpa_ir.pipeline.schedule`)
 clock by clock; for each task of its stage whose function exists:
 
 1. ``recv`` each transfer the function's call reads that this mesh has not
@@ -85,9 +85,9 @@ from alpa_ir.dialects.pipeline import (
 )
 from alpa_ir.dialects.sharding import ShardingSpec, ShardingSpecAttr
 from alpa_ir.errors import AlpaError
-from alpa_ir.module_utils import main_function, top_level_ops
-from alpa_ir.pipeline_schedule import Phase, ScheduleKind, Task, schedule_clocks, task_clocks
-from alpa_ir.transfer_attrs import RECV_SPEC_ATTR
+from alpa_ir.ir.module_utils import main_function, top_level_ops
+from alpa_ir.pipeline.schedule import Phase, ScheduleKind, Task, schedule_clocks, task_clocks
+from alpa_ir.pipeline.transfer_attrs import RECV_SPEC_ATTR
 
 SPEC_ATTR = "sharding.spec"
 

@@ -5,7 +5,7 @@ accumulation, unrolled) has a ``backward`` and a ``grad`` marker per run.
 When no run's forward reads an earlier run's gradients, the pass reorders
 the ops into one run: every run's forward ops, one ``backward`` marker,
 every run's backward ops, the ``grad`` markers, then what combines the
-gradients (:func:`alpa_ir.layer_mirroring.merge_runs`). Otherwise, and for a
+gradients (:func:`alpa_ir.pipeline.layer_mirroring.merge_runs`). Otherwise, and for a
 step with one run, the module is unchanged.
 """
 
@@ -17,8 +17,8 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 
-from alpa_ir.layer_mirroring import merge_runs
-from alpa_ir.module_utils import main_function
+from alpa_ir.ir.module_utils import main_function
+from alpa_ir.pipeline.layer_mirroring import merge_runs
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from xdsl.passes import ModulePass
 from alpa_ir.autosharding.rules import TRANSPARENT_PRIMITIVES
 from alpa_ir.dialects.lax import ConstantOp, LaxOp
 from alpa_ir.dialects.lax_primitives import OpKind
-from alpa_ir.module_utils import main_function
+from alpa_ir.ir.module_utils import main_function
 
 GROUP_ATTR = "sharding.group"
 NUM_GROUPS_ATTR = "sharding.num_groups"

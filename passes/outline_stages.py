@@ -4,7 +4,7 @@ Input: a marked training step (layers from ``mark_pipeline_boundary`` or
 ``cluster-operators``, mirrored into the backward pass). The options give
 each stage's layers and logical mesh shape; the meshes take the device ids
 in order. The pass writes one ``mesh.logical_mesh @meshK`` per stage and
-outlines the step (:func:`alpa_ir.stage_outline.outline_stages`): per-stage
+outlines the step (:func:`alpa_ir.pipeline.stage_outline.outline_stages`): per-stage
 forward, backward and apply-grad functions, ``pipeline.plan`` and
 ``pipeline.stage`` ops, and ``@main`` as the driver. ``construct-stages``
 produces the same form from its own plan; this pass is what
@@ -21,10 +21,10 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 
-from alpa_ir.device_mesh import LogicalDeviceMesh
 from alpa_ir.errors import AlpaError
-from alpa_ir.module_utils import main_function
-from alpa_ir.stage_outline import StageSlice, fresh_mesh_names, outline_stages
+from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
+from alpa_ir.ir.module_utils import main_function
+from alpa_ir.pipeline.stage_outline import StageSlice, fresh_mesh_names, outline_stages
 
 
 def _pair(text: str, sep: str, what: str) -> tuple[int, int]:

@@ -35,7 +35,6 @@ from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
 
 from alpa_ir.autosharding.apply_plan import insert_reshard
-from alpa_ir.device_mesh import function_mesh
 from alpa_ir.dialects.lax import LaxOp
 from alpa_ir.dialects.lax_params import ints_of
 from alpa_ir.dialects.lax_primitives import OpKind
@@ -50,8 +49,9 @@ from alpa_ir.dialects.sharding import (
 )
 from alpa_ir.errors import AlpaError
 from alpa_ir.frontend.jaxpr_import import ALIASES_ATTR
-from alpa_ir.ir_types import shape_of
-from alpa_ir.module_utils import main_function
+from alpa_ir.hardware.device_mesh import function_mesh
+from alpa_ir.ir.module_utils import main_function
+from alpa_ir.ir.types import shape_of
 
 _IDENTITY = ("pipeline_marker", "optimization_barrier")
 

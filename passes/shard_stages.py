@@ -6,7 +6,7 @@ its ``mesh.logical_mesh``, and a nested pass manager runs ``stage-pipeline``
 on it (so verification, timing, IR dumps, statistics and crash reproducers
 apply to each stage function as to any module); the sharded function then
 replaces the original. A value's layout is carried from function to function
-on one mesh (:func:`alpa_ir.stage_specs.shard_in_call_order`): an argument
+on one mesh (:func:`alpa_ir.pipeline.stage_specs.shard_in_call_order`): an argument
 already laid out there by an earlier function is given that spec.
 
 A function without batch arguments (apply-grad) has no batch to force: the
@@ -25,9 +25,9 @@ from xdsl.dialects.builtin import FlatSymbolRefAttr, ModuleOp, StringAttr, Symbo
 from xdsl.passes import ModulePass
 
 from alpa_ir.dialects.mesh import MESH_ATTR, LogicalMeshOp
-from alpa_ir.module_utils import main_function, symbol_op
-from alpa_ir.stage_outline import BATCH_ATTR
-from alpa_ir.stage_specs import shard_in_call_order
+from alpa_ir.ir.module_utils import main_function, symbol_op
+from alpa_ir.pipeline.stage_outline import BATCH_ATTR
+from alpa_ir.pipeline.stage_specs import shard_in_call_order
 
 STAGE_PIPELINE = "merge-trivial-ops,auto-sharding"
 
@@ -69,8 +69,8 @@ class ShardStages(ModulePass):
     a pipeline string without ``builtin.module(...)``."""
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        from alpa_ir.pass_manager import PassManager
-        from alpa_ir.pipeline_syntax import parse_pipeline
+        from alpa_ir.passmanager.pass_manager import PassManager
+        from alpa_ir.passmanager.pipeline_syntax import parse_pipeline
         from alpa_ir.plugins.registry import registry_of
 
         registry = registry_of(ctx)

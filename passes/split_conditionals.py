@@ -5,7 +5,7 @@ update unless all gradients are finite) is one ``cond`` over the whole
 model's state; a pipeline updates each stage's state on its own mesh. The
 pass splits every top-level ``cond`` of ``@main`` into conds that share the
 predicate and compute disjoint groups of results (see
-:mod:`alpa_ir.cond_splitting`), so that outlining can place each group with
+:mod:`alpa_ir.pipeline.cond_splitting`), so that outlining can place each group with
 the parameters it updates. Semantics do not change.
 """
 
@@ -17,8 +17,8 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 
-from alpa_ir.cond_splitting import split_conds
-from alpa_ir.module_utils import main_function
+from alpa_ir.ir.module_utils import main_function
+from alpa_ir.pipeline.cond_splitting import split_conds
 
 
 @dataclass(frozen=True)

@@ -36,10 +36,10 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import FloatAttr, ModuleOp, f64
 from xdsl.passes import ModulePass
 
-from alpa_ir.device_mesh import LogicalDeviceMesh
 from alpa_ir.dialects.sharding import AllReduceProgramOp
 from alpa_ir.errors import AlpaError
-from alpa_ir.module_utils import main_function
+from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
+from alpa_ir.ir.module_utils import main_function
 from alpa_ir.p2.choice import ChoiceOptions, ReductionPricer, axis_groups
 from alpa_ir.p2.cost_model import P2CostModel
 from alpa_ir.p2.ir_collectives import MeshCollective, mesh_collectives

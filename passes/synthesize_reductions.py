@@ -25,7 +25,7 @@ from xdsl.rewriter import Rewriter
 
 from alpa_ir.dialects.lax_params import ints_attr
 from alpa_ir.dialects.sharding import AllReduceOp, AllReduceProgramOp, StepAttr
-from alpa_ir.module_utils import main_function
+from alpa_ir.ir.module_utils import main_function
 from alpa_ir.p2.choice import ChoiceOptions, ReductionPricer
 from alpa_ir.p2.ir_collectives import check_axes, local_bytes
 from alpa_ir.p2.ir_system import logical_mesh, mesh_matrix, mesh_system

@@ -85,8 +85,8 @@ def alpa_ir_solvers() -> Mapping[str, Callable[..., Any]]:
 @hookimpl
 def alpa_ir_stage_cost_models() -> Mapping[str, Callable[..., Any]]:
     return {
-        "analytical": Lazy("alpa_ir.stage_cost", "AnalyticalStageCostModel"),
-        "profile": Lazy("alpa_ir.stage_profile", "ProfilingStageCostModel"),
+        "analytical": Lazy("alpa_ir.costs.stage_cost", "AnalyticalStageCostModel"),
+        "profile": Lazy("alpa_ir.costs.stage_profile", "ProfilingStageCostModel"),
     }
 
 
@@ -99,7 +99,7 @@ def alpa_ir_sharding_rules() -> Mapping[str, Any]:
 
 @hookimpl
 def alpa_ir_cluster_presets() -> Mapping[str, Callable[..., Any]]:
-    from alpa_ir.clusters import builtin_presets
+    from alpa_ir.hardware.clusters import builtin_presets
 
     return builtin_presets()
 
@@ -108,7 +108,7 @@ def alpa_ir_cluster_presets() -> Mapping[str, Callable[..., Any]]:
 def alpa_ir_pipelines() -> Mapping[str, Any]:
     """One per single-mesh method: exactly the pipeline the method builds (one
     micro-batch; the method's own string adds its micro-batch count)."""
-    from alpa_ir.sharding_options import (
+    from alpa_ir.api.sharding_options import (
         AutoShardingOption,
         data_parallel_option,
         heuristic_option,

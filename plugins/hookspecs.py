@@ -48,7 +48,7 @@ class AlpaIrHookSpecs:
     @hookspec
     def alpa_ir_solvers(self) -> Mapping[str, Callable[[], Any]]:
         """ILP solvers by name: a factory returning an object with
-        ``solve(problem, time_limit) -> solution`` (see ``alpa_ir.ilp``)."""
+        ``solve(problem, time_limit) -> solution`` (see ``alpa_ir.solvers.ilp``)."""
         raise NotImplementedError
 
     @hookspec

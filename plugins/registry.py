@@ -279,6 +279,6 @@ def default_registry() -> PluginRegistry:
 
 def registry_of(ctx: object) -> PluginRegistry:
     """The registry a pass should use: the one its context carries (see
-    ``alpa_ir.context.AlpaContext``), else the default one."""
+    ``alpa_ir.ir.context.AlpaContext``), else the default one."""
     registry = getattr(ctx, "registry", None)
     return registry if isinstance(registry, PluginRegistry) else default_registry()

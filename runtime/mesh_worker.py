@@ -145,7 +145,7 @@ class MeshWorker:
     ) -> int:
         """Take the program (once) and compile this mesh's stage functions with
         the backend's ``compile_functions``; returns how many were compiled."""
-        from alpa_ir.ir_text import parse_module
+        from alpa_ir.ir.text import parse_module
         from alpa_ir.runtime.interpreter import MeshInterpreter
 
         module = parse_module(module_text)

@@ -1,6 +1,6 @@
 """The per-mesh programs of an outlined pipeline module, as plain picklable data.
 
-An outlined module (the pipeline IR contract, see :mod:`alpa_ir.stage_outline`)
+An outlined module (the pipeline IR contract, see :mod:`alpa_ir.pipeline.stage_outline`)
 names its stage functions, their meshes and, after ``emit-instructions``, one
 ``pipeline.program`` per mesh. :func:`step_program` reads all of that into a
 :class:`StepProgram`: the calls of ``@main`` with their operands named as in
@@ -26,7 +26,6 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import DenseArrayBase, IntegerAttr, ModuleOp
 from xdsl.ir import Block, SSAValue
 
-from alpa_ir.cross_mesh import TransferPlan
 from alpa_ir.dialects.mesh import MESH_ATTR, LogicalMeshOp
 from alpa_ir.dialects.pipeline import (
     BroadcastOp,
@@ -41,8 +40,9 @@ from alpa_ir.dialects.pipeline import (
 )
 from alpa_ir.dialects.sharding import SPEC_ATTR, ShardingSpec, ShardingSpecAttr
 from alpa_ir.errors import AlpaError
-from alpa_ir.module_utils import main_function, symbol_op, top_level_ops
-from alpa_ir.transfer_attrs import plan_of_transfer
+from alpa_ir.ir.module_utils import main_function, symbol_op, top_level_ops
+from alpa_ir.pipeline.cross_mesh import TransferPlan
+from alpa_ir.pipeline.transfer_attrs import plan_of_transfer
 
 BATCH_ATTR = "alpa.batch_args"
 PER_MICRO_BATCH_ATTR = "pipeline.per_micro_batch"

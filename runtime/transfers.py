@@ -1,5 +1,5 @@
 """Cross-mesh transfers on the local JAX devices: run a
-:class:`~alpa_ir.cross_mesh.TransferPlan` (import name ``alpa_ir.runtime.transfers``).
+:class:`~alpa_ir.pipeline.cross_mesh.TransferPlan` (import name ``alpa_ir.runtime.transfers``).
 
 Each send slices its piece out of the source device's shard and moves it with
 ``jax.device_put`` onto its destination device; each destination device
@@ -27,9 +27,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
-from alpa_ir.cross_mesh import MeshLayout, TransferPlan, assemble, device_tiles, relative
 from alpa_ir.dialects.sharding import ShardingSpec
 from alpa_ir.errors import AlpaError
+from alpa_ir.pipeline.cross_mesh import MeshLayout, TransferPlan, assemble, device_tiles, relative
 from alpa_ir.runtime.devices import local_devices_for, partition_spec
 from alpa_ir.runtime.program import StepProgram, Transfer
 

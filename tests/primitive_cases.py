@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from alpa_ir.markers import mark_pipeline_boundary, value_and_grad
+from alpa_ir.frontend.markers import mark_pipeline_boundary, value_and_grad
 
 _rng = np.random.default_rng(0)
 X = jnp.asarray(_rng.uniform(0.1, 0.9, (4, 8)), jnp.float32)

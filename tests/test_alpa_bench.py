@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from alpa_ir.ir_types import shape_of
+from alpa_ir.ir.types import shape_of
 from alpa_ir.tools.alpa_bench import (
     batch_divisors,
     bench_cluster,
@@ -153,8 +153,8 @@ def test_moe_has_the_deepspeed_baseline(capsys: pytest.CaptureFixture[str]) -> N
 
 
 def test_deepspeed_specs_split_experts_and_tokens() -> None:
-    from alpa_ir.module_utils import main_function
-    from alpa_ir.stage_outline import LayerRanges
+    from alpa_ir.ir.module_utils import main_function
+    from alpa_ir.pipeline.stage_outline import LayerRanges
 
     ranges = LayerRanges(main_function(trace("moe-tiny", 2, 2)))
     experts = 8

@@ -8,11 +8,11 @@ import jax.numpy as jnp
 import pytest
 
 from alpa_ir import import_jax
-from alpa_ir.context import make_context
 from alpa_ir.errors import PassFailure
-from alpa_ir.ir_text import parse_module, print_module
-from alpa_ir.pass_manager import PassManager
-from alpa_ir.pipeline_syntax import format_pipeline, parse_pipeline
+from alpa_ir.ir.context import make_context
+from alpa_ir.ir.text import parse_module, print_module
+from alpa_ir.passmanager.pass_manager import PassManager
+from alpa_ir.passmanager.pipeline_syntax import format_pipeline, parse_pipeline
 from alpa_ir.plugins.registry import PluginRegistry, default_registry, load_registry
 from alpa_ir.tools.alpa_opt import main
 

@@ -16,8 +16,8 @@ from xdsl.dialects import func
 from zoo_fixtures import fresh
 
 import alpa_ir
+from alpa_ir.api.pipeshard import AutoLayerOption, PipeshardParallel, UniformStageOption
 from alpa_ir.errors import AlpaError
-from alpa_ir.pipeshard import AutoLayerOption, PipeshardParallel, UniformStageOption
 
 ALPA_NAMES = (
     "init shutdown parallelize grad value_and_grad mark_pipeline_boundary ShardParallel "

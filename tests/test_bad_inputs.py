@@ -20,13 +20,13 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import alpa_ir
-from alpa_ir.errors import AlpaError
-from alpa_ir.pipeshard import (
+from alpa_ir.api.pipeshard import (
     AutoLayerOption,
     ManualStageOption,
     PipeshardParallel,
     UniformStageOption,
 )
+from alpa_ir.errors import AlpaError
 from alpa_ir.tools.alpa_opt import main as alpa_opt_main
 
 pytestmark = pytest.mark.bad_input

@@ -1,4 +1,4 @@
-"""Checkpoints on orbax (``alpa_ir.checkpoint``): a state trained under one plan
+"""Checkpoints on orbax (``alpa_ir.api.checkpoint``): a state trained under one plan
 is saved, restored under another plan (pipelines included, both ways) and
 trained on with the numbers of one device; arrays on different device subsets;
 keys, Python scalars and static leaves; checksums; damaged, edited, truncated
@@ -23,11 +23,11 @@ from jax.sharding import NamedSharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
 
 import alpa_ir
-from alpa_ir import checkpoint
-from alpa_ir.device_mesh import LogicalDeviceMesh
+from alpa_ir.api import checkpoint
+from alpa_ir.api.parallel import DataParallel, ShardParallel, Zero3Parallel, parallelize
 from alpa_ir.errors import AlpaError
+from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
 from alpa_ir.models import make_train_step
-from alpa_ir.parallel import DataParallel, ShardParallel, Zero3Parallel, parallelize
 
 
 def _host(tree: Any) -> Any:
@@ -420,7 +420,7 @@ def test_deleted_state_is_refused_and_nothing_is_written(tmp_path: Path) -> None
 def test_restore_into_a_pipeline_plan_matches_one_device(tmp_path: Path) -> None:
     """Saved under ShardParallel on 2x2, restored into the placement of a
     2-stage PipeshardParallel step, trained on like one device."""
-    from alpa_ir.pipeshard import AutoLayerOption, PipeshardParallel, UniformStageOption
+    from alpa_ir.api.pipeshard import AutoLayerOption, PipeshardParallel, UniformStageOption
 
     fn, (state, batch) = make_train_step("mlp-tiny")
     ref_state, ref_losses = _host(state), []

@@ -36,7 +36,7 @@ def _warm() -> Iterator[None]:
     alpa-demo in this process finds JAX running: its XLA_FLAGS stay untouched)."""
     import jax
 
-    from alpa_ir.clusters import builtin_presets
+    from alpa_ir.hardware.clusters import builtin_presets
     from alpa_ir.models.registry import list_configs
     from alpa_ir.plugins.registry import default_registry
 

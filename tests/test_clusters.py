@@ -8,7 +8,9 @@ import jax
 import pytest
 from xdsl.dialects.builtin import ModuleOp
 
-from alpa_ir.clusters import (
+from alpa_ir.dialects.mesh import ClusterOp
+from alpa_ir.errors import AlpaError
+from alpa_ir.hardware.clusters import (
     Cluster,
     ClusterLevel,
     GiB,
@@ -16,9 +18,7 @@ from alpa_ir.clusters import (
     cluster_from_system,
     get_cluster,
 )
-from alpa_ir.dialects.mesh import ClusterOp
-from alpa_ir.errors import AlpaError
-from alpa_ir.ir_text import parse_module
+from alpa_ir.ir.text import parse_module
 from alpa_ir.p2.system import gcp_a100
 from alpa_ir.plugins.registry import default_registry
 

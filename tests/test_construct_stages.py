@@ -13,22 +13,22 @@ from test_pipeshard import _assert_same_steps, _example, _step
 from xdsl.dialects.builtin import ModuleOp
 
 import alpa_ir
-from alpa_ir.clusters import Cluster, ClusterLevel
+from alpa_ir.api.pipeshard import AutoStageOption, PipeshardParallel
+from alpa_ir.costs.stage_cost import AnalyticalStageCostModel
 from alpa_ir.dialects.pipeline import PlanOp
 from alpa_ir.errors import AlpaError, PlanError
 from alpa_ir.frontend.jaxpr_import import import_jax
-from alpa_ir.module_utils import main_function, top_level_ops
-from alpa_ir.pass_manager import PassManager
+from alpa_ir.hardware.clusters import Cluster, ClusterLevel
+from alpa_ir.ir.module_utils import main_function, top_level_ops
 from alpa_ir.passes.construct_stages import (
     LATENCY_ATTR,
     construct_stages,
     cost_table,
     solve_stages,
 )
-from alpa_ir.pipeshard import AutoStageOption, PipeshardParallel
+from alpa_ir.passmanager.pass_manager import PassManager
+from alpa_ir.pipeline.stage_outline import LayerRanges
 from alpa_ir.plugins.registry import default_registry
-from alpa_ir.stage_cost import AnalyticalStageCostModel
-from alpa_ir.stage_outline import LayerRanges
 
 
 def _cluster(devices: int = 2, memory: float = 2**30, bandwidth: float = 10e9) -> Cluster:

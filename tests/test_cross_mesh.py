@@ -29,7 +29,13 @@ import numpy as np
 import pytest
 from xdsl.dialects import func
 
-from alpa_ir.cross_mesh import (
+from alpa_ir.dialects.pipeline import TransferOp
+from alpa_ir.dialects.sharding import ShardingSpec
+from alpa_ir.errors import AlpaError
+from alpa_ir.ir.text import parse_module, print_module
+from alpa_ir.passes.cross_mesh_resharding import CrossMeshResharding
+from alpa_ir.passmanager.pass_manager import PassManager
+from alpa_ir.pipeline.cross_mesh import (
     MeshLayout,
     TransferPlan,
     all_gather_rewrite,
@@ -41,12 +47,7 @@ from alpa_ir.cross_mesh import (
     plan_transfer,
     tile_correspondence,
 )
-from alpa_ir.dialects.pipeline import TransferOp
-from alpa_ir.dialects.sharding import ShardingSpec
-from alpa_ir.errors import AlpaError
-from alpa_ir.ir_text import parse_module, print_module
-from alpa_ir.pass_manager import PassManager
-from alpa_ir.passes.cross_mesh_resharding import CrossMeshResharding
+from alpa_ir.pipeline.transfer_attrs import CROSS_BYTES_ATTR, RECV_SPEC_ATTR, plan_of_transfer
 from alpa_ir.plugins.registry import default_registry
 from alpa_ir.runtime.transfers import (
     all_gather_program,
@@ -54,7 +55,6 @@ from alpa_ir.runtime.transfers import (
     layout_mesh,
     layout_sharding,
 )
-from alpa_ir.transfer_attrs import CROSS_BYTES_ATTR, RECV_SPEC_ATTR, plan_of_transfer
 
 
 def spec(text: str) -> ShardingSpec:
@@ -420,8 +420,8 @@ def test_pass_on_an_outlined_pipeshard_step() -> None:
     import jax.numpy as jnp
 
     import alpa_ir
-    from alpa_ir.markers import mark_pipeline_boundary
-    from alpa_ir.pipeshard import ManualStageOption, PipeshardParallel
+    from alpa_ir.api.pipeshard import ManualStageOption, PipeshardParallel
+    from alpa_ir.frontend.markers import mark_pipeline_boundary
 
     def loss(p: dict[str, jax.Array], x: jax.Array) -> jax.Array:
         h = mark_pipeline_boundary(jnp.tanh(x @ p["w1"]))

@@ -17,15 +17,15 @@ from alpa_ir.dialects.pipeline import (
     TransferOp,
 )
 from alpa_ir.errors import AlpaError
-from alpa_ir.ir_text import parse_module, print_module
-from alpa_ir.module_utils import top_level_ops
+from alpa_ir.ir.module_utils import top_level_ops
+from alpa_ir.ir.text import parse_module, print_module
 from alpa_ir.passes.emit_instructions import (
     EmitInstructions,
     Instruction,
     emit_programs,
     needs_broadcast,
 )
-from alpa_ir.pipeline_schedule import schedule_clocks
+from alpa_ir.pipeline.schedule import schedule_clocks
 
 T = "tensor<2x4xf32>"
 
@@ -468,10 +468,10 @@ def test_on_an_outlined_and_resharded_pipeshard_step(schedule: str) -> None:
     import jax.numpy as jnp
 
     import alpa_ir
-    from alpa_ir.markers import mark_pipeline_boundary
+    from alpa_ir.api.pipeshard import ManualStageOption, PipeshardParallel
+    from alpa_ir.frontend.markers import mark_pipeline_boundary
     from alpa_ir.passes.cross_mesh_resharding import CrossMeshResharding
-    from alpa_ir.pipeshard import ManualStageOption, PipeshardParallel
-    from alpa_ir.transfer_attrs import RECV_SPEC_ATTR
+    from alpa_ir.pipeline.transfer_attrs import RECV_SPEC_ATTR
 
     def loss(p: dict[str, jax.Array], x: jax.Array) -> jax.Array:
         h = mark_pipeline_boundary(jnp.tanh(x @ p["w1"]))

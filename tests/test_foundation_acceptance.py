@@ -17,8 +17,8 @@ from zoo_fixtures import max_abs_diff, reference_outputs, tiny_step
 import alpa_ir
 from alpa_ir.dialects.lax import ConstantOp, LaxOp
 from alpa_ir.errors import UnsupportedPrimitiveError
-from alpa_ir.module_utils import main_function
-from alpa_ir.pass_manager import PassManager
+from alpa_ir.ir.module_utils import main_function
+from alpa_ir.passmanager.pass_manager import PassManager
 from alpa_ir.plugins.registry import default_registry
 from alpa_ir.tools.alpa_opt import main
 

@@ -1,4 +1,4 @@
-"""``alpa_ir.collective_accounting``: every replica-group spelling XLA prints, bytes
+"""``alpa_ir.costs.collective_accounting``: every replica-group spelling XLA prints, bytes
 of each collective kind, async pairs, and agreement with a real compile."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 import alpa_ir
-from alpa_ir.collective_accounting import hlo_collectives, total_wire_bytes
+from alpa_ir.costs.collective_accounting import hlo_collectives, total_wire_bytes
 
 SYNTHETIC = """
 HloModule m, entry_computation_layout={(f32[8,16]{1,0})->f32[]}

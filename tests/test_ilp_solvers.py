@@ -18,7 +18,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from alpa_ir.errors import AlpaError, PlanError
-from alpa_ir.ilp import (
+from alpa_ir.plugins.registry import default_registry
+from alpa_ir.solvers import MipSolver, presolve
+from alpa_ir.solvers.elimination import eliminate
+from alpa_ir.solvers.ilp import (
     Edge,
     ILPProblem,
     MemoryBudgetError,
@@ -27,9 +30,6 @@ from alpa_ir.ilp import (
     peak_memory,
     validate_problem,
 )
-from alpa_ir.plugins.registry import default_registry
-from alpa_ir.solvers import MipSolver, presolve
-from alpa_ir.solvers.elimination import eliminate
 
 
 @st.composite

@@ -7,9 +7,9 @@ from xdsl.context import Context
 from xdsl.dialects.arith import Arith
 from xdsl.dialects.builtin import FileLineColLoc, ModuleOp
 
-from alpa_ir.context import make_context
 from alpa_ir.errors import IRParseError, IRVerifyError
-from alpa_ir.ir_text import InputChunk, parse_module, print_module, split_input, verify_module
+from alpa_ir.ir.context import make_context
+from alpa_ir.ir.text import InputChunk, parse_module, print_module, split_input, verify_module
 from alpa_ir.plugins.registry import load_registry
 
 GOOD = """\

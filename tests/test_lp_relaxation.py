@@ -17,9 +17,9 @@ from test_ilp_solvers import problems
 
 import alpa_ir.solvers.mip_solver as mip_solver
 from alpa_ir.errors import PlanError
-from alpa_ir.ilp import Edge, ILPProblem, MemoryBudgetError, brute_force
 from alpa_ir.solvers import MipSolver, presolve
 from alpa_ir.solvers.elimination import eliminate, estimated_work
+from alpa_ir.solvers.ilp import Edge, ILPProblem, MemoryBudgetError, brute_force
 from alpa_ir.solvers.lp_relaxation import solve_relaxation
 from alpa_ir.solvers.mip_solver import ELIMINATION_FIRST_WORK, core_objective
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from alpa_ir.costs.flops import op_flops
 from alpa_ir.dialects.lax import LaxOp
-from alpa_ir.flops import op_flops
 from alpa_ir.frontend.jaxpr_import import import_jax
-from alpa_ir.module_utils import main_function
+from alpa_ir.ir.module_utils import main_function
 
 
 def _flops_by_primitive(fn, *args) -> dict[str, float]:

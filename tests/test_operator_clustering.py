@@ -259,7 +259,7 @@ def test_fit_delta_keeps_a_heavy_head_in_one_layer() -> None:
     from xdsl.context import Context
 
     from alpa_ir.frontend.jaxpr_import import import_jax
-    from alpa_ir.module_utils import main_function
+    from alpa_ir.ir.module_utils import main_function
     from alpa_ir.passes.cluster_operators import ClusterOperators
 
     def loss(w: jax.Array, head: jax.Array, x: jax.Array) -> jax.Array:

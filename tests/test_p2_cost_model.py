@@ -11,12 +11,12 @@ from zoo_fixtures import max_abs_diff, reference_outputs, tiny_step
 from alpa_ir import import_jax
 from alpa_ir.autosharding.cost_model import AlphaBetaCostModel
 from alpa_ir.backends.spmd import compile_spmd
-from alpa_ir.device_mesh import LogicalDeviceMesh, function_mesh
 from alpa_ir.dialects.lax_params import ints_of
 from alpa_ir.dialects.mesh import MESH_ATTR, LogicalMeshOp
 from alpa_ir.errors import AlpaError
-from alpa_ir.ir_text import parse_module, print_module
-from alpa_ir.module_utils import main_function
+from alpa_ir.hardware.device_mesh import LogicalDeviceMesh, function_mesh
+from alpa_ir.ir.module_utils import main_function
+from alpa_ir.ir.text import parse_module, print_module
 from alpa_ir.p2.choice import ReductionPricer
 from alpa_ir.p2.cost_model import P2CostModel
 from alpa_ir.p2.ir_collectives import mesh_collectives
@@ -25,9 +25,9 @@ from alpa_ir.p2.plan_time import plan_comm_seconds
 from alpa_ir.p2.semantics import Collective
 from alpa_ir.p2.simulator import Simulator
 from alpa_ir.p2.system import custom_system
-from alpa_ir.pass_manager import PassManager
 from alpa_ir.passes.auto_sharding import OBJECTIVE_ATTR
 from alpa_ir.passes.synthesize_placement import TIME_ATTR
+from alpa_ir.passmanager.pass_manager import PassManager
 from alpa_ir.plugins.registry import default_registry
 from alpa_ir.runtime.devices import jax_mesh, mesh_axis_names
 

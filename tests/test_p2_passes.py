@@ -18,14 +18,14 @@ from alpa_ir import import_jax
 from alpa_ir.autosharding.plan_bytes import predicted_collectives
 from alpa_ir.backends.program_collectives import full_size_masks
 from alpa_ir.backends.spmd import compile_spmd
-from alpa_ir.collective_accounting import hlo_collectives, total_wire_bytes
-from alpa_ir.context import make_context
+from alpa_ir.costs.collective_accounting import hlo_collectives, total_wire_bytes
 from alpa_ir.dialects.lax_params import ints_of
 from alpa_ir.dialects.mesh import LogicalMeshOp
 from alpa_ir.dialects.sharding import AllReduceProgramOp
 from alpa_ir.errors import AlpaError
-from alpa_ir.ir_text import parse_module, print_module
-from alpa_ir.module_utils import main_function
+from alpa_ir.ir.context import make_context
+from alpa_ir.ir.module_utils import main_function
+from alpa_ir.ir.text import parse_module, print_module
 from alpa_ir.p2.choice import ChoiceOptions, ReductionPricer, executed_steps, spmd_executable
 from alpa_ir.p2.explore import ExploreOptions, explore
 from alpa_ir.p2.ir_collectives import mesh_collectives
@@ -33,8 +33,8 @@ from alpa_ir.p2.ir_system import SYSTEM_ATTR
 from alpa_ir.p2.placement import ParallelismMatrix, device_array
 from alpa_ir.p2.simulator import Simulator
 from alpa_ir.p2.system import custom_system, get_system
-from alpa_ir.pass_manager import PassManager
 from alpa_ir.passes.synthesize_placement import rank_placements
+from alpa_ir.passmanager.pass_manager import PassManager
 from alpa_ir.plugins.registry import default_registry
 from alpa_ir.runtime.devices import jax_mesh, mesh_axis_names
 from alpa_ir.tools.alpa_opt import main as alpa_opt_main

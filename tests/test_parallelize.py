@@ -17,13 +17,7 @@ from jax.sharding import PartitionSpec as P
 from zoo_fixtures import fresh, reference_outputs, tiny_step
 
 import alpa_ir
-from alpa_ir.device_mesh import LogicalDeviceMesh
-from alpa_ir.dialects.sharding import AllReduceOp, spec_of_value
-from alpa_ir.errors import AlpaError, PlanError
-from alpa_ir.ilp import Edge, ILPProblem
-from alpa_ir.models import make_train_step
-from alpa_ir.models.mlp import MLPConfig
-from alpa_ir.parallel import (
+from alpa_ir.api.parallel import (
     AutoShardingOption,
     DataParallel,
     HeuristicParallel,
@@ -33,7 +27,13 @@ from alpa_ir.parallel import (
     Zero3Parallel,
     parallelize,
 )
+from alpa_ir.dialects.sharding import AllReduceOp, spec_of_value
+from alpa_ir.errors import AlpaError, PlanError
+from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
+from alpa_ir.models import make_train_step
+from alpa_ir.models.mlp import MLPConfig
 from alpa_ir.solvers import MipSolver
+from alpa_ir.solvers.ilp import Edge, ILPProblem
 
 
 def _assert_same(got: Any, want: Any) -> None:
@@ -321,9 +321,9 @@ def test_unknown_solver_is_named() -> None:
 
 
 def test_mip_gap_option() -> None:
-    from alpa_ir.context import make_context
     from alpa_ir.frontend.jaxpr_import import import_jax
-    from alpa_ir.module_utils import main_function
+    from alpa_ir.ir.context import make_context
+    from alpa_ir.ir.module_utils import main_function
     from alpa_ir.passes.auto_sharding import OBJECTIVE_ATTR, AutoSharding
 
     fn, args = tiny_step("mlp-tiny")
@@ -356,7 +356,7 @@ def test_primitive_without_rule_is_replicated_with_a_warning() -> None:
     from alpa_ir.autosharding.graph import GraphBuilder
     from alpa_ir.autosharding.resharding import ReshardCoster
     from alpa_ir.autosharding.rules import RULES
-    from alpa_ir.module_utils import main_function
+    from alpa_ir.ir.module_utils import main_function
 
     def f(x: jax.Array) -> jax.Array:
         return jax.numpy.tanh(x) * 2.0

@@ -14,10 +14,10 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import IntegerAttr, ModuleOp, StringAttr
 from xdsl.passes import ModulePass
 
-from alpa_ir.context import make_context
 from alpa_ir.errors import AlpaError, IRVerifyError, PassFailure, PipelineError
-from alpa_ir.ir_text import parse_module, print_module
-from alpa_ir.pass_manager import VERIFIER_ROW, PassManager, format_timing_report
+from alpa_ir.ir.context import make_context
+from alpa_ir.ir.text import parse_module, print_module
+from alpa_ir.passmanager.pass_manager import VERIFIER_ROW, PassManager, format_timing_report
 from alpa_ir.plugins.hookspecs import hookimpl
 from alpa_ir.plugins.registry import PluginRegistry, load_registry
 from alpa_ir.tools.alpa_opt import main as alpa_opt_main
@@ -146,7 +146,7 @@ def test_timing_reports_each_pass_and_the_total(registry: PluginRegistry, ctx: C
 
 
 def test_timing_report_of_known_rows() -> None:
-    from alpa_ir.pass_manager import PassTiming
+    from alpa_ir.passmanager.pass_manager import PassTiming
 
     report = format_timing_report([PassTiming("a", 0.75), PassTiming("b", 0.25)])
     assert "    0.7500 ( 75.0%)  a\n" in report

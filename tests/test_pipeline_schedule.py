@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from alpa_ir.errors import AlpaError
-from alpa_ir.pipeline_schedule import (
+from alpa_ir.pipeline.schedule import (
     SCHEDULE_KINDS,
     ScheduleKind,
     Task,

@@ -14,7 +14,7 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 
 from alpa_ir.errors import PipelineError
-from alpa_ir.pipeline_syntax import (
+from alpa_ir.passmanager.pipeline_syntax import (
     build_passes,
     format_pipeline,
     parse_pipeline,

@@ -19,14 +19,14 @@ import pytest
 from xdsl.dialects import func
 
 import alpa_ir
-from alpa_ir.dialects.pipeline import StageOp
-from alpa_ir.module_utils import main_function, top_level_ops
-from alpa_ir.pipeshard import (
+from alpa_ir.api.pipeshard import (
     AutoLayerOption,
     ManualLayerOption,
     PipeshardParallel,
     UniformStageOption,
 )
+from alpa_ir.dialects.pipeline import StageOp
+from alpa_ir.ir.module_utils import main_function, top_level_ops
 
 _RNG = np.random.default_rng(0)
 PARAMS = {f"w{i}": jnp.asarray(_RNG.normal(size=(16, 16)) * 0.3, jnp.float32) for i in range(4)}

@@ -16,16 +16,16 @@ import numpy as np
 import pytest
 
 import alpa_ir
-from alpa_ir.errors import AlpaError
-from alpa_ir.markers import AutomaticLayers, automatic_layers
-from alpa_ir.module_utils import main_function
-from alpa_ir.pipeshard import (
+from alpa_ir.api.pipeshard import (
     AutoLayerOption,
     ManualStageOption,
     PipeshardParallel,
     UniformStageOption,
 )
-from alpa_ir.stage_outline import count_layers
+from alpa_ir.errors import AlpaError
+from alpa_ir.frontend.markers import AutomaticLayers, automatic_layers
+from alpa_ir.ir.module_utils import main_function
+from alpa_ir.pipeline.stage_outline import count_layers
 
 
 def _loss(p: dict[str, Any], x: jax.Array, y: jax.Array) -> jax.Array:
@@ -248,7 +248,7 @@ def _same_mesh_layout_mismatches(module: Any) -> list[str]:
     from xdsl.dialects import func
 
     from alpa_ir.dialects.sharding import SPEC_ATTR
-    from alpa_ir.module_utils import symbol_op
+    from alpa_ir.ir.module_utils import symbol_op
 
     def spec(attrs: Any, k: int) -> Any:
         return None if attrs is None else attrs.data[k].data.get(SPEC_ATTR)

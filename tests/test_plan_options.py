@@ -20,10 +20,10 @@ from jax.sharding import PartitionSpec as P
 from zoo_fixtures import fresh
 
 import alpa_ir
-from alpa_ir.collective_accounting import hlo_collectives
+from alpa_ir.api.pipeshard import AutoLayerOption, PipeshardParallel, UniformStageOption
+from alpa_ir.costs.collective_accounting import hlo_collectives
 from alpa_ir.dialects.sharding import spec_of_value
-from alpa_ir.module_utils import main_function
-from alpa_ir.pipeshard import AutoLayerOption, PipeshardParallel, UniformStageOption
+from alpa_ir.ir.module_utils import main_function
 
 _RNG = np.random.default_rng(0)
 

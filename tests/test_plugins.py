@@ -226,8 +226,8 @@ def test_listing_passes_imports_no_pass_jax_or_solver() -> None:
 
 def test_a_lazy_pass_is_listed_as_its_class_reads() -> None:
     """Reading a built-in pass from source gives what importing it gives."""
-    from alpa_ir.pass_options import format_value, pass_options, type_text
-    from alpa_ir.pass_source import read_pass_source
+    from alpa_ir.passmanager.pass_options import format_value, pass_options, type_text
+    from alpa_ir.passmanager.pass_source import read_pass_source
     from alpa_ir.plugins.contributions import Lazy
     from alpa_ir.plugins.registry import default_registry
     from alpa_ir.tools.pass_listing import pass_summary

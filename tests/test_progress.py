@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import time
 
-from alpa_ir.progress import ProgressBar, Spinner
+from alpa_ir.passmanager.progress import ProgressBar, Spinner
 
 
 def test_bar_draws_on_a_terminal_only() -> None:

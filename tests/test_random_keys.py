@@ -16,7 +16,7 @@ from jax._src.random import prng
 import alpa_ir
 from alpa_ir.autosharding.local_random import local_random_bits
 from alpa_ir.dialects.sharding import spec_of_value
-from alpa_ir.module_utils import main_function
+from alpa_ir.ir.module_utils import main_function
 
 
 def _draw(key: jax.Array, x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:

@@ -79,8 +79,8 @@ def test_pipeshard_step_on_ray_equals_one_device(cluster: None) -> None:
     """An outlined, auto-sharded step on meshes 1x4 and 2x2, 2 micro-batches, 1F1B."""
     from test_pipeshard import _example, _step
 
-    from alpa_ir.pass_manager import PassManager
-    from alpa_ir.pipeshard import ManualStageOption, PipeshardParallel
+    from alpa_ir.api.pipeshard import ManualStageOption, PipeshardParallel
+    from alpa_ir.passmanager.pass_manager import PassManager
     from alpa_ir.plugins.registry import default_registry
 
     state, batch = _example()
@@ -109,8 +109,8 @@ def test_tiny_gpt_with_two_stages_of_four_devices_on_ray(cluster: None) -> None:
     2 micro-batches, the model's default optimizer (Adam, whose step counter
     and bias corrections every stage's apply-grad computes for itself); three
     steps equal the single-device steps."""
+    from alpa_ir.api.pipeshard import AutoLayerOption, PipeshardParallel, UniformStageOption
     from alpa_ir.models.train_step import make_train_step
-    from alpa_ir.pipeshard import AutoLayerOption, PipeshardParallel, UniformStageOption
 
     step, (state, batch) = make_train_step("gpt-tiny")
     assert isinstance(state["opt_state"][0], optax.ScaleByAdamState)

@@ -16,9 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from zoo_fixtures import fresh
 
-from alpa_ir.ilp import Edge, ILPProblem, brute_force, evaluate
-from alpa_ir.pass_statistics import statistic
+from alpa_ir.passmanager.pass_statistics import statistic
 from alpa_ir.solvers import MipSolver
+from alpa_ir.solvers.ilp import Edge, ILPProblem, brute_force, evaluate
 from alpa_ir.solvers.repeated import colours, tie_repeated
 
 

@@ -10,7 +10,7 @@ import pytest
 from zoo_fixtures import max_abs_diff, reference_outputs, tiny_step
 
 import alpa_ir
-from alpa_ir.ir_text import parse_module, print_module
+from alpa_ir.ir.text import parse_module, print_module
 from alpa_ir.tools.alpa_opt import main as alpa_opt
 
 

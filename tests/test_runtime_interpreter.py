@@ -101,8 +101,8 @@ def test_whole_tensor_and_tile_plan_transports_agree() -> None:
     from test_pipeshard import _example, _step
 
     import alpa_ir
-    from alpa_ir.pass_manager import PassManager
-    from alpa_ir.pipeshard import ManualStageOption, PipeshardParallel
+    from alpa_ir.api.pipeshard import ManualStageOption, PipeshardParallel
+    from alpa_ir.passmanager.pass_manager import PassManager
     from alpa_ir.plugins.registry import default_registry
 
     state, batch = _example()

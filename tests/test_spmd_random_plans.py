@@ -20,10 +20,10 @@ from alpa_ir.autosharding.cost_model import AlphaBetaCostModel
 from alpa_ir.autosharding.graph import GraphBuilder
 from alpa_ir.autosharding.resharding import ReshardCoster
 from alpa_ir.backends.spmd import compile_spmd
-from alpa_ir.device_mesh import LogicalDeviceMesh
 from alpa_ir.dialects.mesh import MESH_ATTR, LogicalMeshOp
-from alpa_ir.module_utils import main_function
-from alpa_ir.pass_manager import PassManager
+from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
+from alpa_ir.ir.module_utils import main_function
+from alpa_ir.passmanager.pass_manager import PassManager
 from alpa_ir.plugins.registry import default_registry
 from alpa_ir.runtime.devices import jax_mesh, mesh_axis_names
 

@@ -15,19 +15,19 @@ from xdsl.dialects import func
 import alpa_ir
 from alpa_ir.autosharding.cost_model import collective_bytes_on_wire
 from alpa_ir.autosharding.plan_bytes import predicted_collectives
-from alpa_ir.clusters import Cluster, ClusterLevel, get_cluster
-from alpa_ir.device_mesh import LogicalDeviceMesh
-from alpa_ir.errors import AlpaError
-from alpa_ir.flops import function_flops
-from alpa_ir.module_utils import main_function
-from alpa_ir.plugins.registry import default_registry
-from alpa_ir.stage_cost import (
+from alpa_ir.costs.flops import function_flops
+from alpa_ir.costs.stage_cost import (
     AnalyticalStageCostModel,
     StageCostOptions,
     StageMemory,
     function_fingerprint,
     plan_function,
 )
+from alpa_ir.errors import AlpaError
+from alpa_ir.hardware.clusters import Cluster, ClusterLevel, get_cluster
+from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
+from alpa_ir.ir.module_utils import main_function
+from alpa_ir.plugins.registry import default_registry
 
 BATCH, HIDDEN = 16, 64
 
@@ -249,7 +249,7 @@ def test_functions_planned_with_shared_strategies_get_the_same_plans() -> None:
 
 
 def test_a_strategy_cache_of_another_mesh_is_refused() -> None:
-    from alpa_ir.context import make_context
+    from alpa_ir.ir.context import make_context
     from alpa_ir.passes.auto_sharding import AutoSharding
 
     c = _cluster()

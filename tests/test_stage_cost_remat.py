@@ -11,19 +11,19 @@ from test_stage_cost import BATCH, HIDDEN, _cluster, _stage
 from xdsl.dialects import func
 from xdsl.ir import Block
 
-from alpa_ir.dialects.sharding import ShardingSpec
-from alpa_ir.errors import AlpaError
-from alpa_ir.ir_types import shape_of
-from alpa_ir.module_utils import main_function
-from alpa_ir.passes.construct_stages import ViewCost, cost_table
-from alpa_ir.stage_cost import (
+from alpa_ir.costs.stage_cost import (
     FORWARD_SHARE,
     AnalyticalStageCostModel,
     StageCostOptions,
     forward_inputs,
     with_argument_specs,
 )
-from alpa_ir.stage_outline import LayerRanges
+from alpa_ir.dialects.sharding import ShardingSpec
+from alpa_ir.errors import AlpaError
+from alpa_ir.ir.module_utils import main_function
+from alpa_ir.ir.types import shape_of
+from alpa_ir.passes.construct_stages import ViewCost, cost_table
+from alpa_ir.pipeline.stage_outline import LayerRanges
 
 
 def test_remat_keeps_the_inputs_and_pays_one_forward() -> None:

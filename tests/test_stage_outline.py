@@ -20,11 +20,11 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import SSAValue
 
 import alpa_ir
+from alpa_ir.api.pipeshard import AutoLayerOption, PipeshardParallel, UniformStageOption
 from alpa_ir.frontend.jaxpr_import import import_jax
-from alpa_ir.markers import AutomaticLayers, automatic_layers
-from alpa_ir.module_utils import main_function, symbol_op
-from alpa_ir.pipeshard import AutoLayerOption, PipeshardParallel, UniformStageOption
-from alpa_ir.stage_outline import StageSlice, outline_stages
+from alpa_ir.frontend.markers import AutomaticLayers, automatic_layers
+from alpa_ir.ir.module_utils import main_function, symbol_op
+from alpa_ir.pipeline.stage_outline import StageSlice, outline_stages
 
 RESHARD_AND_EMIT = "builtin.module(cross-mesh-resharding,emit-instructions)"
 
@@ -97,8 +97,8 @@ def test_adam_apply_grad_functions_read_no_other_apply_grad(num_stages: int) -> 
 
 def test_adam_step_passes_resharding_and_instruction_emission() -> None:
     from alpa_ir.dialects.pipeline import ProgramOp
-    from alpa_ir.module_utils import top_level_ops
-    from alpa_ir.pass_manager import PassManager
+    from alpa_ir.ir.module_utils import top_level_ops
+    from alpa_ir.passmanager.pass_manager import PassManager
     from alpa_ir.plugins.registry import default_registry
 
     step, (state, batch) = _adam_step()
@@ -212,7 +212,7 @@ def test_a_tied_parameters_gradient_parts_are_added_once_per_step() -> None:
     """The LM head's part of the embedding's gradient does not cross to the
     first stage on every micro-batch: each stage accumulates its part and the
     apply phase adds them."""
-    from alpa_ir.stage_outline import LayerRanges
+    from alpa_ir.pipeline.stage_outline import LayerRanges
 
     state, tokens = _tied_example()
     module = import_jax(_tied_step, state, tokens, batch_argnums=(1,))

@@ -11,12 +11,12 @@ from test_stage_cost import _layers
 from xdsl.dialects import func
 
 import alpa_ir
-from alpa_ir.clusters import get_cluster
+from alpa_ir.costs.stage_cost import AnalyticalStageCostModel
+from alpa_ir.costs.stage_profile import ProfilingStageCostModel
 from alpa_ir.errors import AlpaError
-from alpa_ir.module_utils import main_function
+from alpa_ir.hardware.clusters import get_cluster
+from alpa_ir.ir.module_utils import main_function
 from alpa_ir.plugins.registry import default_registry
-from alpa_ir.stage_cost import AnalyticalStageCostModel
-from alpa_ir.stage_profile import ProfilingStageCostModel
 
 
 @functools.cache
@@ -89,8 +89,8 @@ def test_auto_stage_option_with_the_profile_model_equals_one_device() -> None:
     pipeline of the tiny MLP that trains like one device."""
     import numpy as np
 
+    from alpa_ir.api.pipeshard import AutoLayerOption, AutoStageOption, PipeshardParallel
     from alpa_ir.models import make_train_step
-    from alpa_ir.pipeshard import AutoLayerOption, AutoStageOption, PipeshardParallel
 
     fn, (state, batch) = make_train_step("mlp-tiny")
     method = PipeshardParallel(
@@ -114,7 +114,7 @@ def test_construct_stages_pass_takes_the_model_by_name() -> None:
 
     assert ConstructStages(stage_cost_model="profile").stage_cost_model == "profile"
     with pytest.raises(AlpaError, match="unknown stage cost model 'nonexistent'; known: analy"):
-        from alpa_ir.context import make_context
+        from alpa_ir.ir.context import make_context
 
         module = alpa_ir.import_jax(lambda x: x * 2, jnp.ones(4))
         ConstructStages(cluster="local-cpu", stage_cost_model="nonexistent").apply(

@@ -10,13 +10,13 @@ from test_pipeshard import _assert_same_steps
 from xdsl.dialects import func
 
 import alpa_ir
-from alpa_ir.device_mesh import LogicalDeviceMesh
+from alpa_ir.api.parallel import ShardParallel
+from alpa_ir.api.pipeshard import AutoLayerOption, ManualStageOption, PipeshardParallel
 from alpa_ir.dialects.lax_params import ints_of
 from alpa_ir.dialects.sharding import spec_of_value
 from alpa_ir.errors import AlpaError
-from alpa_ir.module_utils import symbol_op
-from alpa_ir.parallel import ShardParallel
-from alpa_ir.pipeshard import AutoLayerOption, ManualStageOption, PipeshardParallel
+from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
+from alpa_ir.ir.module_utils import symbol_op
 
 
 def test_dp2_op2_pp2_equals_one_device_on_the_tiny_gpt() -> None:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, ClassVar
 
-from alpa_ir.why_plan import stage_reasons
+from alpa_ir.api.why_plan import stage_reasons
 
 
 @dataclass(frozen=True)

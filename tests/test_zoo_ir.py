@@ -17,8 +17,8 @@ from zoo_fixtures import (
 )
 
 import alpa_ir
-from alpa_ir.device_mesh import LogicalDeviceMesh
-from alpa_ir.sharding_annotation import annotate_shardings
+from alpa_ir.api.sharding_annotation import annotate_shardings
+from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
 
 
 @pytest.mark.parametrize("name", TINY_MODELS)

@@ -14,7 +14,7 @@ import numpy as np
 from xdsl.dialects.builtin import ModuleOp
 
 import alpa_ir
-from alpa_ir.pass_manager import PassManager
+from alpa_ir.passmanager.pass_manager import PassManager
 from alpa_ir.plugins.registry import default_registry
 
 ROWS = 4

@@ -23,10 +23,10 @@ rematerialization (``--remat``, the default; gradient checkpointing at the
 automatic layers, as Alpa's ``AutoLayerOption(remat_layer=True)``) and ZeRO-2
 where data parallelism replicates parameters (``--zero``, the default; Alpa
 runs the benchmark with ``prefer_reduce_scatter``): see
-:mod:`alpa_ir.stage_cost` for how the cost model counts both. The paper sizes
+:mod:`alpa_ir.costs.stage_cost` for how the cost model counts both. The paper sizes
 train in mixed precision (fp16 computation, fp32 parameters and Adam state,
 :mod:`alpa_ir.models.registry`), and the memory estimates model XLA's operator
-fusion (``--fusion``, the default; :mod:`alpa_ir.fusion`): only fusion outputs
+fusion (``--fusion``, the default; :mod:`alpa_ir.costs.fusion`): only fusion outputs
 occupy memory and move through HBM. Where a layer's persistent memory is
 large, it is also priced with every parameter sharded (``--memory-fallback``,
 the default; ``StageCostOptions.memory_fallback``), and each stage takes the
@@ -91,7 +91,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from alpa_ir.errors import AlpaError, PlanError
-from alpa_ir.progress import ProgressBar
+from alpa_ir.passmanager.progress import ProgressBar
 from alpa_ir.tools.cli_args import (
     BooleanOption,
     OneLineParser,
@@ -102,12 +102,12 @@ from alpa_ir.tools.cli_args import (
 
 if TYPE_CHECKING:  # imported where used: a bad option is rejected before jax loads
     from alpa_ir.backends.simulate import SimPlan
-    from alpa_ir.clusters import Cluster
-    from alpa_ir.device_mesh import LogicalDeviceMesh
+    from alpa_ir.costs.stage_cost import AnalyticalStageCostModel, StageCostOptions
     from alpa_ir.dialects.sharding import ShardingSpec
+    from alpa_ir.hardware.clusters import Cluster
+    from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
     from alpa_ir.passes.construct_stages import StageChoice, StageCostTable, ViewCost
-    from alpa_ir.stage_cost import AnalyticalStageCostModel, StageCostOptions
-    from alpa_ir.stage_outline import LayerRanges
+    from alpa_ir.pipeline.stage_outline import LayerRanges
 
 SUITES = {
     "gpt3": ("gpt3-350m", "gpt3-1.3b", "gpt3-2.6b", "gpt3-6.7b", "gpt3-15b", "gpt3-39b"),
@@ -155,7 +155,7 @@ class Outcome:
 def bench_cluster(preset: str, gpus: int, presets: Any = None) -> Cluster:
     """The preset with ``gpus`` devices; fewer than a node: one node of ``gpus``.
     ``presets``: where to find ``preset`` (default: the built-in presets)."""
-    from alpa_ir.clusters import Cluster, ClusterLevel, get_cluster
+    from alpa_ir.hardware.clusters import Cluster, ClusterLevel, get_cluster
 
     base = get_cluster(preset, presets=presets)
     if gpus >= base.devices_per_node:
@@ -198,7 +198,7 @@ def bench_optimizer(name: str) -> tuple[str, float]:
 def trace(name: str, num_micro_batches: int, layers: int) -> Any:
     from alpa_ir.frontend.arguments import micro_batch_args
     from alpa_ir.frontend.jaxpr_import import import_jax
-    from alpa_ir.markers import AutomaticLayers, automatic_layers
+    from alpa_ir.frontend.markers import AutomaticLayers, automatic_layers
     from alpa_ir.models.train_step import make_train_step
 
     step, args = make_train_step(name, abstract=True, optimizer=bench_optimizer(name)[0])
@@ -210,7 +210,7 @@ def trace(name: str, num_micro_batches: int, layers: int) -> Any:
 
 def forward_share(remat: bool) -> float:
     """The forward's share of a stage's forward+backward latency (module docstring)."""
-    from alpa_ir.stage_cost import FORWARD_SHARE
+    from alpa_ir.costs.stage_cost import FORWARD_SHARE
 
     return FORWARD_SHARE / (1 + FORWARD_SHARE) if remat else FORWARD_SHARE
 
@@ -368,7 +368,7 @@ def deepspeed_specs(
     over mesh axis 1, other parameters replicated, batch-dependent arguments
     split along their first dimension over all devices where it divides."""
     from alpa_ir.dialects.sharding import ShardingSpec
-    from alpa_ir.ir_types import shape_of
+    from alpa_ir.ir.types import shape_of
 
     all_axes = tuple(a for a, n in enumerate(mesh_shape) if n > 1)
     devices = math.prod(mesh_shape)
@@ -401,8 +401,8 @@ def deepspeed(
     grid point, one stage on all devices, each layer planned with fixed
     argument shardings and without all-gathers (token exchange by all-to-all),
     the layers' costs added (as ``layer-sum``)."""
+    from alpa_ir.costs.stage_cost import AnalyticalStageCostModel, with_argument_specs
     from alpa_ir.passes.construct_stages import StageChoice, ViewCost
-    from alpa_ir.stage_cost import AnalyticalStageCostModel, with_argument_specs
 
     model = AnalyticalStageCostModel(
         replace(options, keep_argument_specs=True, allow_all_gather=False)
@@ -467,7 +467,7 @@ def _add_views(a: ViewCost, b: ViewCost) -> ViewCost:
 
 def one_device(cluster: Cluster) -> Cluster:
     """One device of ``cluster`` (its figures, no links to price)."""
-    from alpa_ir.clusters import Cluster, ClusterLevel
+    from alpa_ir.hardware.clusters import Cluster, ClusterLevel
 
     inner = cluster.levels[-1]
     return Cluster(
@@ -494,9 +494,9 @@ def inter_op(
     traced again with one automatic layer per device (as Alpa's inter-op-only
     baseline clusters the model into as many layers as it needs) and only the
     1x1 costs are computed."""
-    from alpa_ir.module_utils import main_function
+    from alpa_ir.ir.module_utils import main_function
     from alpa_ir.passes.construct_stages import StageChoice, StageCostTable, cost_table
-    from alpa_ir.stage_outline import LayerRanges
+    from alpa_ir.pipeline.stage_outline import LayerRanges
 
     cluster = table.cluster
     if table.num_layers < cluster.num_devices:
@@ -539,8 +539,10 @@ def bench_model(
     workers: int = 1,
     progress: bool = True,
 ) -> dict[str, Any]:
+    from alpa_ir.api.why_plan import stage_reasons
+    from alpa_ir.costs.stage_cost import AnalyticalStageCostModel
+    from alpa_ir.ir.module_utils import main_function
     from alpa_ir.models.train_step import train_step_flops
-    from alpa_ir.module_utils import main_function
     from alpa_ir.passes.construct_stages import (
         ConstructStages,
         StagePlan,
@@ -548,10 +550,8 @@ def bench_model(
         solve_stages,
         write_plan,
     )
-    from alpa_ir.pipeline_syntax import format_pipeline
-    from alpa_ir.stage_cost import AnalyticalStageCostModel
-    from alpa_ir.stage_outline import LayerRanges, count_layers
-    from alpa_ir.why_plan import stage_reasons
+    from alpa_ir.passmanager.pipeline_syntax import format_pipeline
+    from alpa_ir.pipeline.stage_outline import LayerRanges, count_layers
 
     times = Breakdown()
     t0 = time.perf_counter()
@@ -752,7 +752,7 @@ def _micro_batches_arg(text: str) -> int | str:
 def _cluster_presets(name: str = "") -> Any:
     """The cluster presets: the built-in ones (without loading the plugins) where
     they have ``name``, else the plugin registry's."""
-    from alpa_ir.clusters import builtin_presets
+    from alpa_ir.hardware.clusters import builtin_presets
 
     builtin = builtin_presets()
     if name and name in builtin:
@@ -806,7 +806,7 @@ def _gpus(count: int) -> str:
 
 def _epilog() -> str:
     """``--help``'s list of cluster presets, suites and models."""
-    from alpa_ir.clusters import Cluster
+    from alpa_ir.hardware.clusters import Cluster
     from alpa_ir.models.registry import get_config, list_configs
 
     presets = []

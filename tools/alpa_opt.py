@@ -24,13 +24,13 @@ from typing import Any
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 
-from alpa_ir.context import make_context
 from alpa_ir.errors import AlpaError
-from alpa_ir.ir_text import SPLIT_MARKER, InputChunk, parse_module, print_module, split_input
-from alpa_ir.pass_manager import PassManager, PassTiming, format_timing_report
-from alpa_ir.pass_statistics import PassStatistic, format_statistics_report
+from alpa_ir.ir.context import make_context
+from alpa_ir.ir.text import SPLIT_MARKER, InputChunk, parse_module, print_module, split_input
+from alpa_ir.passmanager.pass_manager import PassManager, PassTiming, format_timing_report
+from alpa_ir.passmanager.pass_statistics import PassStatistic, format_statistics_report
+from alpa_ir.passmanager.reproducer import read_reproducer_args
 from alpa_ir.plugins.registry import PluginRegistry, load_registry
-from alpa_ir.reproducer import read_reproducer_args
 from alpa_ir.tools.pass_listing import format_pass_list
 
 PROG = "alpa-opt"

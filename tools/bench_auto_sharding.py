@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-from alpa_ir.pass_statistics import statistic
+from alpa_ir.passmanager.pass_statistics import statistic
 
 METHODS = ("auto", "data", "zero2", "zero3", "megatron", "heuristic")
 MESHES = ((1, 8), (2, 4), (4, 2), (1, 4), (2, 2))
@@ -60,9 +60,9 @@ def _megatron_specs(args: Any, mesh: Any) -> Any:
     PartitionSpecs, leaves named as the IR names the train step's arguments."""
     import jax
 
+    from alpa_ir.api.parallel import partition_spec_of
     from alpa_ir.frontend.pytree_codec import flat_names
     from alpa_ir.models.megatron import megatron_spec
-    from alpa_ir.parallel import partition_spec_of
 
     leaves, tree = jax.tree.flatten(args)
     names = flat_names(args, ["state", "batch"])
@@ -80,7 +80,7 @@ def _megatron_specs(args: Any, mesh: Any) -> Any:
 
 
 def parallel_method(kind: str, mesh: Any, micro: int | None, args: Any) -> Any:
-    from alpa_ir import parallel
+    from alpa_ir.api import parallel
 
     if kind == "auto":
         return parallel.ShardParallel(mesh, micro)
@@ -110,9 +110,9 @@ def measure(model: str, shape: tuple[int, int], kind: str, micro: int) -> Row:
     import jax
     import numpy as np
 
-    from alpa_ir.device_mesh import LogicalDeviceMesh
+    from alpa_ir.api.parallel import parallelize
+    from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
     from alpa_ir.models import get_config, make_train_step
-    from alpa_ir.parallel import parallelize
 
     row = Row(model, shape, kind, micro)
     # With B micro-batches the step takes B times the tiny batch: each
@@ -220,10 +220,10 @@ def _summary(rows: list[Row]) -> None:
 
 def _scaling(argv: argparse.Namespace) -> int:
     import alpa_ir
-    from alpa_ir.device_mesh import LogicalDeviceMesh
+    from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
+    from alpa_ir.ir.module_utils import main_function
     from alpa_ir.models import get_config, make_train_step
-    from alpa_ir.module_utils import main_function
-    from alpa_ir.pass_manager import PassManager
+    from alpa_ir.passmanager.pass_manager import PassManager
     from alpa_ir.plugins.registry import default_registry
 
     base = get_config("gpt3-175b") if "gpt3-175b" in _names() else None

@@ -2,7 +2,7 @@
 meshes with plain send/recv and with the local all-gather rewrite.
 
 For each case (a tensor, a source mesh and spec, a destination mesh and spec)
-it plans both variants with :func:`alpa_ir.cross_mesh.plan_transfer` and
+it plans both variants with :func:`alpa_ir.pipeline.cross_mesh.plan_transfer` and
 prints the bytes crossing between the meshes, the most any one source device
 sends and any one destination device receives over the cross-mesh links
 (what bounds the transfer time when each device's link is the bottleneck),
@@ -21,9 +21,9 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from alpa_ir.cross_mesh import MeshLayout, TransferPlan, plan_transfer
 from alpa_ir.dialects.sharding import ShardingSpec
 from alpa_ir.errors import AlpaError
+from alpa_ir.pipeline.cross_mesh import MeshLayout, TransferPlan, plan_transfer
 
 
 def parse_spec(text: str) -> ShardingSpec:

@@ -31,16 +31,16 @@ from dataclasses import dataclass, replace
 
 from xdsl.dialects.builtin import FlatSymbolRefAttr, ModuleOp
 
-from alpa_ir.device_mesh import LogicalDeviceMesh
 from alpa_ir.dialects.lax_params import ints_of
 from alpa_ir.dialects.mesh import MESH_ATTR, LogicalMeshOp
-from alpa_ir.ir_text import parse_module
-from alpa_ir.module_utils import main_function
+from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
+from alpa_ir.ir.module_utils import main_function
+from alpa_ir.ir.text import parse_module
 from alpa_ir.p2.cost_model import P2CostModel
 from alpa_ir.p2.placement import ParallelismMatrix, enumerate_matrices
 from alpa_ir.p2.plan_time import plan_comm_seconds
 from alpa_ir.p2.system import get_system
-from alpa_ir.pass_manager import PassManager
+from alpa_ir.passmanager.pass_manager import PassManager
 from alpa_ir.plugins.registry import default_registry
 
 VARIANTS = ("flat", "flat+place", "p2", "p2+place")

@@ -50,7 +50,7 @@ def _run_steps(step: Any, state: Any, batch: Any) -> list[Any]:
 
 
 def _method(stages: int, micro: int, schedule: str, backend: str = "xla") -> Any:
-    from alpa_ir.pipeshard import AutoLayerOption, PipeshardParallel, UniformStageOption
+    from alpa_ir.api.pipeshard import AutoLayerOption, PipeshardParallel, UniformStageOption
 
     return PipeshardParallel(
         num_micro_batches=micro,
@@ -65,9 +65,9 @@ def oracle_row(model: str, stages: int, schedule: str, micro: int) -> str:
     import jax
 
     import alpa_ir
-    from alpa_ir.device_mesh import LogicalDeviceMesh
+    from alpa_ir.api.parallel import ShardParallel
+    from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
     from alpa_ir.models import get_config, make_train_step
-    from alpa_ir.parallel import ShardParallel
 
     config = get_config(model)
     fn, (state, batch) = make_train_step(replace(config, batch_size=config.batch_size * micro))
@@ -117,8 +117,8 @@ def _median_time(step: Any, state: Any, batch: Any, repeat: int) -> float:
 
 def _time(args: argparse.Namespace) -> int:
     import alpa_ir
+    from alpa_ir.api.parallel import ShardParallel
     from alpa_ir.models import get_config, make_train_step
-    from alpa_ir.parallel import ShardParallel
 
     config = get_config(args.model)
     micro = args.micro_batches
@@ -177,7 +177,7 @@ def _tiny_chain(num_layers: int) -> tuple[Any, Any, Any]:
 
 def _overhead(args: argparse.Namespace) -> int:
     import alpa_ir
-    from alpa_ir.pipeshard import PipeshardParallel, UniformStageOption
+    from alpa_ir.api.pipeshard import PipeshardParallel, UniformStageOption
 
     step, params, x = _tiny_chain(args.stages)
     if "ray" in args.backends:

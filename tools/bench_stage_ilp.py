@@ -36,7 +36,7 @@ class Instance:
     first: int
     last: int
     num_ops: int
-    problem: Any  # alpa_ir.ilp.ILPProblem
+    problem: Any  # alpa_ir.solvers.ilp.ILPProblem
 
 
 class _Captured(Exception):
@@ -53,8 +53,8 @@ def _layer_function(model: str, layers: int, first: int, last: int) -> Any:
     import jax
 
     jax.config.update("jax_platforms", "cpu")
-    from alpa_ir.module_utils import main_function
-    from alpa_ir.stage_outline import LayerRanges
+    from alpa_ir.ir.module_utils import main_function
+    from alpa_ir.pipeline.stage_outline import LayerRanges
     from alpa_ir.tools.alpa_bench import trace
 
     module = trace(model, 16, layers)
@@ -106,7 +106,7 @@ def load_instance(path: str) -> Instance:
     """The instance :func:`save_instance` wrote (``allow_pickle=False``)."""
     import numpy as np
 
-    from alpa_ir.ilp import Edge, ILPProblem
+    from alpa_ir.solvers.ilp import Edge, ILPProblem
 
     try:
         data = np.load(path, allow_pickle=False)
@@ -136,7 +136,7 @@ def load_instance(path: str) -> Instance:
 
 def dump(args: argparse.Namespace) -> None:
     import alpa_ir.passes.auto_sharding as auto_sharding
-    from alpa_ir.stage_cost import StageCostOptions, plan_function
+    from alpa_ir.costs.stage_cost import StageCostOptions, plan_function
 
     function = _layer_function(args.model, args.layers, args.first, args.last)
     num_ops = sum(1 for _ in function.walk())
@@ -165,8 +165,8 @@ def dump(args: argparse.Namespace) -> None:
 
 
 def solve(args: argparse.Namespace) -> None:
-    from alpa_ir.ilp import evaluate
     from alpa_ir.solvers import MipSolver
+    from alpa_ir.solvers.ilp import evaluate
     from alpa_ir.solvers.repeated import tie_repeated
 
     rows = []
@@ -204,8 +204,8 @@ def solve(args: argparse.Namespace) -> None:
 
 
 def plan(args: argparse.Namespace) -> None:
-    from alpa_ir.pass_statistics import PassStatistic, statistic
-    from alpa_ir.stage_cost import StageCostOptions, plan_function
+    from alpa_ir.costs.stage_cost import StageCostOptions, plan_function
+    from alpa_ir.passmanager.pass_statistics import PassStatistic, statistic
 
     function = _layer_function(args.model, args.layers, args.first, args.last)
     for text in args.meshes:

@@ -134,9 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     import jax
 
     import alpa_ir
+    from alpa_ir.api.pipeshard import AutoLayerOption, PipeshardParallel, UniformStageOption
     from alpa_ir.errors import AlpaError
     from alpa_ir.models import make_train_step
-    from alpa_ir.pipeshard import AutoLayerOption, PipeshardParallel, UniformStageOption
 
     try:
         step, (state, batch) = make_train_step(args.model)

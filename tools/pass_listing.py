@@ -7,8 +7,8 @@ import textwrap
 from typing import Any
 
 from alpa_ir.errors import AlpaError
-from alpa_ir.pass_options import OptionInfo, format_value, pass_options, type_text
-from alpa_ir.pass_source import read_pass_source
+from alpa_ir.passmanager.pass_options import OptionInfo, format_value, pass_options, type_text
+from alpa_ir.passmanager.pass_source import read_pass_source
 from alpa_ir.plugins.contributions import Lazy
 from alpa_ir.plugins.registry import PluginRegistry
 

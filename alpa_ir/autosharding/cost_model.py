@@ -31,8 +31,8 @@ from typing import Protocol
 
 from xdsl.dialects.builtin import ModuleOp
 
-from alpa_ir.device_mesh import LogicalDeviceMesh
 from alpa_ir.dialects.mesh import LogicalMeshOp
+from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
 
 
 class CommCostModel(Protocol):

@@ -24,8 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from alpa_ir.autosharding.cost_model import CommCostModel
-from alpa_ir.device_mesh import LogicalDeviceMesh
 from alpa_ir.dialects.sharding import ShardingSpec
+from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
 
 INF = float("inf")
 

@@ -14,7 +14,7 @@ from types import MappingProxyType
 from alpa_ir.autosharding.factors import Dims, FactorKind, FactorRule
 from alpa_ir.dialects.lax import LaxOp
 from alpa_ir.dialects.lax_primitives import PRIMITIVES, OpKind
-from alpa_ir.ir_types import shape_of
+from alpa_ir.ir.types import shape_of
 
 P, R, N = FactorKind.PASS_THROUGH, FactorKind.REDUCTION, FactorKind.NEED_REPLICATION
 

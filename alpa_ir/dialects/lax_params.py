@@ -40,7 +40,7 @@ from xdsl.printer import Printer
 
 from alpa_ir.dialects.key_type import KEY_SHAPES, KeyType
 from alpa_ir.errors import AlpaError
-from alpa_ir.ir_types import element_type, numpy_dtype
+from alpa_ir.ir.types import element_type, numpy_dtype
 
 # --------------------------------------------------------------------------
 # Attributes for structured parameters

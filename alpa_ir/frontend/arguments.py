@@ -291,7 +291,7 @@ class CompiledSignature:
     outputs: OutputStatics | None = None
     micro_batch_rows: int = 0
     """When the program draws random numbers by batch rows (see
-    :mod:`alpa_ir.micro_batch_random`): the batch size; ``arange`` of it is
+    :mod:`alpa_ir.pipeline.micro_batch_random`): the batch size; ``arange`` of it is
     passed as one more input."""
 
     def dynamic(self, args: Sequence[Any]) -> tuple[Any, ...]:

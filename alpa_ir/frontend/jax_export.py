@@ -19,7 +19,7 @@ from xdsl.ir import Block, Operation, Region, SSAValue
 from alpa_ir.dialects.lax import ConstantOp, LaxOp, PrimitiveOp, ReturnOp
 from alpa_ir.errors import AlpaError
 from alpa_ir.frontend.primitives import lookup_primitive
-from alpa_ir.ir_types import dtype_of, shape_of
+from alpa_ir.ir.types import dtype_of, shape_of
 
 OpHandler = Callable[[Operation, list[Any]], list[Any]]
 """Evaluates one non-lax op: (op, operand values) -> result values."""

@@ -45,7 +45,7 @@ from alpa_ir.frontend.arguments import (
 )
 from alpa_ir.frontend.differentiation import mark_differentiation
 from alpa_ir.frontend.pytree_codec import encode_treedef
-from alpa_ir.ir_types import dtype_of, shape_of, tensor_type
+from alpa_ir.ir.types import dtype_of, shape_of, tensor_type
 
 IN_TREE_ATTR = "alpa.in_tree"
 OUT_TREE_ATTR = "alpa.out_tree"
@@ -70,7 +70,7 @@ def _aval_type(aval: Any, where: str) -> TensorType:
 
 # Library code between the user's model and JAX: a location inside these is
 # not what a user wants to read ("flax/linen/linear.py:263" says nothing).
-_LIBRARY_PARTS = ("/flax/", "/optax/", "/alpa_ir/markers.py", "/alpa_ir/frontend/")
+_LIBRARY_PARTS = ("/flax/", "/optax/", "/alpa_ir/frontend/markers.py", "/alpa_ir/frontend/")
 
 
 @functools.cache
@@ -275,7 +275,7 @@ class JaxprImporter:
         self.unroll_differentiated_loops = unroll_differentiated_loops
         """Unroll a ``scan`` whose body differentiates (a user's own gradient
         accumulation over chunks of the batch), so that a pipeline can cut its
-        forward and backward passes (see :mod:`alpa_ir.layer_mirroring`)."""
+        forward and backward passes (see :mod:`alpa_ir.pipeline.layer_mirroring`)."""
 
     def region_of(self, closed: Any, location: tuple[str, int, int] | None, where: str) -> Region:
         if isinstance(closed, ClosedJaxpr):

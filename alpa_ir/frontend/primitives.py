@@ -30,7 +30,7 @@ _PRIMITIVE_MODULES = (
     "jax._src.prng",
     "jax._src.random.prng",
     "jax._src.random.threefry2x32",
-    "alpa_ir.markers",
+    "alpa_ir.frontend.markers",
     "alpa_ir.frontend.random_rows",
 )
 

@@ -15,7 +15,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from alpa_ir.markers import mark_pipeline_boundary
+from alpa_ir.frontend.markers import mark_pipeline_boundary
 
 INIT_STD = 0.02
 """GPT-2/3 initialisation: normal(0, 0.02) for dense and embedding weights."""

@@ -1,7 +1,7 @@
 """Train-step factories: ``train_step(state, batch) -> (new_state, loss)`` plus example args.
 
 The step is a plain (un-jitted) function, the input the compiler parallelizes.
-Gradients go through :func:`alpa_ir.markers.value_and_grad`, so the jaxpr
+Gradients go through :func:`alpa_ir.frontend.markers.value_and_grad`, so the jaxpr
 marks where forward/backward ends and the optimizer update begins.
 """
 
@@ -16,7 +16,7 @@ import jax
 import optax
 
 from alpa_ir.errors import AlpaError
-from alpa_ir.markers import value_and_grad
+from alpa_ir.frontend.markers import value_and_grad
 from alpa_ir.models.family import Batch, ModelFamily
 from alpa_ir.models.registry import family_of, is_tiny_config, resolve_config
 

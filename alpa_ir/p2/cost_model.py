@@ -31,9 +31,9 @@ from collections.abc import Sequence
 import numpy as np
 from xdsl.dialects.builtin import ModuleOp
 
-from alpa_ir.device_mesh import LogicalDeviceMesh
 from alpa_ir.dialects.mesh import LogicalMeshOp
 from alpa_ir.errors import AlpaError
+from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
 from alpa_ir.p2.choice import ChoiceOptions, ReductionPricer
 from alpa_ir.p2.ir_system import mesh_system
 from alpa_ir.p2.placement import ParallelismMatrix, device_array, enumerate_matrices

@@ -22,7 +22,7 @@ from xdsl.dialects.builtin import ArrayAttr, ModuleOp, StringAttr, SymbolRefAttr
 from alpa_ir.dialects.lax_params import ints_attr, ints_of
 from alpa_ir.dialects.mesh import MESH_ATTR, ClusterOp, LogicalMeshOp
 from alpa_ir.errors import AlpaError
-from alpa_ir.module_utils import symbol_op
+from alpa_ir.ir.module_utils import symbol_op
 from alpa_ir.p2.placement import ParallelismMatrix, device_array, enumerate_matrices
 from alpa_ir.p2.system import Interconnect, Level, System, get_system
 

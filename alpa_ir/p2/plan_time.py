@@ -12,7 +12,6 @@ from __future__ import annotations
 from xdsl.dialects import func
 
 from alpa_ir.autosharding.graph import value_local_bytes
-from alpa_ir.device_mesh import LogicalDeviceMesh
 from alpa_ir.dialects.sharding import (
     AllGatherOp,
     AllReduceOp,
@@ -22,6 +21,7 @@ from alpa_ir.dialects.sharding import (
     ReduceScatterOp,
     spec_of_value,
 )
+from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
 from alpa_ir.p2.cost_model import P2CostModel
 
 KINDS: dict[type, str] = {

@@ -35,7 +35,7 @@ class CommunicationDrawing:
 
 
 def _rows(program: str, predicted: Sequence[Any], hlo_text: str, devices: int) -> list[CommRow]:
-    from alpa_ir.collective_accounting import hlo_collectives
+    from alpa_ir.costs.collective_accounting import hlo_collectives
 
     measured = hlo_collectives(hlo_text)
     rows = []
@@ -57,8 +57,8 @@ def shard_rows(executable: Any) -> list[CommRow]:
 def pipeshard_rows(executable: Any) -> list[CommRow]:
     """A PipeshardParallel executable: each stage program, per call."""
     from alpa_ir.autosharding.plan_bytes import predicted_collectives
-    from alpa_ir.device_mesh import function_mesh
-    from alpa_ir.module_utils import symbol_op
+    from alpa_ir.hardware.device_mesh import function_mesh
+    from alpa_ir.ir.module_utils import symbol_op
 
     rows = []
     names = executable.stage_function_names()

@@ -18,14 +18,14 @@ from typing import Any
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 
-from alpa_ir.clusters import Cluster
-from alpa_ir.device_mesh import function_mesh
 from alpa_ir.dialects.mesh import LogicalMeshOp
 from alpa_ir.dialects.pipeline import PlanOp, StageOp
 from alpa_ir.dialects.sharding import spec_of_value
 from alpa_ir.errors import AlpaError
-from alpa_ir.ir_types import nbytes_of, shape_of
-from alpa_ir.module_utils import main_function, symbol_op, top_level_ops
+from alpa_ir.hardware.clusters import Cluster
+from alpa_ir.hardware.device_mesh import function_mesh
+from alpa_ir.ir.module_utils import main_function, symbol_op, top_level_ops
+from alpa_ir.ir.types import nbytes_of, shape_of
 from alpa_ir.plots.devices import StageMesh, draw_devices
 from alpa_ir.plots.shardings import ShardedTensor, draw_shardings
 
@@ -71,7 +71,7 @@ def module_cluster(module: ModuleOp, cluster: Cluster | None) -> Cluster:
     own = Cluster.of_module(module) or cluster
     if own is not None:
         return own
-    from alpa_ir.clusters import ClusterLevel, local_cpu
+    from alpa_ir.hardware.clusters import ClusterLevel, local_cpu
 
     base = local_cpu()
     named = max((d for m, _ in _stages(module) for d in m.devices), default=-1) + 1

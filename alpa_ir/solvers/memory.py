@@ -17,7 +17,7 @@ import mip
 import numpy as np
 
 from alpa_ir.errors import AlpaError
-from alpa_ir.ilp import ILPProblem, peak_memory
+from alpa_ir.solvers.ilp import ILPProblem, peak_memory
 from alpa_ir.solvers.mip_model import new_model
 from alpa_ir.solvers.presolve import Infeasible, Presolved, consistent_strategies
 

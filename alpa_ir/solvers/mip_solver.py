@@ -14,7 +14,7 @@ recomputes the objective on the original problem.
 
 Outcomes: an optimal plan; on a time limit, the best plan found with
 ``optimal=False`` and its gap (and a warning giving it); otherwise a one-line
-error: :class:`~alpa_ir.ilp.MemoryBudgetError` (a :class:`PlanError`) with
+error: :class:`~alpa_ir.solvers.ilp.MemoryBudgetError` (a :class:`PlanError`) with
 the smallest feasible budget, :class:`PlanError` naming the node or edge
 that leaves no plan, or :class:`AlpaError` (solver missing, no plan found in
 time, bad problem).
@@ -31,7 +31,8 @@ import mip
 import numpy as np
 
 from alpa_ir.errors import AlpaError, PlanError
-from alpa_ir.ilp import (
+from alpa_ir.solvers.elimination import MAX_TABLE, eliminate, estimated_work
+from alpa_ir.solvers.ilp import (
     ILPProblem,
     ILPSolution,
     evaluate,
@@ -39,7 +40,6 @@ from alpa_ir.ilp import (
     peak_memory,
     validate_problem,
 )
-from alpa_ir.solvers.elimination import MAX_TABLE, eliminate, estimated_work
 from alpa_ir.solvers.lp_relaxation import Relaxation, solve_relaxation
 from alpa_ir.solvers.memory import memory_lower_bound, min_peak_memory
 from alpa_ir.solvers.mip_model import (

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from alpa_ir.ilp import Edge, ILPProblem
+from alpa_ir.solvers.ilp import Edge, ILPProblem
 
 ADDITIVE_RTOL = 1e-12
 MEMORY_RTOL = 1e-9

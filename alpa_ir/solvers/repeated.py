@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from alpa_ir.ilp import Edge, ILPProblem
+from alpa_ir.solvers.ilp import Edge, ILPProblem
 
 
 @dataclass(frozen=True)

@@ -476,7 +476,7 @@ def mode_b(case: Case) -> list[Snapshot]:
 
 def mode_c(case: Case) -> list[Snapshot]:
     """``PipeshardParallel``: 2 micro-batches, 2 automatic layers, 2 uniform stages."""
-    from alpa_ir.pipeshard import AutoLayerOption, PipeshardParallel, UniformStageOption
+    from alpa_ir.api.pipeshard import AutoLayerOption, PipeshardParallel, UniformStageOption
 
     built = case.build()
     method = PipeshardParallel(

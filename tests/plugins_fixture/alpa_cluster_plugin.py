@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from alpa_ir.clusters import Cluster, ClusterLevel
+from alpa_ir.hardware.clusters import Cluster, ClusterLevel
 from alpa_ir.plugins.hookspecs import hookimpl
 
 

@@ -1,0 +1,212 @@
+"""``PipeshardParallel``: inter-operator (pipeline) plus intra-operator parallelism.
+
+Compilation of a step: trace it at the micro-batch shape, import it, find its
+layers (the markers of ``mark_pipeline_boundary``, or those ``cluster-operators``
+inserts for :class:`AutoLayerOption`), slice the layers into stages on
+submeshes of the devices (uniform or manual slicing here; the
+``construct-stages`` DP for :class:`AutoStageOption`), outline the stages
+(:mod:`alpa_ir.pipeline.stage_outline`), auto-shard every stage function on its
+submesh's logical mesh, and compile each as one SPMD program; then
+``cross-mesh-resharding`` plans the tensors crossing meshes and
+``emit-instructions`` writes each mesh's instruction list. The resulting
+:class:`PipeshardExecutable` runs those lists with the instruction
+interpreter (:mod:`alpa_ir.runtime.interpreter`): in this process on the
+xla backend, on one Ray actor per mesh on the ray backend.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from alpa_ir.api.sharding_options import AutoShardingOption
+from alpa_ir.errors import AlpaError
+from alpa_ir.hardware.device_mesh import Devices, LogicalDeviceMesh
+
+
+@dataclass(frozen=True)
+class ManualLayerOption:
+    """Layers are delimited by the step's ``mark_pipeline_boundary`` calls.
+    ``remat_layer``: each stage's backward recomputes its forward activations
+    from the stage's inputs (Alpa's option), keeping less memory per micro-batch."""
+
+    remat_layer: bool = False
+
+
+@dataclass(frozen=True)
+class AutoLayerOption:
+    """``cluster-operators`` slices the forward computation into ``layer_num``
+    layers (Alpa §5.2, Eq. 6) with FLOP imbalance tolerance ``eps``."""
+
+    layer_num: int
+    eps: float = 0.5
+    remat_layer: bool = False
+    """Each stage's backward recomputes its forward activations (Alpa's option)."""
+
+
+@dataclass(frozen=True)
+class UniformStageOption:
+    """``num_stages`` stages of equally many layers on equal submeshes
+    (default: one stage per layer) of logical shape ``submesh_logical_shape``
+    (default ``(1, devices per stage)``)."""
+
+    num_stages: int | None = None
+    submesh_logical_shape: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class ManualStageOption:
+    """Stage ``i`` holds layers ``forward_stage_layer_ids[i]`` (consecutive) on
+    a submesh of ``submesh_logical_shapes[i]``; submeshes take the devices in
+    order."""
+
+    forward_stage_layer_ids: Sequence[Sequence[int]]
+    submesh_logical_shapes: Sequence[tuple[int, int]]
+
+
+@dataclass(frozen=True)
+class AutoStageOption:
+    """Stages, submeshes and logical meshes chosen by ``construct-stages``."""
+
+    submesh_logical_shape_space: Literal["all", "single_node_model_parallel"] = "all"
+    stage_cost_model: str = "analytical"
+    """A registered stage cost model: ``analytical`` (predicted from the
+    plan) or ``profile`` (each stage-mesh pair compiled and timed on the
+    local devices, as Alpa does)."""
+
+
+StageOption = UniformStageOption | ManualStageOption | AutoStageOption
+LayerOption = ManualLayerOption | AutoLayerOption
+
+
+@dataclass(frozen=True)
+class PipeshardParallel:
+    """Pipeline stages on submeshes, each stage auto-sharded on its submesh.
+
+    As in Alpa, ``layer_option`` may be ``"manual"`` (the step's
+    ``mark_pipeline_boundary`` calls) or a layer option, and ``stage_option``
+    ``"uniform"``, ``"auto"`` or a stage option; ``default_auto_sharding_option``
+    is Alpa's name of ``auto_sharding_option``. Without a layer option the
+    step's own boundaries are its layers if it marks any, else
+    ``AutoLayerOption(layer_num=2)`` (Alpa's default)."""
+
+    devices: Devices = None
+    num_micro_batches: int = 1
+    layer_option: LayerOption | Literal["manual"] | None = None
+    stage_option: StageOption | Literal["uniform", "auto"] = field(
+        default_factory=UniformStageOption
+    )
+    pipeline_schedule: Literal["1f1b", "gpipe"] = "1f1b"
+    backend: Literal["xla", "ray"] = "xla"
+    """``xla``: the stages run in this process on the local devices; ``ray``:
+    one Ray actor per mesh (after ``alpa_ir.init(cluster="ray")``)."""
+    auto_sharding_option: AutoShardingOption = field(
+        default_factory=lambda: AutoShardingOption(reduce_scatter="none")
+    )
+    default_auto_sharding_option: AutoShardingOption | None = None
+
+    def __post_init__(self) -> None:
+        layer = self.layer_option
+        if isinstance(layer, str):
+            if layer != "manual":
+                raise AlpaError(f"layer_option must be 'manual' or a layer option, got {layer!r}")
+            object.__setattr__(self, "layer_option", ManualLayerOption())
+        elif layer is not None and not isinstance(layer, ManualLayerOption | AutoLayerOption):
+            raise AlpaError(f"layer_option must be a layer option, got {type(layer).__name__}")
+        stage = self.stage_option
+        if isinstance(stage, str):
+            options = {"uniform": UniformStageOption, "auto": AutoStageOption}
+            if stage not in options:
+                raise AlpaError(
+                    f"stage_option must be 'uniform', 'auto' or a stage option, got {stage!r}"
+                )
+            object.__setattr__(self, "stage_option", options[stage]())
+        elif not isinstance(stage, UniformStageOption | ManualStageOption | AutoStageOption):
+            raise AlpaError(f"stage_option must be a stage option, got {type(stage).__name__}")
+        if self.default_auto_sharding_option is not None:
+            object.__setattr__(self, "auto_sharding_option", self.default_auto_sharding_option)
+        if self.pipeline_schedule not in ("1f1b", "gpipe"):
+            raise AlpaError(
+                f"pipeline_schedule must be '1f1b' or 'gpipe', got {self.pipeline_schedule!r}"
+            )
+        if self.backend not in ("xla", "ray"):
+            raise AlpaError(f"backend must be 'xla' or 'ray', got {self.backend!r}")
+
+    @property
+    def remat_layer(self) -> bool:
+        layer = self.layer_option
+        return bool(getattr(layer, "remat_layer", False))
+
+
+@dataclass(frozen=True)
+class StagePlacement:
+    """Layers ``first..last`` on ``mesh``."""
+
+    first: int
+    last: int
+    mesh: LogicalDeviceMesh
+
+
+def _device_ids(devices: Devices) -> tuple[int, ...]:
+    """The device ids of a pipeline's devices (see :func:`~alpa_ir.hardware.device_mesh.resolve_mesh`)."""
+    from alpa_ir.hardware.device_mesh import resolve_mesh
+
+    mesh = resolve_mesh(devices)
+    assert mesh.devices is not None
+    return tuple(mesh.devices)
+
+
+def uniform_placements(
+    num_layers: int, devices: Sequence[int], option: UniformStageOption
+) -> list[StagePlacement]:
+    stages = option.num_stages or num_layers
+    if stages > num_layers:
+        raise AlpaError(f"{stages} stages requested but the step has only {num_layers} layers")
+    if len(devices) % stages:
+        raise AlpaError(f"{len(devices)} devices cannot be split evenly into {stages} stages")
+    per_stage = len(devices) // stages
+    shape = option.submesh_logical_shape or (1, per_stage)
+    if math.prod(shape) != per_stage:
+        raise AlpaError(
+            f"submesh logical shape {list(shape)} does not hold the {per_stage} devices of a stage"
+        )
+    bounds = [round(k * num_layers / stages) for k in range(stages + 1)]
+    return [
+        StagePlacement(
+            bounds[k],
+            bounds[k + 1] - 1,
+            LogicalDeviceMesh(
+                tuple(shape), devices=tuple(devices[k * per_stage : (k + 1) * per_stage])
+            ),
+        )
+        for k in range(stages)
+    ]
+
+
+def manual_placements(
+    num_layers: int, devices: Sequence[int], option: ManualStageOption
+) -> list[StagePlacement]:
+    if len(option.forward_stage_layer_ids) != len(option.submesh_logical_shapes):
+        raise AlpaError(
+            f"ManualStageOption has {len(option.forward_stage_layer_ids)} stages but "
+            f"{len(option.submesh_logical_shapes)} submesh shapes"
+        )
+    need = sum(math.prod(s) for s in option.submesh_logical_shapes)
+    if need != len(devices):
+        raise AlpaError(f"the submeshes hold {need} devices but the plan has {len(devices)}")
+    out, start = [], 0
+    for layers, shape in zip(
+        option.forward_stage_layer_ids, option.submesh_logical_shapes, strict=True
+    ):
+        layers = list(layers)
+        if not layers or layers != list(range(layers[0], layers[0] + len(layers))):
+            raise AlpaError(f"stage layers {layers} are not consecutive")
+        if layers[-1] >= num_layers:
+            raise AlpaError(f"stage layers {layers} exceed the step's {num_layers} layers")
+        size = math.prod(shape)
+        mesh = LogicalDeviceMesh(tuple(shape), devices=tuple(devices[start : start + size]))
+        out.append(StagePlacement(layers[0], layers[-1], mesh))
+        start += size
+    return out

@@ -1,0 +1,402 @@
+"""Compile a training step with :class:`~alpa_ir.api.pipeshard.PipeshardParallel` and run it."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+import jax
+import numpy as np
+from xdsl.dialects import func
+from xdsl.dialects.builtin import ModuleOp
+
+from alpa_ir.api.pipeshard import (
+    AutoLayerOption,
+    AutoStageOption,
+    ManualLayerOption,
+    ManualStageOption,
+    PipeshardParallel,
+    StagePlacement,
+    _device_ids,
+    manual_placements,
+    uniform_placements,
+)
+from alpa_ir.api.run_module import compile_module
+from alpa_ir.backends.xla_pipeline import LocalPipelineExecutable
+from alpa_ir.dialects.pipeline import PlanOp, StageOp
+from alpa_ir.frontend.arguments import (
+    CompiledSignature,
+    StaticArgnums,
+    check_micro_batches,
+    compiled_signature,
+    trace_arguments,
+)
+from alpa_ir.frontend.jaxpr_import import import_step
+from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
+from alpa_ir.ir.module_utils import main_function, symbol_op, top_level_ops
+from alpa_ir.pipeline.step_partition import batch_leaves_of, warn_micro_batch_statistics
+from alpa_ir.plugins.registry import PluginRegistry, default_registry
+from alpa_ir.runtime.interpreter import CompiledFunction, RuntimeEvent
+from alpa_ir.runtime.program import StepProgram
+
+
+class PipeshardExecutable:
+    """A step compiled into pipeline stages on submeshes of the devices.
+
+    ``module`` is the planned module: ``input_module`` (the step as imported)
+    after every pass of ``pass_pipeline``, the last two being
+    ``cross-mesh-resharding`` and ``emit-instructions``; ``program`` is its
+    per-mesh instruction lists. A backend runs it (``runner``): on xla, one
+    :class:`~alpa_ir.runtime.interpreter.MeshInterpreter` per mesh in this
+    process (:mod:`alpa_ir.backends.xla_pipeline`); on ray, one actor per
+    mesh (:mod:`alpa_ir.backends.ray`).
+    """
+
+    def __init__(
+        self,
+        module: ModuleOp,
+        signature: CompiledSignature,
+        runner: Any,
+        input_module: ModuleOp,
+        pass_pipeline: str,
+    ) -> None:
+        self.module = module
+        self.program: StepProgram = runner.program
+        self.signature = signature
+        self.in_tree, self.out_tree = signature.in_tree, signature.out_tree
+        self.runner = runner
+        self.input_module = input_module
+        """The step's module as imported, before any pass."""
+        self.pass_pipeline = pass_pipeline
+        """The exact pipeline that turns ``input_module`` into ``module``
+        (``alpa-opt --pass-pipeline=...`` replays it)."""
+        self.pass_statistics: tuple[Any, ...] = ()
+        self._local: LocalPipelineExecutable | None = (
+            runner if isinstance(runner, LocalPipelineExecutable) else None
+        )
+        self.record_timeline = False
+        """When true, each in-process step records when every instruction ran
+        (each RUN waits for its results) into :attr:`last_timeline`."""
+        self.last_timeline: Any = None
+        """The measured timeline of the last recorded step (a ``SimResult``);
+        ``plot("timeline", ...)`` draws it beside the simulated one."""
+
+    @property
+    def remote(self) -> Any:
+        """The Ray executable when the step runs on the ray backend, else None."""
+        return None if self._local is self.runner else self.runner
+
+    @property
+    def functions(self) -> dict[str, CompiledFunction]:
+        """Every stage function compiled for the local devices (on the ray
+        backend compiled here on first use, for HLO text and input shardings)."""
+        if self._local is None:
+            self._local = LocalPipelineExecutable(self.module)
+        return self._local.functions
+
+    @property
+    def placements(self) -> tuple[StagePlacement, ...]:
+        """Each stage's layers and logical mesh, read from the module."""
+        from alpa_ir.dialects.mesh import LogicalMeshOp
+
+        out = []
+        for stage in _stages(self.module):
+            mesh = symbol_op(self.module, stage.mesh.root_reference.data, LogicalMeshOp)
+            assert isinstance(mesh, LogicalMeshOp)
+            first, last = (int(x) for x in stage.layers.get_values())
+            out.append(StagePlacement(first, last, LogicalDeviceMesh.from_op(mesh)))
+        return tuple(out)
+
+    @property
+    def num_micro_batches(self) -> int:
+        return self.program.num_micro_batches
+
+    @property
+    def num_instructions(self) -> int:
+        return sum(len(v) for v in self.program.instructions.values())
+
+    def __call__(self, *args: Any) -> Any:
+        flat = self.signature.flatten(args)
+        runner = self.runner
+        if runner is self._local:
+            runner.record_events = self.record_timeline
+        outputs = runner.run_flat(flat)
+        if runner is self._local and self.record_timeline:
+            self.last_timeline = self._measured_timeline(runner.events)
+        return self.signature.unflatten_outputs(outputs)
+
+    def _measured_timeline(self, events: Sequence[RuntimeEvent]) -> Any:
+        from alpa_ir.plots.measured import measured_timeline
+
+        stage_of_function: dict[str, tuple[int, str]] = {}
+        stage_of_mesh: dict[str, int] = {}
+        for k, stage in enumerate(_stages(self.module)):
+            stage_of_mesh.setdefault(stage.mesh.root_reference.data, k)
+            for phase, name in stage.phase_functions():
+                stage_of_function[name] = (k, phase)
+        return measured_timeline(events, self.program, stage_of_function, stage_of_mesh)
+
+    def get_input_shardings(self) -> Any:
+        """Where each input array lives, as a pytree like the arguments: the
+        ``NamedSharding`` of the first stage function that reads it (the
+        whole batch, not a micro-batch); an input no stage reads stays on the
+        first device. ``restore_checkpoint(path, target=executable)`` places
+        the state (argument 0) by it."""
+        from jax.sharding import SingleDeviceSharding
+
+        first: dict[str, Any] = {}
+        for call in self.program.calls.values():
+            shardings = self.functions[call.function].in_shardings
+            for value, sharding in zip(call.operands, shardings, strict=True):
+                if value.startswith("main:"):
+                    first.setdefault(value, sharding)
+        default = SingleDeviceSharding(jax.devices()[0])
+        leaves = [first.get(f"main:{k}", default) for k in range(len(self.signature.avals))]
+        return jax.tree.unflatten(self.in_tree, leaves)
+
+    def get_input_avals(self) -> Any:
+        """A ``jax.ShapeDtypeStruct`` (shape, dtype and sharding) per input
+        array, as a pytree like the arguments."""
+        shardings = jax.tree.leaves(
+            self.get_input_shardings(), is_leaf=lambda x: isinstance(x, jax.sharding.Sharding)
+        )
+        avals = [
+            jax.ShapeDtypeStruct(shape, dtype, sharding=s)
+            for (shape, dtype), s in zip(self.signature.avals, shardings, strict=True)
+        ]
+        return jax.tree.unflatten(self.in_tree, avals)
+
+    def close(self) -> None:
+        """Stop the Ray workers of a step on the ray backend."""
+        if self.remote is not None:
+            self.remote.close()
+
+    def stage_function_names(self) -> list[str]:
+        """Every stage program's function, in stage order (forward, backward,
+        apply-grad rounds within a stage)."""
+        run = {c.function for c in self.program.calls.values()}
+        return [
+            name
+            for stage in _stages(self.module)
+            for _, name in stage.phase_functions()
+            if name in run
+        ]
+
+    def get_hlo_text(self) -> list[str]:
+        """The HLO XLA compiled for each stage program, in stage order (see
+        :meth:`stage_function_names`)."""
+        from alpa_ir.ir.types import dtype_of, shape_of
+
+        texts = []
+        for name in self.stage_function_names():
+            function = symbol_op(self.module, name, func.FuncOp)
+            assert isinstance(function, func.FuncOp)
+            compiled = self.functions[name]
+            avals = [
+                jax.ShapeDtypeStruct(shape_of(t), dtype_of(t), sharding=s)
+                for t, s in zip(
+                    function.function_type.inputs.data, compiled.in_shardings, strict=True
+                )
+            ]
+            texts.append(compiled.run.lower(*avals).compile().as_text())  # type: ignore[attr-defined]
+        return texts
+
+    def dump_debug_info(self, folder: str) -> Any:
+        """Write the imported module, the planned module, the plan and each stage
+        program's HLO under ``folder`` (see :mod:`alpa_ir.api.debug_info`)."""
+        from alpa_ir.api.debug_info import write_debug_info
+
+        files = {
+            "module.mlir": str(self.module),
+            "plan.txt": self.plan_text(),
+            "input_module.mlir": str(self.input_module),
+            "pass_pipeline.txt": self.pass_pipeline,
+        }
+        for name, text in zip(self.stage_function_names(), self.get_hlo_text(), strict=True):
+            files[f"hlo/{name}.hlo"] = text
+        return write_debug_info(folder, files)
+
+    def why_text(self, top: int = 3) -> str:
+        """Per stage program, its ``top`` largest communication terms, each with
+        the op whose value it moves (and the user's line)."""
+        from alpa_ir.api.why_plan import sharding_terms
+        from alpa_ir.hardware.device_mesh import function_mesh
+
+        lines = []
+        for name in self.stage_function_names():
+            function = symbol_op(self.module, name, func.FuncOp)
+            assert isinstance(function, func.FuncOp)
+            mesh = function_mesh(self.module, function)
+            assert mesh is not None
+            terms = sharding_terms(function, tuple(mesh.shape), top)
+            lines.append(f"{name} on mesh {list(mesh.shape)}:")
+            lines += [f"  {t.text()}" for t in terms] or ["  no communication"]
+        return "\n".join(lines)
+
+    def plot(self, kind: str, path: str | os.PathLike[str]) -> Any:
+        """Draw the plan into ``path`` (.png or .svg): ``timeline`` (the simulated
+        schedule: a bar per run and per transfer), ``memory`` (per device over the
+        schedule), ``devices`` (the stages' meshes on the local devices) or
+        ``shardings`` (each stage's largest inputs as tiles over its mesh) or
+        ``communication`` (per stage program, bytes per collective kind predicted
+        by the plan beside those XLA compiled)."""
+        if kind == "communication":
+            from alpa_ir.plots.communication import draw_communication, pipeshard_rows
+
+            return draw_communication(pipeshard_rows(self), path)
+        from alpa_ir.plots.views import plot_module
+
+        measured = self.last_timeline if kind == "timeline" else None
+        return plot_module(self.module, kind, path, measured=measured)
+
+    def plan_text(self, max_specs: int = 4) -> str:
+        """The plan: stages, their layers, meshes and devices, and the
+        shardings of each stage's largest forward inputs."""
+        from alpa_ir.dialects.sharding import spec_of_value
+        from alpa_ir.ir.types import nbytes_of, shape_of
+
+        lines = [f"pipeline: {len(self.placements)} stages, {self.num_micro_batches} micro-batches"]
+        for k, p in enumerate(self.placements):
+            lines.append(
+                f"  stage {k}: layers {p.first}..{p.last} on mesh {list(p.mesh.shape)} "
+                f"devices {list(p.mesh.devices or ())}"
+            )
+            forward = symbol_op(self.module, f"stage{k}_forward", func.FuncOp)
+            assert isinstance(forward, func.FuncOp)
+            args = sorted(forward.args, key=lambda a: -nbytes_of(a.type))[:max_specs]
+            for a in args:
+                spec = spec_of_value(a, forward)
+                lines.append(f"    input {list(shape_of(a.type))}: {spec}")
+        return "\n".join(lines)
+
+
+def _stages(module: ModuleOp) -> list[StageOp]:
+    """The module's ``pipeline.stage`` ops in the plan's order."""
+    plan = next(op for op in top_level_ops(module, PlanOp) if isinstance(op, PlanOp))
+    stages = [symbol_op(module, r.root_reference.data, StageOp) for r in plan.stages.data]
+    assert all(isinstance(s, StageOp) for s in stages)
+    return stages  # type: ignore[return-value]
+
+
+def _layer_passes(module: ModuleOp, method: PipeshardParallel) -> list[str]:
+    """The passes that draw the imported step's layers: with
+    :class:`AutoLayerOption` ``cluster-operators`` cuts its forward pass; the
+    user's boundaries (``mark_pipeline_boundary``) otherwise. Boundaries JAX
+    did not mirror into the backward pass are mirrored."""
+    from alpa_ir.pipeline.stage_outline import is_layer_marker
+
+    b = method.num_micro_batches
+    passes = [f"draw-micro-batch-rows{{num-micro-batches={b}}}"] if b > 1 else []
+    passes += ["merge-backward-runs", "split-conditionals"]
+    option = method.layer_option
+    if option is None:  # the step's own boundaries, else Alpa's default
+        marked = any(is_layer_marker(op) for op in main_function(module).body.block.ops)
+        option = ManualLayerOption() if marked else AutoLayerOption(layer_num=2)
+    if isinstance(option, AutoLayerOption):
+        passes.append(f"cluster-operators{{layers={option.layer_num} delta={option.eps}}}")
+    return [*passes, "mirror-layers"]
+
+
+def _stage_pass(method: PipeshardParallel, num_layers: int, devices: tuple[int, ...]) -> str:
+    """``outline-stages`` with the uniform or manual slicing, or ``construct-stages``."""
+    option = method.stage_option
+    b, schedule = method.num_micro_batches, method.pipeline_schedule
+    remat = "true" if method.remat_layer else "false"
+    ids = ",".join(str(d) for d in devices)
+    if isinstance(option, AutoStageOption):
+        space = option.submesh_logical_shape_space.replace("_", "-")
+        return (
+            f"construct-stages{{num-micro-batches={b} schedule={schedule} submesh-space={space} "
+            f"stage-cost-model={option.stage_cost_model} progress=false remat={remat} "
+            f"devices={ids}}}"
+        )
+    if isinstance(option, ManualStageOption):
+        placements = manual_placements(num_layers, devices, option)
+    else:
+        placements = uniform_placements(num_layers, devices, option)
+    layers = ",".join(f"{p.first}-{p.last}" for p in placements)
+    meshes = ",".join("x".join(str(n) for n in p.mesh.shape) for p in placements)
+    return (
+        f"outline-stages{{layers={layers} meshes={meshes} devices={ids} "
+        f"num-micro-batches={b} schedule={schedule} remat={remat}}}"
+    )
+
+
+def _stage_cluster(devices: tuple[int, ...]) -> Any:
+    """The ``local-cpu`` cluster restricted to ``devices``' count, one node."""
+    import dataclasses
+
+    from alpa_ir.hardware.clusters import ClusterLevel, local_cpu
+
+    base = local_cpu()
+    level = base.levels[-1]
+    return dataclasses.replace(
+        base,
+        levels=(ClusterLevel(level.name, len(devices), level.bandwidth, level.latency),),
+    )
+
+
+def compile_pipeshard(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    method: PipeshardParallel,
+    *,
+    donate_argnums: Sequence[int],
+    batch_argnums: Sequence[int],
+    static_argnums: StaticArgnums = (),
+    registry: PluginRegistry | None = None,
+) -> PipeshardExecutable:
+    """Plan ``fn`` for ``args`` with ``method`` as one pass pipeline on the
+    imported step, and compile the planned module for the method's backend."""
+    from alpa_ir.passmanager.pass_manager import PassManager
+    from alpa_ir.pipeline.stage_outline import count_layers
+
+    del donate_argnums  # buffers of a pipeline step are not donated yet
+    registry = registry or default_registry()
+    devices = _device_ids(method.devices)
+    b = check_micro_batches(method.num_micro_batches)
+    arguments, traced = trace_arguments(fn, args, static_argnums, batch_argnums, b)
+    imported = import_step(
+        fn,
+        *traced,
+        static_argnums=arguments.static_argnums,
+        batch_argnums=batch_argnums,
+        unroll_differentiated_loops=True,
+    )
+    module = imported.module
+    main = main_function(module)
+    if isinstance(method.stage_option, AutoStageOption):  # what construct-stages plans on
+        module.body.block.insert_op_before(_stage_cluster(devices).to_op(), main)
+    input_module = module.clone()
+    num_inputs = len(main.args)
+    layer_passes = _layer_passes(module, method)
+    statistics = (
+        PassManager(registry, f"builtin.module({','.join(layer_passes)})")
+        .execute(module)
+        .statistics
+    )
+    main = main_function(module)
+    warn_micro_batch_statistics(main, batch_leaves_of(main), b)
+    inner = method.auto_sharding_option.pipeline(1).removeprefix("builtin.module(")[:-1]
+    plan_passes = [
+        _stage_pass(method, count_layers(main), devices),
+        f'shard-stages{{stage-pipeline="{inner}"}}',
+        "cross-mesh-resharding",
+        "emit-instructions",
+    ]
+    manager = PassManager(registry, f"builtin.module({','.join(plan_passes)})")
+    statistics += manager.execute(module).statistics
+    pass_pipeline = PassManager(
+        registry, f"builtin.module({','.join(layer_passes + plan_passes)})"
+    ).pipeline
+    signature = compiled_signature(arguments, imported.in_tree, imported.out_tree, imported.outputs)
+    if len(main_function(module).args) > num_inputs:  # draw-micro-batch-rows added the rows
+        batch = arguments.dynamic_positions(batch_argnums)
+        first = jax.tree.leaves(arguments.arrays[batch[0]])[0]
+        signature = replace(signature, micro_batch_rows=int(np.shape(first)[0]))
+    runner = compile_module(module, backend=method.backend, registry=registry)
+    executable = PipeshardExecutable(module, signature, runner, input_module, pass_pipeline)
+    executable.pass_statistics = statistics
+    return executable

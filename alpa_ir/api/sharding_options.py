@@ -1,0 +1,90 @@
+"""The options of the intra-operator planner and the pipeline string each
+builds: shared by the parallel methods (:mod:`alpa_ir.api.parallel`) and the named
+pipelines of the built-in plugin, without importing either."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class AutoShardingOption:
+    """Options of the intra-operator planner (the ``auto-sharding`` pass)."""
+
+    solver: str = "cbc"
+    time_limit: float = 600.0
+    memory_budget: float | None = None
+    allow_all_gather: bool = True
+    allow_all_to_all: bool = True
+    allow_replicated_parameters: bool = True
+    force_batch_dim_to_mesh_dim: int | None = None
+    """Split the batch dimension of every op over this mesh axis (Alpa's option)."""
+    allow_mixed_mesh_shape: bool = False
+    """Allow a tensor dimension split over both axes of a 2-d mesh (S01); off
+    by default, as in Alpa."""
+    enable_auto_sharding: bool = True
+    """False: no ILP; the specs of a :class:`ManualShardingOption` are only
+    propagated (by XLA's SPMD partitioner), as Alpa's ``enable_auto_sharding=False``."""
+    prefer_reduce_scatter: bool = False
+    force_data_parallel: bool = False
+    heuristic: bool = False
+    """Alpa's "Heuristic" baseline: shard the largest dimension of every input."""
+    reduce_scatter: Literal["none", "zero2", "zero3"] = "zero2"
+    """The post-ILP rewrite of gradient all-reduces (ZeRO-2 by default, as Alpa does)."""
+    cost_model: str = "alpha-beta"
+    repeated_layers: Literal["auto", "share", "separate"] = "auto"
+    """One ILP variable for the copies of a node in identical layers ("share"),
+    none ("separate", exact), or "share" for large graphs only ("auto")."""
+
+    def pipeline(self, num_micro_batches: int) -> str:
+        opts = {
+            "solver": self.solver,
+            "time-limit": self.time_limit,
+            "memory-budget": float(self.memory_budget or 0.0),
+            "allow-all-gather": self.allow_all_gather,
+            "allow-all-to-all": self.allow_all_to_all,
+            "allow-replicated-parameters": self.allow_replicated_parameters,
+            "allow-mixed-mesh-shape": self.allow_mixed_mesh_shape,
+            "force-batch-dim-to-mesh-dim": -1
+            if self.force_batch_dim_to_mesh_dim is None
+            else self.force_batch_dim_to_mesh_dim,
+            "prefer-reduce-scatter": self.prefer_reduce_scatter,
+            "force-data-parallel": self.force_data_parallel,
+            "strategy-space": "heuristic" if self.heuristic else "ilp",
+            "cost-model": self.cost_model,
+            "repeated-layers": self.repeated_layers,
+            "compute-grad-scale": float(num_micro_batches),
+        }
+        text = " ".join(f"{k}={_option(v)}" for k, v in opts.items())
+        passes = ["merge-trivial-ops", f"auto-sharding{{{text}}}"]
+        if self.reduce_scatter != "none":
+            passes.append(f"reduce-scatter-rewrite{{mode={self.reduce_scatter}}}")
+        return "builtin.module(" + ",".join(passes) + ")"
+
+
+def _option(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def data_parallel_option(reduce_scatter: Literal["none", "zero2", "zero3"]) -> AutoShardingOption:
+    """Batch split over all devices, parameters replicated, one all-reduce per
+    gradient. The plan is made on the mesh flattened to one axis (see
+    :func:`alpa_ir.api.parallel.compile_step`) and without all-gather and all-to-all, so no
+    activation can leave its batch split (with all-gather allowed the ILP finds
+    cheaper model-parallel plans for small models). Known gap: Wide-ResNet has
+    no plan under these options (PlanError)."""
+    return AutoShardingOption(
+        force_data_parallel=True,
+        allow_all_gather=False,
+        allow_all_to_all=False,
+        reduce_scatter=reduce_scatter,
+    )
+
+
+def heuristic_option() -> AutoShardingOption:
+    """Alpa's "Heuristic" baseline: the largest dimension of every input split,
+    the rest planned to match."""
+    return AutoShardingOption(heuristic=True, reduce_scatter="none", allow_mixed_mesh_shape=True)

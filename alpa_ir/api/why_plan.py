@@ -1,0 +1,132 @@
+"""Why this plan: for each stage the stage DP chose, its logical mesh and
+latency beside the runner-up for the same layers: the fastest logical mesh
+of another shape (a transposed mesh is the same choice), on as many devices
+if there is one, else on any submesh (faster there, the DP still preferred
+to give those devices to other stages)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from alpa_ir.passes.construct_stages import StageCostTable, StagePlan
+
+
+@dataclass(frozen=True)
+class MeshOption:
+    submesh: tuple[int, int]
+    view: tuple[int, ...]
+    latency: float
+    """Seconds per micro-batch (the faster of the plan and its memory-saving plan)."""
+
+
+@dataclass(frozen=True)
+class StageReason:
+    stage: int
+    first: int
+    last: int
+    chosen: MeshOption
+    runner_up: MeshOption | None
+
+    def text(self) -> str:
+        c = self.chosen
+        line = (
+            f"stage {self.stage}, layers {self.first}-{self.last}: submesh "
+            f"{c.submesh[0]}x{c.submesh[1]} as logical mesh {list(c.view)}, "
+            f"{c.latency * 1e3:.4g} ms per micro-batch"
+        )
+        r = self.runner_up
+        if r is None:
+            return line + "; no other logical mesh was costed for these layers"
+        gap = (r.latency / c.latency - 1) * 100 if c.latency > 0 else math.inf
+        return line + (
+            f"; runner-up: {math.prod(r.submesh)} devices {r.submesh[0]}x{r.submesh[1]} as "
+            f"{list(r.view)}, "
+            f"{r.latency * 1e3:.4g} ms ({gap:+.1f} %)"
+        )
+
+
+def stage_reasons(table: StageCostTable, plan: StagePlan) -> list[StageReason]:
+    reasons = []
+    for k, stage in enumerate(plan.stages):
+        devices = stage.submesh[0] * stage.submesh[1]
+        options: dict[tuple[int, ...], MeshOption] = {}
+        for submesh in table.submeshes:
+            for view in table.views[submesh]:
+                try:
+                    cost = table.cost(stage.first, stage.last, view.shape)
+                except KeyError:
+                    continue
+                latency = min(c.latency for c in cost.choices())
+                if math.isfinite(latency):
+                    options.setdefault(
+                        tuple(view.shape), MeshOption(submesh, tuple(view.shape), latency)
+                    )
+        chosen_view = tuple(stage.mesh.shape)
+        chosen = options.get(chosen_view) or MeshOption(stage.submesh, chosen_view, stage.latency)
+        others = [o for v, o in options.items() if sorted(v) != sorted(chosen_view)]
+        same = [o for o in others if math.prod(o.submesh) == devices]
+        pool = same or others
+        runner_up = min(pool, key=lambda o: o.latency) if pool else None
+        reasons.append(StageReason(k, stage.first, stage.last, chosen, runner_up))
+    return reasons
+
+
+@dataclass(frozen=True)
+class CommTerm:
+    """One collective of a planned function and the op whose value it moves."""
+
+    kind: str
+    wire_bytes: float
+    """Bytes one device sends per call (ring algorithms)."""
+    cause: str
+    """The op that produces the value (its name, result type and strategy)."""
+
+    def text(self) -> str:
+        return f"{self.kind} of {self.wire_bytes:,.0f} B per device: {self.cause}"
+
+
+def _describe(value: object) -> str:
+    from pathlib import Path
+
+    from xdsl.dialects.builtin import FileLineColLoc
+    from xdsl.ir import BlockArgument, Operation
+
+    from alpa_ir.dialects.sharding import STRATEGY_ATTR
+    from alpa_ir.ir.types import dtype_of, shape_of
+
+    if isinstance(value, BlockArgument):
+        hint = f" %{value.name_hint}" if value.name_hint else ""
+        return f"argument {value.index}{hint} of the function, as it arrives"
+    op = getattr(value, "owner", None)
+    if not isinstance(op, Operation):
+        return "a value of the function"
+    name = getattr(op, "primitive_name", None) or op.name
+    types = ", ".join(f"{dtype_of(r.type).name}{list(shape_of(r.type))}" for r in op.results[:1])
+    strategy = op.attributes.get(STRATEGY_ATTR)
+    chosen = f" (strategy {strategy.data})" if strategy is not None else ""  # type: ignore[attr-defined]
+    where = ""
+    location = getattr(op, "location", None)
+    if isinstance(location, FileLineColLoc):  # the user's line, from the import
+        where = f" at {Path(location.filename.data).name}:{location.line.data}"
+    return f"{name} -> {types}{chosen}{where}"
+
+
+def sharding_terms(function: object, mesh_shape: tuple[int, ...], top: int = 5) -> list[CommTerm]:
+    """The ``top`` largest communication terms of a planned function: each
+    collective, its bytes and the op whose value it moves (for a reshard or
+    an all-gather, the producer of its input; a reduction's partial value is
+    made by the op before it)."""
+    from xdsl.dialects import func
+
+    from alpa_ir.autosharding.plan_bytes import op_collectives
+
+    assert isinstance(function, func.FuncOp)
+    terms = []
+    for op in function.body.block.ops:
+        for c in op_collectives(op, function, mesh_shape):
+            source = op.operands[0] if op.operands else None
+            terms.append(CommTerm(c.kind, c.wire_bytes, _describe(source)))
+    return sorted(terms, key=lambda t: -t.wire_bytes)[:top]

@@ -1,0 +1,213 @@
+"""A model of XLA's operator fusion for the cost model's memory estimates.
+
+XLA does not write every intermediate of a step to device memory: chains of
+elementwise and layout ops (converts, broadcasts, adds, ``exp``, ...) fuse into
+one kernel with their consumer, and a reduction reads its fused elementwise
+inputs directly (XLA's loop and input fusion). Only fusion outputs are
+materialized. This module decides, for the top-level ops of a block:
+
+* which results are **materialized**: a result of an op that is not fusible
+  (a contraction, an indexing op, a collective, a control op, ...), a value
+  the block returns, or a value some user cannot fuse (a ``dot_general``
+  reads its operands from memory); everything else lives only inside a fused
+  kernel;
+* when each op's computation really **runs**: a fused op runs inside each of
+  its consumers, so the inputs it reads stay live until the last of them.
+
+From these, :func:`fused_live_ranges` gives the live ranges the stage cost
+model's peak-memory estimate uses, and :func:`fused_traffic_bytes` the bytes
+moved to and from device memory (each materialized value written once and read
+once per kernel that reads it). The model is coarse on purpose: XLA also
+duplicates cheap producers into several consumers and fuses some producers into
+contractions' epilogues; neither is modelled, so the estimate errs towards
+materializing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from xdsl.ir import Block, Operation, SSAValue
+
+from alpa_ir.dialects.lax import ConstantOp, LaxOp
+from alpa_ir.dialects.lax_primitives import OpKind
+from alpa_ir.dialects.sharding import ReshardOp
+from alpa_ir.ir.types import dtype_of
+
+_FUSIBLE = (OpKind.ELEMENTWISE, OpKind.LAYOUT, OpKind.MARKER)
+IDENTITY_PRIMITIVES = frozenset({"pipeline_marker", "optimization_barrier"})
+
+
+def is_identity(op: Operation) -> bool:
+    """An op whose results are its operands (pipeline markers, optimization barriers)."""
+    return isinstance(op, LaxOp) and op.primitive_name in IDENTITY_PRIMITIVES
+
+
+def is_fusible(op: Operation) -> bool:
+    """Can ``op`` fuse into its consumers (elementwise, layout, identity markers,
+    ops without operands such as constants and iotas, and a plan's
+    ``sharding.reshard``, which after auto-sharding is a local slice: the plan's
+    communication is in separate collective ops)?"""
+    if isinstance(op, ReshardOp | ConstantOp):
+        return True
+    return isinstance(op, LaxOp) and (op.kind in _FUSIBLE or not op.operands)
+
+
+def fuses_inputs(op: Operation) -> bool:
+    """Can ``op`` read fused producers directly (a fusible op or a reduction)?"""
+    return is_fusible(op) or (isinstance(op, LaxOp) and op.kind is OpKind.REDUCTION)
+
+
+class BlockFusion:
+    """The fusion decisions for one block's top-level ops (module docstring)."""
+
+    def __init__(self, block: Block) -> None:
+        self.block = block
+        self.ops = list(block.ops)
+        self.position = {op: i for i, op in enumerate(self.ops)}
+        self.end = len(self.ops)
+        self.materialized: set[SSAValue] = set()
+        self.runs_until: dict[Operation, int] = {}
+        for op in reversed(self.ops):
+            self._decide(op)
+
+    def top(self, op: Operation) -> Operation:
+        """The top-level op of the block that contains ``op`` (a use in a region)."""
+        while op.parent_block() is not self.block and op.parent_op() is not None:
+            op = op.parent_op()  # type: ignore[assignment]
+        return op
+
+    def users(self, value: SSAValue) -> list[Operation]:
+        """The top-level ops that read ``value``, seeing through identity ops
+        (a marker's result is its operand's buffer)."""
+        out: list[Operation] = []
+        for use in value.uses:
+            user = self.top(use.operation)
+            if is_identity(user) and user.parent_block() is self.block:
+                out += self.users(user.results[use.index])
+            else:
+                out.append(user)
+        return out
+
+    def _decide(self, op: Operation) -> None:
+        """Called in reverse program order: every user's decision is made."""
+        here = self.position[op]
+        if is_identity(op):
+            self.runs_until[op] = here
+            return
+        fusible = is_fusible(op)
+        fused_until = here
+        for result in op.results:
+            users = self.users(result)
+            if (
+                not fusible
+                or not users
+                or any(u is self.block.last_op or not fuses_inputs(u) for u in users)
+            ):
+                self.materialized.add(result)
+                continue
+            for user in users:
+                fused_until = max(fused_until, self.runs_until.get(user, self.end))
+        self.runs_until[op] = (
+            here if any(r in self.materialized for r in op.results) else fused_until
+        )
+
+    def last_read(self, value: SSAValue, born: int) -> int:
+        """The position after which nothing reads ``value`` any more."""
+        last = born
+        for user in self.users(value):
+            if user is self.block.last_op:
+                return self.end
+            last = max(last, self.runs_until.get(user, self.end))
+        return last
+
+    def kernels_reading(self, value: SSAValue) -> int:
+        """How many materializing kernels read ``value`` (through fused chains)."""
+        seen: set[Operation] = set()
+        stack = [u for u in self.users(value) if u is not self.block.last_op]
+        kernels = 0
+        while stack:
+            user = stack.pop()
+            if user in seen:
+                continue
+            seen.add(user)
+            if any(r in self.materialized for r in user.results) or not user.results:
+                kernels += 1
+            for result in user.results:
+                if result not in self.materialized:
+                    stack.extend(u for u in self.users(result) if u is not self.block.last_op)
+        return kernels
+
+
+def merge_identity_ranges(
+    block: Block, ranges: list[tuple[SSAValue, int, int]]
+) -> list[tuple[SSAValue, int, int]]:
+    """Live ranges where an identity op's result (a pipeline marker, an
+    optimization barrier) is the buffer of its operand: the operand's range
+    extends to the result's last read and the result takes no memory of its own
+    (when the operand has no range, being fused into the marker, the result's
+    range stands for the buffer)."""
+    index = {value: k for k, (value, _, _) in enumerate(ranges)}
+    merged = list(ranges)
+    dropped: set[int] = set()
+    for op in block.ops:
+        if not is_identity(op):
+            continue
+        for operand, result in zip(op.operands, op.results, strict=True):
+            if operand not in index or result not in index:
+                continue
+            i, j = index[operand], index[result]
+            value, born, last = merged[i]
+            merged[i] = (value, born, max(last, merged[j][2]))
+            dropped.add(j)
+            index[result] = i
+    return [r for k, r in enumerate(merged) if k not in dropped]
+
+
+def fused_live_ranges(block: Block, excluded_args: set[int]) -> list[tuple[SSAValue, int, int]]:
+    """``(value, born, last read)`` of every value that occupies device memory
+    under the fusion model: the block's used arguments (but ``excluded_args``)
+    and its materialized results. Positions index the block's ops; the end of
+    the block is ``len(ops)``."""
+    fusion = BlockFusion(block)
+    ranges = [
+        (arg, 0, fusion.last_read(arg, 0))
+        for k, arg in enumerate(block.args)
+        if k not in excluded_args and arg.uses
+    ]
+    for i, op in enumerate(fusion.ops):
+        for result in op.results:
+            if result in fusion.materialized:
+                ranges.append((result, i, fusion.last_read(result, i)))
+    return ranges
+
+
+def fused_traffic_bytes(block: Block, shapes: Callable[[SSAValue], tuple[int, ...]]) -> float:
+    """Bytes written to and read from device memory by the block's kernels:
+    each materialized result written once, and each materialized value or
+    argument read once per kernel that reads it."""
+    fusion = BlockFusion(block)
+    total = 0.0
+    values = [*block.args, *(r for op in fusion.ops for r in op.results)]
+    for value in values:
+        if value.owner is not block and value not in fusion.materialized:
+            continue
+        try:
+            size = math.prod(shapes(value)) * dtype_of(value.type).itemsize
+        except Exception:  # a non-tensor value (a token) moves nothing
+            continue
+        writes = 0 if value.owner is block else 1
+        total += size * (writes + fusion.kernels_reading(value))
+    return total
+
+
+__all__ = [
+    "BlockFusion",
+    "fused_live_ranges",
+    "fused_traffic_bytes",
+    "fuses_inputs",
+    "is_fusible",
+    "is_identity",
+    "merge_identity_ranges",
+]

@@ -1,0 +1,1 @@
+"""The cluster model (levels, alpha/beta), presets and device meshes (import alpa_ir.hardware)."""

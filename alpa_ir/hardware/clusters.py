@@ -1,0 +1,491 @@
+"""Cluster descriptions for planning: a P²-style hierarchy of levels, device
+capabilities, presets, Alpa's submesh space and the logical mesh views of a
+submesh with α/β per axis derived from the hardware.
+
+A :class:`Cluster` mirrors the ``mesh.cluster`` op (``alpa_ir.dialects.mesh``):
+levels outermost first, each with a cardinality, the bandwidth (bytes/s, one
+direction) and latency (s) of the interconnect that joins the units of that
+level, and ``shared`` when one link per unit of that level serves every device
+below it (a node's NIC); an unshared level gives every device its own link of
+that bandwidth (NVLink, NVSwitch ports, one InfiniBand HCA per GPU). Devices are
+numbered in mixed radix, level 0 the most significant digit, so the devices of
+one node are consecutive ids (as in ``alpa_ir.p2.system``).
+
+Besides the op's fields a cluster records ``hbm_bandwidth`` (bytes/s of device
+memory, the memory-traffic term of the stage cost model); on the op it is the
+discardable attribute ``mesh.hbm_bandwidth`` (0 = unknown: no memory term).
+
+Alpa's submesh space (§5.2): with ``N`` nodes of ``M`` devices (the innermost
+level is the node's devices, every outer level multiplies the node count),
+the submeshes are ``(1, 2^m)`` for ``2^m <= M`` and ``(n, M)`` for
+``1 <= n <= N``; ``M`` must then be a power of two. The logical meshes of a
+submesh are all its row-major 2-d reshapes ``(dp, mp)``, ``dp·mp = n·m``.
+
+α/β of a mesh axis: the axis joins devices that first differ at some
+level(s); the outermost such level is its bottleneck and gives α (latency) and
+β = 1/bandwidth. On a shared level β is multiplied by the number of the axis's
+groups that cross one unit's link at once (e.g. the 8 GPUs of a node each in a
+different data-parallel group share the node's NIC: β × 8).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from xdsl.dialects.builtin import ArrayAttr, FloatAttr, ModuleOp, StringAttr, f64
+
+from alpa_ir.dialects.mesh import ClusterOp, LevelAttr
+from alpa_ir.errors import AlpaError
+from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
+from alpa_ir.ir.module_utils import top_level_ops
+
+HBM_BANDWIDTH_ATTR = "mesh.hbm_bandwidth"
+"""Discardable attribute of ``mesh.cluster``: device memory bandwidth in bytes/s."""
+
+GB = 1e9
+GiB = 1024**3
+
+
+@dataclass(frozen=True)
+class ClusterLevel:
+    """One level of the hierarchy (see the module docstring); matches ``#mesh.level``."""
+
+    name: str
+    cardinality: int
+    bandwidth: float
+    latency: float
+    shared: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.cardinality, bool) or not isinstance(self.cardinality, int):
+            raise AlpaError(f"cluster level '{self.name}': cardinality must be an int")
+        if self.cardinality < 1:
+            raise AlpaError(
+                f"cluster level '{self.name}': cardinality must be >= 1, got {self.cardinality}"
+            )
+        if not (math.isfinite(self.bandwidth) and self.bandwidth > 0):
+            raise AlpaError(
+                f"cluster level '{self.name}': bandwidth must be a positive number of bytes/s, "
+                f"got {self.bandwidth}"
+            )
+        if not (math.isfinite(self.latency) and self.latency >= 0):
+            raise AlpaError(
+                f"cluster level '{self.name}': latency must be >= 0 seconds, got {self.latency}"
+            )
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """A cluster: hierarchy levels (outermost first) and each device's capabilities.
+
+    ``device_memory`` in bytes, ``peak_flops`` in FLOP/s (the dense half-precision
+    tensor-core peak for GPUs), ``hbm_bandwidth`` in bytes/s (0 = unknown).
+    """
+
+    name: str
+    levels: tuple[ClusterLevel, ...]
+    device_memory: float
+    peak_flops: float
+    hbm_bandwidth: float = 0.0
+    device_name: str = ""
+    _strides: tuple[int, ...] = field(default=(), init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        levels = tuple(self.levels)
+        object.__setattr__(self, "levels", levels)
+        if not levels:
+            raise AlpaError(f"cluster '{self.name}': needs at least one level")
+        names = [lv.name for lv in levels]
+        if len(set(names)) != len(names):
+            raise AlpaError(f"cluster '{self.name}': level names repeat: {names}")
+        for what, value in (("device_memory", self.device_memory), ("peak_flops", self.peak_flops)):
+            if not (math.isfinite(value) and value > 0):
+                raise AlpaError(f"cluster '{self.name}': {what} must be positive, got {value}")
+        if not (math.isfinite(self.hbm_bandwidth) and self.hbm_bandwidth >= 0):
+            raise AlpaError(
+                f"cluster '{self.name}': hbm_bandwidth must be >= 0 bytes/s, "
+                f"got {self.hbm_bandwidth}"
+            )
+        cards = [lv.cardinality for lv in levels]
+        strides = tuple(math.prod(cards[j + 1 :]) for j in range(len(cards)))
+        object.__setattr__(self, "_strides", strides)
+
+    # -- shape ----------------------------------------------------------------
+
+    @property
+    def num_devices(self) -> int:
+        return math.prod(lv.cardinality for lv in self.levels)
+
+    @property
+    def devices_per_node(self) -> int:
+        """``M``: the cardinality of the innermost level (the devices of one node)."""
+        return self.levels[-1].cardinality
+
+    @property
+    def num_nodes(self) -> int:
+        """``N``: the product of the outer levels' cardinalities."""
+        return self.num_devices // self.devices_per_node
+
+    def coordinates(self, device: int) -> tuple[int, ...]:
+        """Mixed-radix coordinates of a device id, level 0 first."""
+        return tuple(
+            (device // s) % lv.cardinality for s, lv in zip(self._strides, self.levels, strict=True)
+        )
+
+    def check_devices(self, num_devices: int, where: str = "") -> None:
+        """Raise unless ``num_devices`` is the cluster's device count."""
+        if num_devices != self.num_devices:
+            at = f"{where}: " if where else ""
+            raise AlpaError(
+                f"{at}{num_devices} devices requested but cluster '{self.name}' has "
+                f"{self.num_devices} ({self.num_nodes} x {self.devices_per_node})"
+            )
+
+    # -- Alpa's submesh space ---------------------------------------------------
+
+    def submesh_shapes(self) -> tuple[tuple[int, int], ...]:
+        """Alpa's submeshes: ``(1, 2^m)`` within a node, then ``(n, M)`` whole nodes."""
+        m = self.devices_per_node
+        if m & (m - 1):
+            raise AlpaError(
+                f"cluster '{self.name}': the submesh space (1, 2^k) needs a power-of-two "
+                f"number of devices per node, got {m}"
+            )
+        inner = [(1, 1 << k) for k in range(m.bit_length())]
+        whole = [(n, m) for n in range(2, self.num_nodes + 1)]
+        return tuple(inner + whole)
+
+    def logical_mesh(
+        self, shape: Sequence[int], devices: Sequence[int] | None = None
+    ) -> LogicalDeviceMesh:
+        """The logical mesh of ``shape`` over ``devices`` (row-major; default
+        ``0..n-1``) with α/β per axis derived from the levels (module docstring)."""
+        shape = tuple(int(s) for s in shape)
+        size = math.prod(shape)
+        ids = tuple(range(size)) if devices is None else tuple(int(d) for d in devices)
+        if len(ids) != size:
+            raise AlpaError(
+                f"cluster '{self.name}': a mesh of shape {list(shape)} needs {size} devices, "
+                f"got {len(ids)}"
+            )
+        bad = [d for d in ids if not 0 <= d < self.num_devices]
+        if bad:
+            raise AlpaError(
+                f"cluster '{self.name}': device {bad[0]} is outside the cluster's "
+                f"{self.num_devices} devices"
+            )
+        grid = np.array(ids, dtype=np.int64).reshape(shape)
+        coords = np.stack(
+            [
+                (grid // s) % lv.cardinality
+                for s, lv in zip(self._strides, self.levels, strict=True)
+            ],
+            axis=-1,
+        )  # [*shape, levels]
+        alpha, beta = [], []
+        for axis in range(len(shape)):
+            a, b = self._axis_alpha_beta(coords, axis)
+            alpha.append(a)
+            beta.append(b)
+        return LogicalDeviceMesh(shape, tuple(alpha), tuple(beta), ids)
+
+    def _axis_alpha_beta(self, coords: np.ndarray, axis: int) -> tuple[float, float]:
+        """α/β of one mesh axis: its outermost crossed level, β scaled by link sharing."""
+        nlev = len(self.levels)
+        groups = np.moveaxis(coords, axis, -2).reshape(-1, coords.shape[axis], nlev)
+        crossed = [
+            j for j in range(nlev) if np.any(groups[:, :, j] != groups[:, :1, j])
+        ]  # levels at which members of one group differ
+        if not crossed:  # a size-1 axis: no communication; the innermost link's figures
+            inner = self.levels[-1]
+            return inner.latency, 1.0 / inner.bandwidth
+        j = crossed[0]
+        level = self.levels[j]
+        sharing = 1
+        if level.shared and j < nlev - 1:
+            # Groups whose members sit in several units of level j each pass their
+            # traffic through the link of every unit they touch; count per unit.
+            per_unit: dict[tuple[int, ...], int] = {}
+            for g in range(groups.shape[0]):
+                for unit in {tuple(c[: j + 1]) for c in groups[g].tolist()}:
+                    per_unit[unit] = per_unit.get(unit, 0) + 1
+            sharing = max(per_unit.values())
+        return level.latency, sharing / level.bandwidth
+
+    def submesh_logical_meshes(
+        self, submesh: tuple[int, int], start: int = 0
+    ) -> tuple[LogicalDeviceMesh, ...]:
+        """Every ``(dp, mp)`` view of the submesh ``(n, m)`` whose devices are
+        ``start .. start + n·m − 1`` (start at a node boundary for ``n > 1``)."""
+        n, m = submesh
+        if (n, m) not in self.submesh_shapes():
+            raise AlpaError(
+                f"cluster '{self.name}': {n}x{m} is not a submesh of Alpa's space "
+                f"{list(self.submesh_shapes())}"
+            )
+        size = n * m
+        if start < 0 or start + size > self.num_devices:
+            raise AlpaError(
+                f"cluster '{self.name}': submesh {n}x{m} at device {start} leaves the cluster"
+            )
+        if start % m:
+            raise AlpaError(
+                f"cluster '{self.name}': submesh {n}x{m} must start at a multiple of {m}, "
+                f"got {start}"
+            )
+        devices = tuple(range(start, start + size))
+        return tuple(
+            self.logical_mesh((dp, size // dp), devices)
+            for dp in range(1, size + 1)
+            if size % dp == 0
+        )
+
+    # -- the mesh.cluster op ---------------------------------------------------
+
+    def to_op(self, name: str | None = None) -> ClusterOp:
+        props = {
+            "sym_name": StringAttr(name or self.name),
+            "levels": ArrayAttr(
+                [
+                    LevelAttr.make(lv.name, lv.cardinality, lv.bandwidth, lv.latency, lv.shared)
+                    for lv in self.levels
+                ]
+            ),
+            "device_memory": FloatAttr(float(self.device_memory), f64),
+            "peak_flops": FloatAttr(float(self.peak_flops), f64),
+        }
+        if self.device_name:
+            props["device_name"] = StringAttr(self.device_name)
+        attrs = {}
+        if self.hbm_bandwidth:
+            attrs[HBM_BANDWIDTH_ATTR] = FloatAttr(float(self.hbm_bandwidth), f64)
+        return ClusterOp.create(properties=props, attributes=attrs)
+
+    @staticmethod
+    def of_module(module: ModuleOp) -> Cluster | None:
+        """The cluster of ``module``'s ``mesh.cluster`` op, or None without one."""
+        op = next(top_level_ops(module, ClusterOp), None)
+        return Cluster.from_op(op) if isinstance(op, ClusterOp) else None
+
+    @staticmethod
+    def from_op(op: ClusterOp) -> Cluster:
+        levels = tuple(
+            ClusterLevel(
+                lv.level_name.data,
+                lv.size.data,
+                float(lv.bandwidth.value.data),
+                float(lv.latency.value.data),
+                bool(lv.shared.data),
+            )
+            for lv in op.levels.data
+        )
+        hbm = op.attributes.get(HBM_BANDWIDTH_ATTR)
+        return Cluster(
+            op.sym_name.data,
+            levels,
+            float(op.device_memory.value.data),
+            float(op.peak_flops.value.data),
+            float(hbm.value.data) if isinstance(hbm, FloatAttr) else 0.0,
+            op.device_name.data if op.device_name is not None else "",
+        )
+
+
+# -- presets ---------------------------------------------------------------------
+
+ClusterFactory = Callable[[int | None], Cluster]
+"""A preset: called with the number of nodes (None = the preset's default)."""
+
+
+def _nodes(preset: str, num_nodes: int | None, default: int) -> int:
+    n = default if num_nodes is None else num_nodes
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise AlpaError(f"cluster preset '{preset}': the number of nodes must be >= 1, got {n!r}")
+    return n
+
+
+# AWS p3.16xlarge (Alpa's testbed, §8): 8 x V100-SXM2 16 GB on NVLink 2.0 (hybrid
+# cube mesh; 6 links x 25 GB/s = 150 GB/s per GPU and direction), 25 Gbps
+# networking per instance (https://aws.amazon.com/ec2/instance-types/p3/).
+# V100 SXM2: 125 TFLOP/s fp16 tensor, 900 GB/s HBM2 (NVIDIA V100 datasheet).
+def alpa_testbed(num_nodes: int | None = None) -> Cluster:
+    n = _nodes("alpa-testbed", num_nodes, 8)
+    return Cluster(
+        "alpa-testbed",
+        (
+            ClusterLevel("node", n, 25e9 / 8, 50e-6, shared=True),
+            ClusterLevel("gpu", 8, 150 * GB, 5e-6),
+        ),
+        device_memory=16 * GiB,
+        peak_flops=125e12,
+        hbm_bandwidth=900 * GB,
+        device_name="V100-SXM2-16GB",
+    )
+
+
+# NVIDIA DGX A100 (DGX A100 datasheet / user guide): 8 x A100-SXM4 80 GB on six
+# NVSwitches, NVLink 3 600 GB/s bidirectional per GPU (300 GB/s per direction);
+# 8 x ConnectX-6 200 Gb/s HDR InfiniBand for compute, one per GPU (25 GB/s per
+# GPU, not shared). A100: 312 TFLOP/s dense bf16, 2,039 GB/s HBM2e (A100 datasheet).
+def dgx_a100(num_nodes: int | None = None) -> Cluster:
+    n = _nodes("dgx-a100", num_nodes, 4)
+    return Cluster(
+        "dgx-a100",
+        (
+            ClusterLevel("node", n, 200e9 / 8, 5e-6),
+            ClusterLevel("gpu", 8, 300 * GB, 3e-6),
+        ),
+        device_memory=80 * GiB,
+        peak_flops=312e12,
+        hbm_bandwidth=2039 * GB,
+        device_name="A100-SXM4-80GB",
+    )
+
+
+# NVIDIA DGX H100 (DGX H100 datasheet): 8 x H100-SXM5 80 GB on four NVSwitches,
+# NVLink 4 900 GB/s bidirectional per GPU (450 GB/s per direction); 8 x
+# ConnectX-7 400 Gb/s NDR InfiniBand, one per GPU (50 GB/s per GPU). H100 SXM:
+# 989 TFLOP/s dense bf16, 3.35 TB/s HBM3 (H100 datasheet).
+def dgx_h100(num_nodes: int | None = None) -> Cluster:
+    n = _nodes("dgx-h100", num_nodes, 4)
+    return Cluster(
+        "dgx-h100",
+        (
+            ClusterLevel("node", n, 400e9 / 8, 5e-6),
+            ClusterLevel("gpu", 8, 450 * GB, 2e-6),
+        ),
+        device_memory=80 * GiB,
+        peak_flops=989e12,
+        hbm_bandwidth=3350 * GB,
+        device_name="H100-SXM5-80GB",
+    )
+
+
+# Devices of the P² paper's GCP systems (§5): a2-megagpu-16g has 16 x A100 40 GB,
+# n1 V100 nodes 8 x V100 16 GB. Figures from the NVIDIA datasheets.
+_GCP_DEVICES: Mapping[str, tuple[float, float, float, str]] = {
+    "a100": (40 * GiB, 312e12, 1555 * GB, "A100-SXM4-40GB"),
+    "v100": (16 * GiB, 125e12, 900 * GB, "V100-SXM2-16GB"),
+}
+
+
+def cluster_from_system(system: object, device: str) -> Cluster:
+    """A cluster from a P² system (``alpa_ir.p2.system.System``): each level takes
+    the first interconnect listed for it (the primary one: NVLink over PCIe on a
+    V100 node); a level with devices below it whose interconnect has one port per
+    unit (a NIC) is shared. Device figures from ``device`` (``a100``/``v100``)."""
+    from alpa_ir.p2.system import System
+
+    assert isinstance(system, System)
+    levels = []
+    last = len(system.levels) - 1
+    for j, level in enumerate(system.levels):
+        link = next((c for c in system.interconnects if c.level == j), None)
+        if link is None:
+            raise AlpaError(f"system '{system.name}': no interconnect joins level '{level.name}'")
+        levels.append(
+            ClusterLevel(level.name, level.cardinality, link.bandwidth, link.latency, j < last)
+        )
+    memory, flops, hbm, name = _GCP_DEVICES[device]
+    return Cluster(system.name, tuple(levels), memory, flops, hbm, name)
+
+
+def _gcp(kind: str, fixed_nodes: int | None, preset: str) -> ClusterFactory:
+    def make(num_nodes: int | None = None) -> Cluster:
+        from alpa_ir.p2 import system as p2
+
+        if fixed_nodes is not None and num_nodes not in (None, fixed_nodes):
+            raise AlpaError(f"cluster preset '{preset}' has {fixed_nodes} nodes, got {num_nodes}")
+        n = _nodes(preset, num_nodes if fixed_nodes is None else fixed_nodes, 2)
+        system = p2.gcp_a100(n) if kind == "a100" else p2.gcp_v100(n)
+        return cluster_from_system(system, kind)
+
+    return make
+
+
+# The local JAX devices, with nominal figures (a CPU core: ~10^11 FLOP/s,
+# ~20 GB/s memory, copies between devices at ~10 GB/s).
+def local_cpu(num_nodes: int | None = None) -> Cluster:
+    import jax
+
+    if num_nodes not in (None, 1):
+        raise AlpaError(f"cluster preset 'local-cpu' is one node, got {num_nodes} nodes")
+    return Cluster(
+        "local-cpu",
+        (ClusterLevel("device", len(jax.local_devices()), 10 * GB, 10e-6),),
+        device_memory=4 * GiB,
+        peak_flops=1e11,
+        hbm_bandwidth=20 * GB,
+        device_name=jax.local_devices()[0].platform,
+    )
+
+
+def builtin_presets() -> dict[str, ClusterFactory]:
+    """The built-in cluster presets (registered by the built-in plugin)."""
+    presets: dict[str, ClusterFactory] = {
+        "alpa-testbed": alpa_testbed,
+        "dgx-a100": dgx_a100,
+        "dgx-h100": dgx_h100,
+        "gcp-a100": _gcp("a100", None, "gcp-a100"),
+        "gcp-v100": _gcp("v100", None, "gcp-v100"),
+        "local-cpu": local_cpu,
+    }
+    from alpa_ir.p2.system import PRESETS
+
+    for name in PRESETS:  # gcp-a100-16x2 etc.: the P² paper's fixed systems
+        kind = name.split("-")[1]
+        presets[name] = _gcp(kind, int(name.rsplit("x", 1)[1]), name)
+    return presets
+
+
+def get_cluster(
+    name: str,
+    *,
+    num_nodes: int | None = None,
+    num_devices: int | None = None,
+    presets: Mapping[str, Callable[..., object]] | None = None,
+) -> Cluster:
+    """A preset cluster by name, with ``num_nodes`` nodes, or as many nodes as
+    ``num_devices`` devices fill (``--gpus``); presets from ``presets`` (a
+    registry's ``cluster_presets``, which include the plugins'; default: the
+    built-in ones)."""
+    if presets is None:
+        presets = builtin_presets()
+    if name not in presets:
+        raise AlpaError(f"unknown cluster preset '{name}'; known: {', '.join(sorted(presets))}")
+    factory = presets[name]
+    if num_devices is not None:
+        probe = factory(None)
+        assert isinstance(probe, Cluster)
+        per_node = probe.devices_per_node
+        if num_devices < 1 or num_devices % per_node:
+            raise AlpaError(
+                f"cluster preset '{name}': {num_devices} devices is not a whole number of "
+                f"nodes of {per_node}"
+            )
+        if num_nodes is not None and num_nodes * per_node != num_devices:
+            raise AlpaError(
+                f"cluster preset '{name}': {num_nodes} nodes of {per_node} are not "
+                f"{num_devices} devices"
+            )
+        num_nodes = num_devices // per_node
+    cluster = factory(num_nodes)
+    if not isinstance(cluster, Cluster):
+        raise AlpaError(f"cluster preset '{name}' returned {type(cluster).__name__}, not a Cluster")
+    return cluster
+
+
+__all__ = [
+    "HBM_BANDWIDTH_ATTR",
+    "Cluster",
+    "ClusterLevel",
+    "alpa_testbed",
+    "builtin_presets",
+    "cluster_from_system",
+    "dgx_a100",
+    "dgx_h100",
+    "get_cluster",
+    "local_cpu",
+]

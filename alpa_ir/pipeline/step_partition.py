@@ -1,0 +1,314 @@
+"""Split a training step at its gradient marker.
+
+The ``grad`` marker (``alpa_ir.grad`` / ``value_and_grad``) separates the
+computation of the gradients from their application. Ops of ``@main`` fall in
+three parts:
+
+- ``setup``: depends neither on the batch nor on the marked gradients (e.g.
+  casting parameters); runs once;
+- ``compute``: depends on the batch and not on the marked gradients (forward,
+  backward, and the marker itself); runs once per micro-batch;
+- ``apply``: depends on the marked gradients (the optimizer); runs once.
+
+Values that ``compute`` defines and ``apply`` or the results use are
+accumulated over micro-batches (their mean: exact for the usual mean losses,
+and for a sum normalised after the gradients, e.g. gradients divided by a
+token count computed from the batch: both are averaged, so their ratio is the
+whole batch's).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from xdsl.dialects import func
+from xdsl.ir import Operation, SSAValue
+
+from alpa_ir.dialects.lax import LaxOp
+from alpa_ir.errors import AlpaError
+
+
+def is_grad_marker(op: Operation) -> bool:
+    return (
+        isinstance(op, LaxOp)
+        and op.primitive_name == "pipeline_marker"
+        and op.param("kind") == "grad"
+    )
+
+
+@dataclass(frozen=True)
+class StepPartition:
+    setup: tuple[Operation, ...]
+    compute: tuple[Operation, ...]
+    apply: tuple[Operation, ...]
+    accumulated: tuple[SSAValue, ...]
+    """Values of ``compute`` used by ``apply`` or returned."""
+
+
+def partition_step(function: func.FuncOp, batch_args: Sequence[int]) -> StepPartition:
+    block = function.body.block
+    ops = [op for op in block.ops if op is not block.last_op]
+    markers = [op for op in ops if is_grad_marker(op)]
+    if not markers:
+        raise AlpaError(
+            "gradient accumulation needs the gradients marked: compute them with "
+            "alpa_ir.grad or alpa_ir.value_and_grad"
+        )
+    batch_values: set[SSAValue] = {block.args[i] for i in batch_args}
+    forced = _per_micro_batch_after(ops, markers[-1], batch_values)
+    batch_dep: set[SSAValue] = set(batch_values)
+    grad_dep: set[SSAValue] = set()
+    setup, compute, apply = [], [], []
+    for op in ops:
+        uses_grad = any(v in grad_dep for v in op.operands)
+        uses_batch = any(v in batch_dep for v in op.operands)
+        if is_grad_marker(op):
+            compute.append(op)
+            grad_dep.update(op.results)
+        elif uses_batch and not uses_grad and (op in forced or op not in forced.after):
+            compute.append(op)
+            batch_dep.update(op.results)
+        elif uses_grad or uses_batch:
+            if any(v in batch_values for v in op.operands):
+                raise AlpaError(
+                    f"op {op.name} after the gradient marker reads a batch argument directly; "
+                    "gradient accumulation needs the optimizer step to read the batch only "
+                    "through values computed from it before (e.g. a token count)"
+                )
+            apply.append(op)
+            grad_dep.update(op.results)
+        else:
+            setup.append(op)
+    later = set(apply) | {block.last_op}
+    accumulated: list[SSAValue] = []
+    for op in compute:
+        for value in op.results:
+            if any(use.operation in later for use in value.uses):
+                accumulated.append(value)
+    return StepPartition(tuple(setup), tuple(compute), tuple(apply), tuple(accumulated))
+
+
+class _Forced(set[Operation]):
+    """Ops after the last gradient marker that run per micro-batch; ``after``
+    holds every op after that marker."""
+
+    after: set[Operation]
+
+
+def _per_micro_batch_after(
+    ops: Sequence[Operation], last_marker: Operation, batch_values: set[SSAValue]
+) -> _Forced:
+    """Which ops after the last gradient marker still run once per micro-batch.
+
+    Such an op reading the batch only through values computed before the
+    marker runs once per step on their accumulated (mean) values, as the
+    one-device step computes it from the whole batch (``loss / num_tokens`` of
+    a summed loss), unless a batch argument is read, by it or by an op that
+    reads its result (an accuracy: ``argmax(logits) == labels``): those run per
+    micro-batch. A conversion of an integer to a float runs per micro-batch
+    too, so that a count is averaged as a float, not rounded as an integer."""
+    position = {op: k for k, op in enumerate(ops)}
+    after = [op for op in ops if position[op] > position[last_marker]]
+    forced = _Forced()
+    forced.after = set(after)
+    for op in reversed(after):
+        if any(v in batch_values for v in op.operands) or _is_count_to_float(op):
+            forced.add(op)
+            continue
+        if any(use.operation in forced for r in op.results for use in r.uses):
+            forced.add(op)
+    return forced
+
+
+def _is_count_to_float(op: Operation) -> bool:
+    """An integer converted to a float (a token count about to divide a sum):
+    it is converted per micro-batch and averaged as a float."""
+    if not (isinstance(op, LaxOp) and op.primitive_name == "convert_element_type"):
+        return False
+    from alpa_ir.ir.types import dtype_of
+
+    try:
+        src, dst = dtype_of(op.operands[0].type), dtype_of(op.results[0].type)
+    except Exception:
+        return False
+    return src.kind in "iub" and dst.kind == "f"
+
+
+def micro_batch_statistics(function: func.FuncOp, batch_args: Sequence[int]) -> list[Operation]:
+    """Reductions over the batch dimension whose result flows back into
+    per-example values (BatchNorm's mean and variance): under micro-batching
+    each micro-batch is normalised by its own statistics (as in Alpa), which
+    differs from one step on the whole batch. Found on the ops before the
+    first ``backward`` marker (the forward pass), from the batch arguments'
+    leading dimension."""
+    from alpa_ir.ir.types import shape_of
+
+    block = function.body.block
+    sizes = {shape_of(block.args[k].type)[0] for k in batch_args if shape_of(block.args[k].type)}
+    if len(sizes) != 1:
+        return []
+    size = sizes.pop()
+    batch_dep: set[SSAValue] = {block.args[k] for k in batch_args}
+    from_stats: dict[SSAValue, Operation] = {}
+    found: list[Operation] = []
+    for op in block.ops:
+        if isinstance(op, LaxOp) and op.primitive_name == "pipeline_marker":
+            if op.param("kind") == "backward":
+                break
+        operands = list(op.operands)
+        if not any(v in batch_dep for v in operands):
+            continue
+        batch_dep.update(op.results)
+        sources = {from_stats[v] for v in operands if v in from_stats}
+        if (
+            isinstance(op, LaxOp)
+            and op.kind.value == "reduction"
+            and 0 in tuple(op.param("axes"))
+            and shape_of(operands[0].type)[:1] == (size,)
+        ):
+            for r in op.results:
+                from_stats[r] = op
+            continue
+        for r in op.results:
+            shape = shape_of(r.type)
+            if sources and shape[:1] == (size,):
+                found += [s for s in sources if s not in found]
+            elif sources:
+                from_stats[r] = next(iter(sources))
+    return found
+
+
+def warn_micro_batch_statistics(function: func.FuncOp, batch_args: Sequence[int], b: int) -> None:
+    """Warn (once per compilation) that batch statistics are per micro-batch."""
+    import warnings
+
+    if b <= 1:
+        return
+    found = micro_batch_statistics(function, batch_args)
+    if not found:
+        return
+    where = ""
+    location = found[0].location
+    file = getattr(location, "filename", None)
+    if file is not None:
+        where = f" (first at {file.data}:{location.line.data})"  # type: ignore[attr-defined]
+    warnings.warn(
+        f"the step computes statistics over the batch dimension{where} (e.g. BatchNorm); with "
+        f"{b} micro-batches each micro-batch is normalised by its own micro-batch statistics, "
+        "as in Alpa, not by those of the whole batch",
+        UserWarning,
+        stacklevel=4,
+    )
+
+
+def batch_leaves_of(function: func.FuncOp) -> list[int]:
+    """The flat indices of ``@main``'s batch arguments (``alpa.batch_args``)."""
+    from xdsl.dialects.builtin import DenseArrayBase
+
+    attr = function.attributes.get("alpa.batch_args")
+    return [int(x) for x in attr.get_values()] if isinstance(attr, DenseArrayBase) else []
+
+
+_LINEAR_UNARY = frozenset(
+    {"neg", "reshape", "transpose", "squeeze", "copy", "convert_element_type", "pipeline_marker"}
+)
+"""Ops linear in their (single) operand: a sum over devices commutes with them."""
+
+
+def deferred_reductions(part: StepPartition, function: func.FuncOp) -> frozenset[Operation]:
+    """Sum-reductions of ``compute`` (all-reduce, reduce-scatter) whose result
+    only reaches accumulated values, through ops linear in it: gradients
+    synchronised over the mesh, possibly scaled (``g / n``) on the way. Under
+    gradient accumulation they run once per step on the accumulated values
+    instead of once per micro-batch (Alpa's behaviour: gradient traffic does
+    not grow with the number of micro-batches); the sum is linear, so the
+    result is the same. An all-reduce may pass through unary linear ops and a
+    multiplication or division by a value that is the same on every device of
+    its axes; a reduce-scatter only through markers (it changes the shape)."""
+    from alpa_ir.dialects.sharding import AllReduceOp, ReduceScatterOp, spec_of_value
+
+    accumulated = set(part.accumulated)
+    compute = set(part.compute)
+
+    def linear_in(user: Operation, index: int, axes: tuple[int, ...], scatter: bool) -> bool:
+        if not isinstance(user, LaxOp):
+            return False
+        name = user.primitive_name
+        if name == "pipeline_marker":
+            return True
+        if scatter:
+            return False
+        if name in _LINEAR_UNARY and len(user.operands) == 1:
+            if name == "convert_element_type":
+                from alpa_ir.ir.types import dtype_of
+
+                return dtype_of(user.results[0].type).kind == "f"
+            return True
+        if name in ("mul", "div") and (name == "mul" or index == 0):
+            other = user.operands[1 - index]
+            spec = spec_of_value(other, function)
+            return not spec.partial and not set(spec.used_axes()) & set(axes)
+        return False
+
+    def only_accumulated(value: SSAValue, axes: tuple[int, ...], scatter: bool) -> bool:
+        """``value`` reaches, through linear ops only, accumulated values that
+        nothing per micro-batch reads."""
+        if value in accumulated:
+            return all(use.operation not in compute for use in value.uses)
+        if not value.uses:
+            return False
+        for use in value.uses:
+            user = use.operation
+            if not linear_in(user, use.index, axes, scatter):
+                return False
+            result = user.results[use.index if user.primitive_name == "pipeline_marker" else 0]  # type: ignore[attr-defined]
+            if not only_accumulated(result, axes, scatter):
+                return False
+        return True
+
+    out = set()
+    for op in part.compute:
+        if isinstance(op, AllReduceOp) and op.reduction != "sum":
+            continue
+        if not isinstance(op, AllReduceOp | ReduceScatterOp):
+            continue
+        if only_accumulated(op.results[0], tuple(op.mesh_axes), isinstance(op, ReduceScatterOp)):
+            out.add(op)
+    return frozenset(out)
+
+
+def gradient_ops(part: StepPartition) -> frozenset[Operation]:
+    """Ops of ``compute`` whose every result reaches, through ops linear in it
+    (markers, unary linear ops, multiplications and divisions), only
+    accumulated values that nothing per micro-batch reads: the ops producing
+    gradients (the weight-gradient contractions and their scaling). A sum over
+    devices of their results is deferred past the micro-batches
+    (:func:`deferred_reductions`), so the planner prices it once per step."""
+    accumulated = set(part.accumulated)
+    compute = set(part.compute)
+    memo: dict[SSAValue, bool] = {}
+
+    def reaches(value: SSAValue) -> bool:
+        if value in memo:
+            return memo[value]
+        if value in accumulated:
+            memo[value] = all(use.operation not in compute for use in value.uses)
+            return memo[value]
+        ok = bool(value.uses)
+        for use in value.uses:
+            user = use.operation
+            name = getattr(user, "primitive_name", None)
+            if not (name in _LINEAR_UNARY or name in ("mul", "div")):
+                ok = False
+                break
+            result = user.results[use.index if name == "pipeline_marker" else 0]
+            if not reaches(result):
+                ok = False
+                break
+        memo[value] = ok
+        return ok
+
+    return frozenset(
+        op for op in part.compute if op.results and all(reaches(r) for r in op.results)
+    )

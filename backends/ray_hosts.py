@@ -1,0 +1,248 @@
+"""The ``ray`` backend for a single-mesh (``ShardParallel``) module: one actor per host.
+
+``RayHostsExecutable(module)`` takes the hosts of the connected Ray cluster in
+order (each Ray node that offers devices: ``alpa_cpu_device`` or ``GPU``),
+enough of them to hold the module's mesh, and starts one
+:class:`~alpa_ir.runtime.host_worker.HostWorker` on each, owning all of that
+node's devices. The workers join one JAX world (the coordinator on the first
+host), compile the planned step as one SPMD program over the mesh's global
+devices (device ids counted host by host) and run it together: XLA's
+collectives cross hosts (gloo on CPU, NCCL on GPU). A mesh may thus span
+hosts, as Alpa's ``(n, M)`` meshes do.
+
+Failures never hang the driver: it waits in short slices, and a worker that
+dies or fails stops all of them with an error naming the host.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from xdsl.dialects.builtin import ModuleOp
+
+from alpa_ir.errors import AlpaError
+from alpa_ir.frontend.module_trees import tree_texts
+from alpa_ir.hardware.device_mesh import function_mesh
+from alpa_ir.ir.module_utils import main_function
+from alpa_ir.runtime.host_worker import HostProgram, HostWorker
+from alpa_ir.runtime.ray_cluster import CPU_DEVICE_RESOURCE, require_ray
+
+DEFAULT_STEP_TIMEOUT_S = 300.0
+DEFAULT_START_TIMEOUT_S = 120.0
+POLL_S = 0.5
+
+
+@dataclass(frozen=True)
+class Host:
+    """A Ray node that offers devices."""
+
+    name: str
+    node_id: str
+    address: str
+    resource: str
+    num_devices: int
+
+
+def cluster_hosts() -> list[Host]:
+    """The alive Ray nodes that offer devices, by address (then node id)."""
+    ray = require_ray()
+    hosts = []
+    for node in ray.nodes():
+        if not node.get("Alive"):
+            continue
+        resources = node.get("Resources", {})
+        for resource in (CPU_DEVICE_RESOURCE, "GPU"):
+            count = int(resources.get(resource, 0))
+            if count:
+                address = node.get("NodeManagerAddress", "?")
+                hosts.append(Host("", node["NodeID"], address, resource, count))
+                break
+    hosts.sort(key=lambda h: (h.address, h.node_id))
+    return [
+        Host(f"host{k} ({h.address})", h.node_id, h.address, h.resource, h.num_devices)
+        for k, h in enumerate(hosts)
+    ]
+
+
+def compile_host_program(
+    module_text: str, devices: Sequence[Any], options: dict[str, Any]
+) -> HostProgram:
+    """The step of ``module_text`` as one SPMD program on ``devices`` (the mesh's,
+    in mesh order), run by every host worker; ``options``: ``num_micro_batches``
+    and ``batch_args`` (gradient accumulation, as on one host)."""
+    from jax.sharding import Mesh
+
+    from alpa_ir.backends.spmd import compile_spmd
+    from alpa_ir.ir.text import parse_module
+    from alpa_ir.runtime.devices import mesh_axis_names
+
+    module = parse_module(module_text)
+    function = main_function(module)
+    mesh_op = _mesh_op(module)
+    jax_mesh = Mesh(np.array(devices, dtype=object).reshape(mesh_op.mesh_shape),
+                    mesh_axis_names(mesh_op))  # fmt: skip
+    return compile_spmd(
+        module,
+        function,
+        jax_mesh,
+        mesh_axis_names(mesh_op),
+        num_micro_batches=int(options.get("num_micro_batches", 1)),
+        batch_args=tuple(options.get("batch_args", ())),
+    )
+
+
+def _mesh_op(module: ModuleOp) -> Any:
+    from alpa_ir.dialects.mesh import LogicalMeshOp
+    from alpa_ir.ir.module_utils import symbol_op
+
+    function = main_function(module)
+    ref = function.attributes.get("mesh.mesh")
+    if ref is None:
+        raise AlpaError("the ray backend runs a planned module: @main has no mesh.mesh")
+    op = symbol_op(module, ref.root_reference.data, LogicalMeshOp)  # type: ignore[attr-defined]
+    assert isinstance(op, LogicalMeshOp)
+    return op
+
+
+class RayHostsExecutable:
+    """A single-mesh step on one Ray actor per host (module docstring)."""
+
+    def __init__(
+        self,
+        module: ModuleOp,
+        *,
+        num_micro_batches: int = 1,
+        batch_args: Sequence[int] = (),
+        step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S,
+        start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
+    ) -> None:
+        self.ray = require_ray()
+        self.module = module
+        self.trees = tree_texts(main_function(module))
+        mesh = function_mesh(module, main_function(module))
+        if mesh is None or mesh.devices is None:
+            raise AlpaError("the ray backend runs a planned module: @main has no mesh")
+        self.mesh = mesh
+        self.num_micro_batches = num_micro_batches
+        self.batch_args = tuple(batch_args)
+        self.step_timeout_s = step_timeout_s
+        self.hosts = self._hosts_for(max(mesh.devices) + 1)
+        self.broken = ""
+        self.workers: dict[str, Any] = {}
+        try:
+            self._start(start_timeout_s)
+        except BaseException:
+            self.close()
+            raise
+
+    @staticmethod
+    def _hosts_for(num_devices: int) -> list[Host]:
+        hosts = cluster_hosts()
+        chosen, held = [], 0
+        for host in hosts:
+            if held >= num_devices:
+                break
+            chosen.append(host)
+            held += host.num_devices
+        if held < num_devices:
+            total = sum(h.num_devices for h in hosts)
+            raise AlpaError(
+                f"the plan needs {num_devices} devices but the Ray cluster's {len(hosts)} hosts "
+                f"have {total}"
+            )
+        return chosen
+
+    def _start(self, timeout_s: float) -> None:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        actor = self.ray.remote(HostWorker)
+        for host in self.hosts:
+            env = {"JAX_PLATFORMS": "cuda" if host.resource == "GPU" else "cpu"}
+            if host.resource != "GPU":
+                env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={host.num_devices}"
+            needs = (
+                {"num_gpus": host.num_devices, "num_cpus": 0}
+                if host.resource == "GPU"
+                else {"resources": {host.resource: host.num_devices}, "num_cpus": 0}
+            )
+            self.workers[host.name] = actor.options(
+                runtime_env={"env_vars": env},
+                scheduling_strategy=NodeAffinitySchedulingStrategy(host.node_id, soft=False),
+                **needs,
+            ).remote(host.name, host.num_devices)
+        first = next(iter(self.workers.values()))
+        coordinator = self._wait({self.hosts[0].name: first.coordinator_address.remote()},
+                                 timeout_s, "start")[self.hosts[0].name]  # fmt: skip
+        joins = {
+            name: worker.connect.remote(coordinator, len(self.workers), k)
+            for k, (name, worker) in enumerate(self.workers.items())
+        }
+        self._wait(joins, timeout_s, "join the JAX world")
+        text = str(self.module)
+        options = {"num_micro_batches": self.num_micro_batches, "batch_args": self.batch_args}
+        loads = {
+            name: w.load.remote(text, self.mesh.devices, options, compile_host_program)
+            for name, w in self.workers.items()
+        }
+        self._wait(loads, timeout_s, "compile the step")
+
+    def _wait(self, refs: Mapping[str, Any], timeout_s: float, what: str) -> dict[str, Any]:
+        from ray.exceptions import RayActorError, RayTaskError
+
+        deadline = time.monotonic() + timeout_s
+        host_of = {ref: host for host, ref in refs.items()}
+        pending = list(refs.values())
+        results: dict[str, Any] = {}
+        while pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                late = ", ".join(host_of[r] for r in pending)
+                self._fail(f"host workers {late} did not {what} within {timeout_s:.0f} s")
+            ready, pending = self.ray.wait(pending, num_returns=1, timeout=min(left, POLL_S))
+            for ref in ready:
+                host = host_of[ref]
+                try:
+                    results[host] = self.ray.get(ref)
+                except RayActorError as err:
+                    self._fail(f"the worker of {host} died (could not {what}): {_line(err)}")
+                except RayTaskError as err:
+                    cause = err.cause if isinstance(err.cause, BaseException) else err
+                    self._fail(f"the worker of {host} failed to {what}: {_line(cause)}")
+        return results
+
+    def _fail(self, reason: str) -> None:
+        self.broken = reason
+        self.close()
+        raise AlpaError(reason)
+
+    def close(self) -> None:
+        """Stop the workers (idempotent)."""
+        for worker in self.workers.values():
+            try:
+                self.ray.kill(worker, no_restart=True)
+            except Exception:  # already gone
+                pass
+        self.workers = {}
+
+    def __call__(self, *args: Any) -> Any:
+        flat, _, _ = self.trees.flatten(args)
+        return self.trees.outputs(args, self.run_flat(flat))
+
+    def run_flat(self, flat: Sequence[Any]) -> list[Any]:
+        """One step on the flat inputs of ``@main`` (batch inputs as
+        ``[micro-batches, ...]`` when accumulating); its flat outputs."""
+        if self.broken:
+            raise AlpaError(f"this executable's workers are stopped after an error: {self.broken}")
+        host = [np.asarray(x) for x in flat]
+        refs = {name: w.run_step.remote(host) for name, w in self.workers.items()}
+        results = self._wait(refs, self.step_timeout_s, "finish the step")
+        return list(results[self.hosts[0].name])
+
+
+def _line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__

@@ -1,0 +1,103 @@
+"""One Ray actor per host: the host's devices in one JAX multi-controller world.
+
+A :class:`HostWorker` owns every device of its Ray node (on CPU the node's
+``alpa_cpu_device`` count, set as ``--xla_force_host_platform_device_count``
+in its environment; on GPU the node's GPUs). The workers of a step join one
+JAX world (``jax.distributed.initialize``, the coordinator at worker 0's
+address); a mesh's SPMD program is then called by every worker on global
+arrays, each worker holding the shards on its own devices, and XLA runs the
+program's collectives across processes: gloo on CPU, NCCL on GPU. Nothing
+here moves tensors by hand.
+
+The program is compiled on the worker by the backend's compiler (passed in
+``load``: the runtime never compiles by itself). Inputs arrive whole (numpy)
+and each worker places its shards; outputs are gathered across processes
+and returned by worker 0.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from alpa_ir.errors import AlpaError
+
+HostProgram = tuple[Callable[..., Sequence[Any]], tuple[Any, ...]]
+"""A compiled SPMD program on global devices and the sharding of each input."""
+CompileHostProgram = Callable[[str, Sequence[Any], dict[str, Any]], HostProgram]
+"""The backend's compiler: ``(module text, the mesh's devices in mesh order,
+options) -> program``."""
+
+
+class HostWorker:
+    """A Ray actor holding one host's devices (module docstring)."""
+
+    def __init__(self, host: str, num_devices: int) -> None:
+        self.host = host
+        self.num_devices = num_devices
+        self.process_id = -1
+        self.program: HostProgram | None = None
+
+    def coordinator_address(self) -> str:
+        """``ip:port`` of a free port on this host, for the JAX coordinator."""
+        import ray
+
+        ip = ray.util.get_node_ip_address()
+        with socket.socket() as s:
+            s.bind((ip, 0))
+            return f"{ip}:{s.getsockname()[1]}"
+
+    def connect(self, coordinator: str, num_processes: int, process_id: int) -> int:
+        """Join the JAX world as process ``process_id``; returns its local devices."""
+        import jax
+
+        if os.environ.get("JAX_PLATFORMS", "") == "cpu":  # asking jax would start its backend
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(coordinator, num_processes=num_processes, process_id=process_id)
+        self.process_id = process_id
+        local = len(jax.local_devices())
+        if local != self.num_devices:
+            raise AlpaError(f"host {self.host} sees {local} devices, expected {self.num_devices}")
+        return os.getpid()
+
+    def load(
+        self,
+        module_text: str,
+        device_ids: Sequence[int],
+        options: dict[str, Any],
+        compile_program: CompileHostProgram,
+    ) -> int:
+        """Compile the step for the mesh of global devices ``device_ids`` (ids
+        counted process by process); returns how many of them are on this host."""
+        import jax
+
+        devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
+        if max(device_ids) >= len(devices):
+            raise AlpaError(f"the mesh needs device {max(device_ids)}; the world has {len(devices)}")
+        mesh_devices = [devices[k] for k in device_ids]
+        self.program = compile_program(module_text, mesh_devices, options)
+        return sum(d.process_index == jax.process_index() for d in mesh_devices)
+
+    def run_step(self, flat: Sequence[np.ndarray]) -> list[np.ndarray] | None:
+        """One call of the program on the whole inputs; the whole outputs on
+        worker 0, None on the others."""
+        import jax
+        from jax.experimental import multihost_utils
+
+        if self.program is None:
+            raise AlpaError(f"host worker {self.host} has no program; load one first")
+        run, in_shardings = self.program
+        arrays = [
+            jax.make_array_from_callback(np.shape(x), s, lambda index, x=x: x[index])
+            for x, s in zip(flat, in_shardings, strict=True)
+        ]
+        outputs = run(*arrays)
+        whole = [np.asarray(multihost_utils.process_allgather(y, tiled=True)) for y in outputs]
+        return whole if self.process_id == 0 else None
+
+    def pid(self) -> int:
+        return os.getpid()

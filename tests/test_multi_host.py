@@ -1,0 +1,91 @@
+"""Meshes across hosts on a Ray cluster of two nodes on this machine.
+
+``ray.cluster_utils.Cluster`` starts two Ray nodes bound to 127.0.0.1, each
+declaring 4 devices (``alpa_cpu_device``). The ray backend starts one actor
+per node, with that node's 4 CPU devices; the actors form one JAX world
+(``jax.distributed``, gloo collectives) and run the planned step as one SPMD
+program over a (2, 4) mesh that spans both hosts."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+import pytest
+from zoo_fixtures import max_abs_diff, tiny_step
+
+import alpa_ir
+from alpa_ir.errors import AlpaError
+
+pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("multi_host")]
+
+ray = pytest.importorskip("ray")
+cluster_utils = pytest.importorskip("ray.cluster_utils")
+
+STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def two_hosts() -> Iterator[Any]:
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # every node on 127.0.0.1
+    alpa_ir.shutdown()  # a Ray instance of another test module
+    cluster = cluster_utils.Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 1, "resources": {"alpa_cpu_device": 4}},
+    )
+    cluster.add_node(num_cpus=1, resources={"alpa_cpu_device": 4})
+    alpa_ir.init(cluster="ray", address=cluster.address)
+    try:
+        yield cluster
+    finally:
+        alpa_ir.shutdown()
+        cluster.shutdown()
+
+
+def _one_device_steps(name: str) -> list[Any]:
+    fn, (state, batch) = tiny_step(name)
+    step = jax.jit(fn)
+    outs = []
+    for _ in range(STEPS):
+        out = step(state, batch)
+        state = out[0]
+        outs.append(out)
+    return outs
+
+
+@pytest.fixture(scope="module")
+def shard_on_two_hosts(two_hosts: Any) -> Iterator[Any]:
+    fn, args = tiny_step("mlp-tiny")
+    method = alpa_ir.ShardParallel(alpa_ir.LogicalDeviceMesh((2, 4)), backend="ray")
+    executable = alpa_ir.parallelize(fn, method=method).get_executable(*args)
+    yield executable
+    executable.close()
+
+
+def test_a_mesh_spanning_two_hosts_equals_one_device(shard_on_two_hosts: Any) -> None:
+    executable = shard_on_two_hosts
+    hosts = executable.remote.hosts
+    assert len(hosts) == 2 and [h.num_devices for h in hosts] == [4, 4]
+    pids = ray.get([w.pid.remote() for w in executable.remote.workers.values()])
+    assert len(set(pids)) == 2 and os.getpid() not in pids
+    _, (state, batch) = tiny_step("mlp-tiny")
+    for want in _one_device_steps("mlp-tiny"):
+        got = executable(state, batch)
+        assert max_abs_diff(got, want) <= 1e-5
+        state = got[0]
+
+
+def test_a_killed_host_fails_the_step_naming_the_host(shard_on_two_hosts: Any) -> None:
+    executable = shard_on_two_hosts
+    _, args = tiny_step("mlp-tiny")
+    name, worker = list(executable.remote.workers.items())[1]
+    ray.kill(worker, no_restart=True)
+    start = time.monotonic()
+    with pytest.raises(AlpaError, match=rf"the worker of {name.split()[0]} .*died"):
+        executable(*args)
+    assert time.monotonic() - start < 30
+    with pytest.raises(AlpaError, match="stopped after an error"):
+        executable(*args)
