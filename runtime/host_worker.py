@@ -77,7 +77,9 @@ class HostWorker:
 
         devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
         if max(device_ids) >= len(devices):
-            raise AlpaError(f"the mesh needs device {max(device_ids)}; the world has {len(devices)}")
+            raise AlpaError(
+                f"the mesh needs device {max(device_ids)}; the world has {len(devices)}"
+            )
         mesh_devices = [devices[k] for k in device_ids]
         self.program = compile_program(module_text, mesh_devices, options)
         return sum(d.process_index == jax.process_index() for d in mesh_devices)
