@@ -114,3 +114,16 @@ def test_the_runtime_imports_neither_passes_nor_backends() -> None:
         if t.startswith(("alpa_ir.passes", "alpa_ir.backends"))
     )
     assert upward == []
+
+
+def test_a_cost_model_never_imports_a_pass() -> None:
+    """The stage cost model asks the registry for the planner it needs."""
+    graph = import_graph()
+    upward = sorted(
+        (m, t)
+        for m, targets in graph.items()
+        if m.startswith("alpa_ir.costs")
+        for t in targets
+        if t.startswith("alpa_ir.passes")
+    )
+    assert upward == []

@@ -78,7 +78,7 @@ import hashlib
 import math
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -112,6 +112,9 @@ from alpa_ir.hardware.clusters import Cluster
 from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
 from alpa_ir.ir.module_utils import main_function
 from alpa_ir.ir.types import dtype_of, shape_of
+
+if TYPE_CHECKING:
+    from alpa_ir.plugins.registry import PluginRegistry
 
 BATCH_ATTR = "alpa.batch_args"
 ILP_TIME_UNIT = 1e6
@@ -690,13 +693,19 @@ def plan_function(
     options: StageCostOptions,
     strategy_caches: dict[tuple[object, ...], StrategyCache] | None = None,
     statistics: list[Any] | None = None,
+    registry: PluginRegistry | None = None,
 ) -> func.FuncOp:
     """A copy of ``function`` auto-sharded on ``mesh`` (as ``@main`` of its own
     module). ``strategy_caches``: where to keep (and find) the strategies of
     the ILP mesh, for many functions planned on the same meshes;
-    ``statistics``: a list that receives the pass statistics of the plan."""
+    ``statistics``: a list that receives the pass statistics of the plan.
+    The planner is the pass ``registry`` (default: the default registry)
+    names ``auto-sharding``: a cost model never imports a pass."""
     from alpa_ir.ir.context import make_context
-    from alpa_ir.passes.auto_sharding import AutoSharding
+    from alpa_ir.plugins.registry import default_registry
+
+    registry = registry or default_registry()
+    AutoSharding = registry.get_pass("auto-sharding")
 
     clone = function.clone()
     clone.sym_name = StringAttr("main")
@@ -734,7 +743,7 @@ def plan_function(
         allow_replicated_parameters=options.allow_replicated_parameters,
         mip_gap=options.mip_gap,
     )
-    ctx = make_context()
+    ctx = make_context(registry)
     ctx.statistics = statistics
     cache = None
     if strategy_caches is not None:
