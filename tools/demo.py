@@ -1,8 +1,10 @@
 """``alpa-demo``: the main job. Trains the tiny GPT of the model zoo on the 8
 local CPU devices with ``PipeshardParallel``: automatic layers
 (``cluster-operators``), two pipeline stages on two submeshes of 4 devices,
-each stage auto-sharded by the ILP, 1F1B over 2 micro-batches. Prints the plan
-(stages, meshes, shardings) and the loss.
+each a (2, 2) logical mesh: the batch split over the first axis (data
+parallel), each stage auto-sharded by the ILP, which shards weights over the
+second (tensor parallel), 1F1B over 2 micro-batches. Prints the plan (stages,
+meshes, shardings) and the loss, and checks it against one device.
 
 Runs on any machine: it asks XLA for ``--devices`` host CPU devices before JAX
 starts (``--xla_force_host_platform_device_count`` in ``XLA_FLAGS``, replacing
@@ -125,6 +127,12 @@ def _use_devices(devices: int) -> str:
     return ""
 
 
+def stage_mesh_shape(devices: int) -> tuple[int, int]:
+    """Each stage's logical mesh: ``(2, devices / 2)`` when it splits (a
+    data-parallel axis of 2 and a tensor-parallel axis), else ``(1, devices)``."""
+    return (2, devices // 2) if devices >= 4 and devices % 2 == 0 else (1, devices)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
     problem = _use_devices(args.devices)
@@ -135,15 +143,22 @@ def main(argv: list[str] | None = None) -> int:
 
     import alpa_ir
     from alpa_ir.api.pipeshard import AutoLayerOption, PipeshardParallel, UniformStageOption
+    from alpa_ir.api.sharding_options import AutoShardingOption
     from alpa_ir.errors import AlpaError
     from alpa_ir.models import make_train_step
 
     try:
         step, (state, batch) = make_train_step(args.model)
+        shape = stage_mesh_shape(args.devices // args.stages)
         method = PipeshardParallel(
             num_micro_batches=args.micro_batches,
             layer_option=AutoLayerOption(layer_num=args.stages),
-            stage_option=UniformStageOption(num_stages=args.stages),
+            stage_option=UniformStageOption(num_stages=args.stages, submesh_logical_shape=shape),
+            # data parallel over the first mesh axis; the ILP shards weights over the second
+            auto_sharding_option=AutoShardingOption(
+                force_batch_dim_to_mesh_dim=0 if shape[0] > 1 else None,
+                reduce_scatter="none",
+            ),
         )
         parallel = alpa_ir.parallelize(step, method=method)
         start = time.perf_counter()
