@@ -71,6 +71,10 @@ class RayExecutable:
         resource = device_resource()
         check_devices(self.program, resource.total, f"the Ray cluster ({resource.name})")
         self.broken = ""
+        self.record_events = False
+        """When true, each step records when every instruction ran on every
+        worker into :attr:`events` (wall-clock times)."""
+        self.events: list[Any] = []
         self.steps = itertools.count()
         self.workers: dict[str, Any] = {}
         try:
@@ -163,10 +167,16 @@ class RayExecutable:
         self._check_batch(host)
         step = next(self.steps)
         refs = {
-            mesh: worker.run_step.remote(step, split_inputs(self.program, host, mesh))
+            mesh: worker.run_step.remote(
+                step, split_inputs(self.program, host, mesh), self.record_events
+            )
             for mesh, worker in self.workers.items()
         }
         per_mesh = self._wait(refs, self.step_timeout_s, "finish the step")
+        if self.record_events:
+            recorded = {m: w.events.remote() for m, w in self.workers.items()}
+            got = self._wait(recorded, self.step_timeout_s, "report its timeline")
+            self.events = [e for events in got.values() for e in events]
         values = {k: v for outputs in per_mesh.values() for k, v in outputs.items()}
         return gather_outputs(self.program, host, values)
 

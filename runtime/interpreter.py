@@ -163,13 +163,11 @@ class MeshInterpreter:
     def execute(self, ins: Instruction) -> bool:
         if self.events is None:
             return self._execute(ins)
-        start = time.perf_counter()
+        start = time.time()  # wall clock: comparable between processes
         progressed = self._execute(ins)
         if progressed and ins.kind in ("run", "send", "recv"):
             self.events.append(
-                RuntimeEvent(
-                    self.mesh, ins.kind, ins.target, ins.micro_batch, start, time.perf_counter()
-                )
+                RuntimeEvent(self.mesh, ins.kind, ins.target, ins.micro_batch, start, time.time())
             )
         return progressed
 

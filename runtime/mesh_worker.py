@@ -154,6 +154,10 @@ class MeshWorker:
         self.interpreter = MeshInterpreter(program, self.mesh, jax_mesh, functions, self.transport)
         return len(functions)
 
+    def events(self) -> list[Any]:
+        """When each instruction of the last recorded step ran (``RuntimeEvent``s)."""
+        return list(self.interpreter.events or ()) if self.interpreter is not None else []
+
     def deliver(self, step: int, transfer: str, micro_batch: int | None, value: Any) -> None:
         self.inbox.put((step, transfer, micro_batch), value)
 
@@ -161,10 +165,14 @@ class MeshWorker:
         """Make a step waiting for a transfer fail now."""
         self.inbox.abort(reason)
 
-    def run_step(self, step: int, inputs: Mapping[Key, Any]) -> dict[str, np.ndarray]:
-        """Run the instruction list once; the step's outputs that live here, as numpy."""
+    def run_step(
+        self, step: int, inputs: Mapping[Key, Any], record: bool = False
+    ) -> dict[str, np.ndarray]:
+        """Run the instruction list once; the step's outputs that live here, as
+        numpy. With ``record`` the step's instructions are timed (:meth:`events`)."""
         if self.interpreter is None or self.transport is None:
             raise AlpaError(f"mesh worker @{self.mesh} has no program; load one first")
+        self.interpreter.events = [] if record else None
         self.transport.step = step
         outputs = self.interpreter.run(inputs)
         self.transport.finish()

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -104,7 +105,7 @@ def test_pipeshard_step_on_ray_equals_one_device(cluster: None) -> None:
         executable.close()
 
 
-def test_tiny_gpt_with_two_stages_of_four_devices_on_ray(cluster: None) -> None:
+def test_tiny_gpt_with_two_stages_of_four_devices_on_ray(cluster: None, tmp_path: Path) -> None:
     """PipeshardParallel(backend="ray"): automatic layers, 2 stages on 1x4 meshes,
     2 micro-batches, the model's default optimizer (Adam, whose step counter
     and bias corrections every stage's apply-grad computes for itself); three
@@ -130,6 +131,14 @@ def test_tiny_gpt_with_two_stages_of_four_devices_on_ray(cluster: None) -> None:
             np.testing.assert_allclose(our_loss, loss, rtol=1e-4)
             for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs), strict=True):
                 np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+        # the workers time every instruction: a measured bar per RUN executed
+        executable.record_timeline = True
+        parallel(ours, batch)
+        runs = sum(i.kind == "run" for ins in executable.program.instructions.values() for i in ins)
+        measured = executable.last_timeline
+        assert len(measured.timeline) == runs and len(measured.transfers) > 0
+        picture = executable.plot("timeline", tmp_path / "timeline.png")
+        assert picture.measured_runs == runs
     finally:
         executable.close()
 

@@ -77,8 +77,9 @@ class PipeshardExecutable:
             runner if isinstance(runner, LocalPipelineExecutable) else None
         )
         self.record_timeline = False
-        """When true, each in-process step records when every instruction ran
-        (each RUN waits for its results) into :attr:`last_timeline`."""
+        """When true, each step records when every instruction ran (each RUN
+        waits for its results), in this process or on the Ray workers, into
+        :attr:`last_timeline`."""
         self.last_timeline: Any = None
         """The measured timeline of the last recorded step (a ``SimResult``);
         ``plot("timeline", ...)`` draws it beside the simulated one."""
@@ -120,10 +121,9 @@ class PipeshardExecutable:
     def __call__(self, *args: Any) -> Any:
         flat = self.signature.flatten(args)
         runner = self.runner
-        if runner is self._local:
-            runner.record_events = self.record_timeline
+        runner.record_events = self.record_timeline
         outputs = runner.run_flat(flat)
-        if runner is self._local and self.record_timeline:
+        if self.record_timeline:
             self.last_timeline = self._measured_timeline(runner.events)
         return self.signature.unflatten_outputs(outputs)
 
