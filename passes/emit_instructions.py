@@ -86,6 +86,7 @@ from alpa_ir.dialects.pipeline import (
 from alpa_ir.dialects.sharding import ShardingSpec, ShardingSpecAttr
 from alpa_ir.errors import AlpaError
 from alpa_ir.ir.module_utils import main_function, top_level_ops
+from alpa_ir.pipeline.instructions import Instruction
 from alpa_ir.pipeline.schedule import Phase, ScheduleKind, Task, schedule_clocks, task_clocks
 from alpa_ir.pipeline.transfer_attrs import RECV_SPEC_ATTR
 
@@ -326,17 +327,6 @@ def _transfer_for(p: _Pipeline, value: str, consumer: _Call, index: int) -> Tran
 
 
 # --------------------------------------------------------------------------- emission
-
-
-@dataclass(frozen=True)
-class Instruction:
-    """One instruction before it becomes an op: ``kind`` is run, send, recv,
-    broadcast or free; ``target`` a function, transfer, or nothing for free."""
-
-    kind: Literal["run", "send", "recv", "broadcast", "free"]
-    target: str
-    micro_batch: int | None
-    buffers: tuple[str, ...] = ()
 
 
 @dataclass

@@ -48,7 +48,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from xdsl.dialects.builtin import ModuleOp
 
 from alpa_ir.errors import AlpaError
-from alpa_ir.runtime.program import Call, Instruction, Key, MeshInfo, StepProgram, Transfer
+from alpa_ir.pipeline.instructions import Instruction, Key
+from alpa_ir.runtime.program import Call, MeshInfo, StepProgram, Transfer
 
 
 class Transport(Protocol):

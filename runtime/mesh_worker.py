@@ -31,8 +31,9 @@ from typing import Any
 import numpy as np
 
 from alpa_ir.errors import AlpaError
+from alpa_ir.pipeline.instructions import Key
 from alpa_ir.runtime.interpreter import CompileFunctions
-from alpa_ir.runtime.program import Key, StepProgram, Transfer
+from alpa_ir.runtime.program import StepProgram, Transfer
 
 MAX_CONCURRENCY = 4
 """Threads per worker actor: one runs the step, the others take deliveries."""

@@ -20,7 +20,6 @@ never plans).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
 
 from xdsl.dialects import func
 from xdsl.dialects.builtin import DenseArrayBase, IntegerAttr, ModuleOp
@@ -42,30 +41,11 @@ from alpa_ir.dialects.sharding import SPEC_ATTR, ShardingSpec, ShardingSpecAttr
 from alpa_ir.errors import AlpaError
 from alpa_ir.ir.module_utils import main_function, symbol_op, top_level_ops
 from alpa_ir.pipeline.cross_mesh import TransferPlan
+from alpa_ir.pipeline.instructions import Instruction, Key, Kind
 from alpa_ir.pipeline.transfer_attrs import plan_of_transfer
 
 BATCH_ATTR = "alpa.batch_args"
 PER_MICRO_BATCH_ATTR = "pipeline.per_micro_batch"
-
-Kind = Literal["run", "send", "recv", "broadcast", "free"]
-Key = tuple[str, int | None]
-"""A buffer: its name and micro-batch (None: once per step)."""
-
-
-@dataclass(frozen=True)
-class Instruction:
-    """RUN ``target`` (a function), SEND/RECV/BROADCAST ``target`` (a
-    transfer), or FREE ``buffers``, for ``micro_batch`` (None: per step)."""
-
-    kind: Kind
-    target: str = ""
-    micro_batch: int | None = None
-    buffers: tuple[str, ...] = ()
-
-    def __str__(self) -> str:
-        what = self.target or ",".join(self.buffers)
-        mb = "" if self.micro_batch is None else f" mb={self.micro_batch}"
-        return f"{self.kind.upper()} {what}{mb}"
 
 
 @dataclass(frozen=True)

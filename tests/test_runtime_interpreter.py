@@ -75,12 +75,8 @@ def test_programs_read_from_the_ir_equal_the_emitted_ones() -> None:
     written = two_mesh_module()
     program = step_program(written)
 
-    def fields(i: object) -> tuple[object, ...]:
-        return (i.kind, i.target, i.micro_batch, i.buffers)  # type: ignore[attr-defined]
-
-    assert {m: [fields(i) for i in v] for m, v in program.instructions.items()} == {
-        m: [fields(i) for i in v] for m, v in emitted.items()
-    }
+    # one Instruction type: what the pass emits is what the runtime reads back
+    assert {m: list(v) for m, v in program.instructions.items()} == emitted
     with pytest.raises(AlpaError, match=r"no pipeline.program.*run emit-instructions first"):
         step_program(two_mesh_module(passes="cross-mesh-resharding"))
     assert [str(i) for i in program.instructions["mesh1"]][:3] == [
