@@ -16,7 +16,7 @@ from alpa_ir.passmanager.pipeline_syntax import format_pipeline, parse_pipeline
 from alpa_ir.plugins.registry import PluginRegistry, default_registry, load_registry
 from alpa_ir.tools.alpa_opt import main
 
-FIXTURES = Path(__file__).parent / "plugins_fixture"
+FIXTURES = Path(__file__).resolve().parents[1] / "plugins_fixture"
 
 
 def _mlp(x: jnp.ndarray, w: jnp.ndarray) -> jnp.ndarray:

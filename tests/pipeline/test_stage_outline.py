@@ -14,7 +14,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import pytest
-from test_pipeshard import _assert_same_steps
+from pipeshard_fixtures import _assert_same_steps
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import SSAValue

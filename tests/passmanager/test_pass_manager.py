@@ -22,7 +22,7 @@ from alpa_ir.plugins.hookspecs import hookimpl
 from alpa_ir.plugins.registry import PluginRegistry, load_registry
 from alpa_ir.tools.alpa_opt import main as alpa_opt_main
 
-FIXTURES = Path(__file__).parent / "plugins_fixture"
+FIXTURES = Path(__file__).resolve().parents[1] / "plugins_fixture"
 
 SOURCE = """\
 builtin.module {

@@ -5,8 +5,7 @@ taken by a stage when the first plan does not fit."""
 from __future__ import annotations
 
 import pytest
-from test_construct_stages import _cluster as _small_cluster
-from test_construct_stages import _deep_module
+from stage_fixtures import _deep_module, _small_cluster
 from xdsl.dialects import func
 
 from alpa_ir.costs.stage_cost import AnalyticalStageCostModel, StageCostOptions

@@ -6,19 +6,15 @@ from __future__ import annotations
 
 from typing import Any
 
-import jax
-import jax.numpy as jnp
 import pytest
-from test_pipeshard import _assert_same_steps, _example, _step
-from xdsl.dialects.builtin import ModuleOp
+from pipeshard_fixtures import _assert_same_steps, _example, _step
+from stage_fixtures import _deep_module
+from stage_fixtures import _small_cluster as _cluster
 
-import alpa_ir
 from alpa_ir.api.pipeshard import AutoStageOption, PipeshardParallel
 from alpa_ir.costs.stage_cost import AnalyticalStageCostModel
 from alpa_ir.dialects.pipeline import PlanOp
 from alpa_ir.errors import AlpaError, PlanError
-from alpa_ir.frontend.jaxpr_import import import_jax
-from alpa_ir.hardware.clusters import Cluster, ClusterLevel
 from alpa_ir.ir.module_utils import main_function, top_level_ops
 from alpa_ir.passes.construct_stages import (
     LATENCY_ATTR,
@@ -29,30 +25,6 @@ from alpa_ir.passes.construct_stages import (
 from alpa_ir.passmanager.pass_manager import PassManager
 from alpa_ir.pipeline.stage_outline import LayerRanges
 from alpa_ir.plugins.registry import default_registry
-
-
-def _cluster(devices: int = 2, memory: float = 2**30, bandwidth: float = 10e9) -> Cluster:
-    return Cluster("test", (ClusterLevel("device", devices, bandwidth, 1e-5),), memory, 1e11, 20e9)
-
-
-def _deep_loss(p: dict[str, Any], x: jax.Array) -> jax.Array:
-    h = x
-    for k in range(4):  # four identical layers
-        h = jnp.tanh(h @ p[f"w{k}"])
-        if k < 3:
-            h = alpa_ir.mark_pipeline_boundary(h)
-    return jnp.mean(h**2)
-
-
-def _deep_step(p: dict[str, Any], x: jax.Array) -> tuple[dict[str, Any], jax.Array]:
-    loss, grads = alpa_ir.value_and_grad(_deep_loss)(p, x)
-    return jax.tree.map(lambda a, g: a - 0.1 * g, p, grads), loss
-
-
-def _deep_module() -> ModuleOp:
-    p = {f"w{k}": jax.ShapeDtypeStruct((16, 16), jnp.float32) for k in range(4)}
-    x = jax.ShapeDtypeStruct((8, 16), jnp.float32)
-    return import_jax(_deep_step, p, x, batch_argnums=(1,))
 
 
 def test_auto_stages_equal_one_device() -> None:

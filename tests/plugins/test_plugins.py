@@ -17,7 +17,7 @@ import pytest
 from alpa_ir.plugins.registry import PluginLoadError, load_registry
 from alpa_ir.tools.alpa_opt import main
 
-FIXTURES = Path(__file__).parent / "plugins_fixture"
+FIXTURES = Path(__file__).resolve().parents[1] / "plugins_fixture"
 ALPA_OPT = Path(sys.executable).parent / "alpa-opt"
 
 FUNC_IR = """\
@@ -196,7 +196,9 @@ def test_construct_stages_finds_a_plugins_cluster_preset(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """The pass uses the caller's registry: a preset from --load-plugin is found."""
-    source = str(Path(__file__).parent / "filecheck" / "alpa-opt" / "construct-stages.mlir")
+    source = str(
+        Path(__file__).resolve().parents[1] / "filecheck" / "alpa-opt" / "construct-stages.mlir"
+    )
     pipeline = "cluster-operators{layers=2},construct-stages{cluster=lab-2x4 progress=false}"
     assert main([source, "-p", pipeline]) == 1
     assert "unknown cluster preset 'lab-2x4'" in capsys.readouterr().err

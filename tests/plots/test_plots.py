@@ -19,7 +19,7 @@ from alpa_ir.plots.shardings import ShardedTensor, draw_shardings, tile_owners
 from alpa_ir.plots.timeline import draw_timeline
 from alpa_ir.tools.alpa_opt import main as alpa_opt
 
-FILECHECK = Path(__file__).parent / "filecheck" / "alpa-opt"
+FILECHECK = Path(__file__).resolve().parents[1] / "filecheck" / "alpa-opt"
 
 
 def _ids(svg: Path, prefix: str) -> list[str]:

@@ -3,13 +3,13 @@ plan, memory parts, Eq. 5's max_stages_after, and the structural cache."""
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import pytest
+from stage_fixtures import BATCH, HIDDEN, _cluster, _stage
 from xdsl.dialects import func
 
 import alpa_ir
@@ -28,30 +28,6 @@ from alpa_ir.hardware.clusters import Cluster, ClusterLevel, get_cluster
 from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
 from alpa_ir.ir.module_utils import main_function
 from alpa_ir.plugins.registry import default_registry
-
-BATCH, HIDDEN = 16, 64
-
-
-def _layers(params: dict[str, Any], x: jax.Array) -> Any:
-    """Forward and backward of a stack of tanh layers (one stage's ops)."""
-
-    def loss(p: dict[str, Any]) -> jax.Array:
-        h = x
-        for name in sorted(p):
-            h = jnp.tanh(h @ p[name])
-        return jnp.mean(h**2)
-
-    return jax.grad(loss)(params)
-
-
-@functools.cache
-def _stage(first: int, count: int = 2, hidden: int = HIDDEN) -> func.FuncOp:
-    params = {f"layer{first + k}": jnp.full((hidden, hidden), 0.01) for k in range(count)}
-    return main_function(alpa_ir.import_jax(_layers, params, jnp.ones((BATCH, hidden))))
-
-
-def _cluster() -> Cluster:
-    return get_cluster("alpa-testbed", num_nodes=1)
 
 
 def test_registered_as_the_analytical_stage_cost_model() -> None:

@@ -12,7 +12,7 @@ import pytest
 from alpa_ir.tools import alpa_opt
 from alpa_ir.tools.alpa_opt import main
 
-FIXTURES = Path(__file__).parent / "plugins_fixture"
+FIXTURES = Path(__file__).resolve().parents[1] / "plugins_fixture"
 TESTING = "--load-plugin=alpa_testing_passes"
 
 GOOD = """\

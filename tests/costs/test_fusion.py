@@ -10,7 +10,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import pytest
-from test_stage_cost import _cluster, _stage
+from stage_fixtures import _cluster, _stage
 from xdsl.dialects import func
 
 import alpa_ir

@@ -7,7 +7,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import pytest
-from test_stage_cost import _layers
+from stage_fixtures import _layers
 from xdsl.dialects import func
 
 import alpa_ir

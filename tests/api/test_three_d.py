@@ -6,7 +6,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import pytest
-from test_pipeshard import _assert_same_steps
+from pipeshard_fixtures import _assert_same_steps
 from xdsl.dialects import func
 
 import alpa_ir

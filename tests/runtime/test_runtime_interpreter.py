@@ -94,7 +94,7 @@ def test_whole_tensor_and_tile_plan_transports_agree() -> None:
     """A real outlined, auto-sharded step (meshes 1x4 and 2x2, 2 micro-batches):
     the interpreters with whole-tensor transfers (LocalTransport) compute what
     the executable's tile-plan transfers do, and what one device does."""
-    from test_pipeshard import _example, _step
+    from pipeshard_fixtures import _example, _step
 
     import alpa_ir
     from alpa_ir.api.pipeshard import ManualStageOption, PipeshardParallel

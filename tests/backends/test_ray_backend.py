@@ -78,7 +78,7 @@ def test_workers_own_exactly_their_devices(cluster: None) -> None:
 
 def test_pipeshard_step_on_ray_equals_one_device(cluster: None) -> None:
     """An outlined, auto-sharded step on meshes 1x4 and 2x2, 2 micro-batches, 1F1B."""
-    from test_pipeshard import _example, _step
+    from pipeshard_fixtures import _example, _step
 
     from alpa_ir.api.pipeshard import ManualStageOption, PipeshardParallel
     from alpa_ir.passmanager.pass_manager import PassManager

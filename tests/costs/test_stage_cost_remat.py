@@ -5,9 +5,7 @@ shardings; the transient in construct-stages' layer sums."""
 from __future__ import annotations
 
 import pytest
-from test_construct_stages import _cluster as _small_cluster
-from test_construct_stages import _deep_module
-from test_stage_cost import BATCH, HIDDEN, _cluster, _stage
+from stage_fixtures import BATCH, HIDDEN, _cluster, _deep_module, _small_cluster, _stage
 from xdsl.dialects import func
 from xdsl.ir import Block
 
