@@ -40,6 +40,7 @@ from xdsl.dialects.builtin import DenseArrayBase, IntegerAttr, ModuleOp
 from xdsl.ir import BlockArgument
 
 from alpa_ir.costs.stage_cost import StageCost, StageCostModel
+from alpa_ir.dialects.attrs import BATCH_ATTR, CROSS_BYTES_ATTR
 from alpa_ir.dialects.lax_params import ints_of
 from alpa_ir.dialects.mesh import LogicalMeshOp
 from alpa_ir.dialects.pipeline import PlanOp, StageOp, TransferOp
@@ -49,9 +50,6 @@ from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
 from alpa_ir.ir.module_utils import main_function, symbol_op, top_level_ops
 from alpa_ir.ir.types import dtype_of, shape_of
 from alpa_ir.pipeline.schedule import SCHEDULE_KINDS, Task, peak_in_flight, schedule_clocks
-
-BATCH_ATTR = "alpa.batch_args"
-CROSS_BYTES_ATTR = "pipeline.cross_bytes"
 
 GiB = 1024**3
 

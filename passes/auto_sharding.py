@@ -40,11 +40,12 @@ from alpa_ir.autosharding.batch_dims import batch_dims
 from alpa_ir.autosharding.graph import GraphBuilder, StrategyCache
 from alpa_ir.autosharding.problem import Aliasing, build_problem
 from alpa_ir.autosharding.resharding import INF, ReshardCoster, ReshardOptions
+from alpa_ir.dialects.attrs import BATCH_ATTR, GROUP_ATTR
 from alpa_ir.dialects.lax_params import ints_of
 from alpa_ir.dialects.mesh import MESH_ATTR, LogicalMeshOp
 from alpa_ir.dialects.sharding import SPEC_ATTR, ShardingSpec, spec_of_value
 from alpa_ir.errors import AlpaError
-from alpa_ir.frontend.jaxpr_import import ALIASES_ATTR, BATCH_ATTR, DONATED_ATTR
+from alpa_ir.frontend.jaxpr_import import ALIASES_ATTR, DONATED_ATTR
 from alpa_ir.hardware.device_mesh import LogicalDeviceMesh, function_mesh
 from alpa_ir.ir.module_utils import main_function, symbol_op
 from alpa_ir.passmanager.pass_statistics import record_statistic
@@ -55,7 +56,6 @@ from alpa_ir.solvers.ilp import ILPProblem, evaluate
 from alpa_ir.solvers.repeated import tie_repeated
 
 OBJECTIVE_ATTR = "sharding.objective"
-GROUP_ATTR = "sharding.group"
 SHARE_LAYERS_FROM = 1500
 """Graph size from which ``repeated-layers=auto`` may share the variables of
 repeated layers (with SHARE_PAIRS_FROM). Below it the exact ILP is cheap (its

@@ -46,6 +46,7 @@ from xdsl.ir import Attribute, OpResult, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
 
+from alpa_ir.dialects.attrs import CROSS_BYTES_ATTR
 from alpa_ir.dialects.mesh import MESH_ATTR
 from alpa_ir.dialects.pipeline import TransferOp
 from alpa_ir.dialects.sharding import SPEC_ATTR, ShardingSpec, ShardingSpecAttr
@@ -54,7 +55,6 @@ from alpa_ir.ir.module_utils import main_function
 from alpa_ir.ir.types import dtype_of, shape_of
 from alpa_ir.pipeline.cross_mesh import TransferPlan, plan_transfer
 from alpa_ir.pipeline.transfer_attrs import (
-    CROSS_BYTES_ATTR,
     RECV_SPEC_ATTR,
     mesh_layout,
     tiles_attr,

@@ -83,14 +83,12 @@ from alpa_ir.dialects.pipeline import (
     StageOp,
     TransferOp,
 )
-from alpa_ir.dialects.sharding import ShardingSpec, ShardingSpecAttr
+from alpa_ir.dialects.sharding import SPEC_ATTR, ShardingSpec, ShardingSpecAttr
 from alpa_ir.errors import AlpaError
 from alpa_ir.ir.module_utils import main_function, top_level_ops
 from alpa_ir.pipeline.instructions import Instruction
 from alpa_ir.pipeline.schedule import Phase, ScheduleKind, Task, schedule_clocks, task_clocks
 from alpa_ir.pipeline.transfer_attrs import RECV_SPEC_ATTR
-
-SPEC_ATTR = "sharding.spec"
 
 Buffer = tuple[str, int | None]
 """A buffer on a mesh: its name and micro-batch (None: per step)."""

@@ -31,11 +31,11 @@ from xdsl.ir import Operation, SSAValue
 from xdsl.passes import ModulePass
 
 from alpa_ir.autosharding.rules import TRANSPARENT_PRIMITIVES
+from alpa_ir.dialects.attrs import GROUP_ATTR
 from alpa_ir.dialects.lax import ConstantOp, LaxOp
 from alpa_ir.dialects.lax_primitives import OpKind
 from alpa_ir.ir.module_utils import main_function
 
-GROUP_ATTR = "sharding.group"
 NUM_GROUPS_ATTR = "sharding.num_groups"
 
 MERGEABLE_LAYOUT_OPS = frozenset({"transpose", "broadcast_in_dim", "reshape", "squeeze"})

@@ -24,9 +24,9 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import FlatSymbolRefAttr, ModuleOp, StringAttr, SymbolRefAttr
 from xdsl.passes import ModulePass
 
+from alpa_ir.dialects.attrs import BATCH_ATTR
 from alpa_ir.dialects.mesh import MESH_ATTR, LogicalMeshOp
 from alpa_ir.ir.module_utils import main_function, symbol_op
-from alpa_ir.pipeline.stage_outline import BATCH_ATTR
 from alpa_ir.pipeline.stage_specs import shard_in_call_order
 
 STAGE_PIPELINE = "merge-trivial-ops,auto-sharding"

@@ -36,6 +36,7 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import FloatAttr, ModuleOp, f64
 from xdsl.passes import ModulePass
 
+from alpa_ir.dialects.attrs import TIME_ATTR
 from alpa_ir.dialects.sharding import AllReduceProgramOp
 from alpa_ir.errors import AlpaError
 from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
@@ -56,9 +57,6 @@ from alpa_ir.p2.simulator import default_bytes
 from alpa_ir.p2.synthesis import DEFAULT_MAX_SIZE
 from alpa_ir.p2.system import System
 from alpa_ir.passes.auto_sharding import OBJECTIVE_ATTR, AutoSharding
-
-TIME_ATTR = "p2.predicted_time"
-"""Logical mesh attribute: predicted seconds of the module's collectives on its placement."""
 
 
 def placement_time(

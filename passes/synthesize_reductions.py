@@ -23,6 +23,7 @@ from xdsl.dialects.builtin import ArrayAttr, FloatAttr, ModuleOp, StringAttr, f6
 from xdsl.passes import ModulePass
 from xdsl.rewriter import Rewriter
 
+from alpa_ir.dialects.attrs import TIME_ATTR
 from alpa_ir.dialects.lax_params import ints_attr
 from alpa_ir.dialects.sharding import AllReduceOp, AllReduceProgramOp, StepAttr
 from alpa_ir.ir.module_utils import main_function
@@ -30,9 +31,6 @@ from alpa_ir.p2.choice import ChoiceOptions, ReductionPricer
 from alpa_ir.p2.ir_collectives import check_axes, local_bytes
 from alpa_ir.p2.ir_system import logical_mesh, mesh_matrix, mesh_system
 from alpa_ir.p2.lowering import LoweredProgram, check_lowered
-
-TIME_ATTR = "p2.predicted_time"
-"""Op attribute: the predicted seconds of the chosen program."""
 
 
 def program_op(ar: AllReduceOp, lowered: LoweredProgram, num_devices: int) -> AllReduceProgramOp:

@@ -25,6 +25,7 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import DenseArrayBase, IntegerAttr, ModuleOp
 from xdsl.ir import Block, SSAValue
 
+from alpa_ir.dialects.attrs import BATCH_ATTR, PER_MICRO_BATCH_ATTR
 from alpa_ir.dialects.mesh import MESH_ATTR, LogicalMeshOp
 from alpa_ir.dialects.pipeline import (
     BroadcastOp,
@@ -43,9 +44,6 @@ from alpa_ir.ir.module_utils import main_function, symbol_op, top_level_ops
 from alpa_ir.pipeline.cross_mesh import TransferPlan
 from alpa_ir.pipeline.instructions import Instruction, Key, Kind
 from alpa_ir.pipeline.transfer_attrs import plan_of_transfer
-
-BATCH_ATTR = "alpa.batch_args"
-PER_MICRO_BATCH_ATTR = "pipeline.per_micro_batch"
 
 
 @dataclass(frozen=True)

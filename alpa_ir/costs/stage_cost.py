@@ -98,6 +98,7 @@ from alpa_ir.autosharding.graph import StrategyCache
 from alpa_ir.autosharding.plan_bytes import op_collectives
 from alpa_ir.costs.flops import function_flops, op_bytes
 from alpa_ir.costs.fusion import fused_live_ranges, fused_traffic_bytes, merge_identity_ranges
+from alpa_ir.dialects.attrs import BATCH_ATTR
 from alpa_ir.dialects.lax import LaxOp
 from alpa_ir.dialects.lax_params import ints_of
 from alpa_ir.dialects.mesh import MESH_ATTR
@@ -116,7 +117,6 @@ from alpa_ir.ir.types import dtype_of, shape_of
 if TYPE_CHECKING:
     from alpa_ir.plugins.registry import PluginRegistry
 
-BATCH_ATTR = "alpa.batch_args"
 ILP_TIME_UNIT = 1e6
 """α/β are given to the ILP in microseconds (see the module docstring)."""
 FORWARD_SHARE = 1.0 / 3.0

@@ -32,6 +32,7 @@ from xdsl.dialects.builtin import (
 )
 from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 
+from alpa_ir.dialects.attrs import BATCH_ATTR
 from alpa_ir.dialects.lax import PRIMITIVE_OPS, ConstantOp, PrimitiveOp, ReturnOp
 from alpa_ir.dialects.lax_generic_params import encode_generic
 from alpa_ir.dialects.lax_params import DroppedC, NoneOnlyC, ints_attr
@@ -51,8 +52,6 @@ IN_TREE_ATTR = "alpa.in_tree"
 OUT_TREE_ATTR = "alpa.out_tree"
 DONATED_ATTR = "alpa.donated"
 """@main attribute: flat indices of the donated inputs."""
-BATCH_ATTR = "alpa.batch_args"
-"""@main attribute: flat indices of the inputs that are the batch (split into micro-batches)."""
 ALIASES_ATTR = "alpa.aliases"
 """@main attribute: pairs [output, input]: the output is the new value of the donated input."""
 

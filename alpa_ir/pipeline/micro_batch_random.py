@@ -26,6 +26,7 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import IntegerAttr, TensorType, i32, i64
 from xdsl.ir import Operation, SSAValue
 
+from alpa_ir.dialects.attrs import BATCH_ATTR
 from alpa_ir.dialects.key_type import KeyType
 from alpa_ir.dialects.lax import PRIMITIVE_OPS, LaxOp
 from alpa_ir.dialects.lax_params import ints_attr
@@ -34,7 +35,6 @@ from alpa_ir.ir.types import shape_of
 ROWS_NAME = "micro_batch_rows"
 _ROWS = {"random_bits": "random_bits_rows", "random_split": "random_split_rows"}
 """Each draw whose leading dimension is the batch, and its by-rows form."""
-BATCH_ATTR = "alpa.batch_args"
 
 
 def _draws(function: func.FuncOp, batch_args: list[int], rows: int) -> list[LaxOp]:

@@ -60,6 +60,7 @@ from xdsl.dialects.builtin import (
 )
 from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 
+from alpa_ir.dialects.attrs import BATCH_ATTR, PER_MICRO_BATCH_ATTR
 from alpa_ir.dialects.lax import LaxOp
 from alpa_ir.dialects.mesh import MESH_ATTR, LogicalMeshOp
 from alpa_ir.dialects.pipeline import SCHEDULES, PlanOp, StageOp
@@ -69,11 +70,6 @@ from alpa_ir.ir.types import dtype_of
 from alpa_ir.pipeline.step_partition import is_grad_marker, partition_step
 
 PHASES = ("forward", "backward", "apply_grad")
-BATCH_ATTR = "alpa.batch_args"
-PER_MICRO_BATCH_ATTR = "pipeline.per_micro_batch"
-"""On forward/backward functions: the results that depend on the batch. When
-such a result is accumulated, the driver takes its mean over micro-batches;
-the other results are the same for every micro-batch and are taken once."""
 
 
 @dataclass(frozen=True)

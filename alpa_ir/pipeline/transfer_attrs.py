@@ -25,8 +25,6 @@ from alpa_ir.ir.module_utils import symbol_op
 from alpa_ir.ir.types import dtype_of, shape_of
 from alpa_ir.pipeline.cross_mesh import Box, MeshLayout, Send, TransferPlan, gather_steps
 
-CROSS_BYTES_ATTR = "pipeline.cross_bytes"
-"""Transfer attribute: bytes crossing between the meshes (i64)."""
 RECV_SPEC_ATTR = "pipeline.recv_spec"
 """Transfer attribute: the spec the destination receives before its local all-gather."""
 

@@ -11,6 +11,7 @@ from zoo_fixtures import max_abs_diff, reference_outputs, tiny_step
 from alpa_ir import import_jax
 from alpa_ir.autosharding.cost_model import AlphaBetaCostModel
 from alpa_ir.backends.spmd import compile_spmd
+from alpa_ir.dialects.attrs import TIME_ATTR
 from alpa_ir.dialects.lax_params import ints_of
 from alpa_ir.dialects.mesh import MESH_ATTR, LogicalMeshOp
 from alpa_ir.errors import AlpaError
@@ -26,7 +27,6 @@ from alpa_ir.p2.semantics import Collective
 from alpa_ir.p2.simulator import Simulator
 from alpa_ir.p2.system import custom_system
 from alpa_ir.passes.auto_sharding import OBJECTIVE_ATTR
-from alpa_ir.passes.synthesize_placement import TIME_ATTR
 from alpa_ir.passmanager.pass_manager import PassManager
 from alpa_ir.plugins.registry import default_registry
 from alpa_ir.runtime.devices import jax_mesh, mesh_axis_names

@@ -29,6 +29,7 @@ import numpy as np
 import pytest
 from xdsl.dialects import func
 
+from alpa_ir.dialects.attrs import CROSS_BYTES_ATTR
 from alpa_ir.dialects.pipeline import TransferOp
 from alpa_ir.dialects.sharding import ShardingSpec
 from alpa_ir.errors import AlpaError
@@ -47,7 +48,7 @@ from alpa_ir.pipeline.cross_mesh import (
     plan_transfer,
     tile_correspondence,
 )
-from alpa_ir.pipeline.transfer_attrs import CROSS_BYTES_ATTR, RECV_SPEC_ATTR, plan_of_transfer
+from alpa_ir.pipeline.transfer_attrs import RECV_SPEC_ATTR, plan_of_transfer
 from alpa_ir.plugins.registry import default_registry
 from alpa_ir.runtime.transfers import (
     all_gather_program,

@@ -1,0 +1,21 @@
+"""Discardable attribute names shared by several passes and readers, defined once.
+
+Attributes a single module owns stay with it (``sharding.strategy`` with the
+sharding dialect, ``alpa.aliases`` with the importer, ...); these are the
+ones several modules read or write.
+"""
+
+BATCH_ATTR = "alpa.batch_args"
+"""@main (and stage function) attribute: flat indices of the inputs that are
+the batch (split into micro-batches)."""
+PER_MICRO_BATCH_ATTR = "pipeline.per_micro_batch"
+"""On forward/backward functions: the results that depend on the batch. When
+such a result is accumulated, the driver takes its mean over micro-batches;
+the other results are the same for every micro-batch and are taken once."""
+CROSS_BYTES_ATTR = "pipeline.cross_bytes"
+"""Transfer attribute: bytes crossing between the meshes (i64)."""
+GROUP_ATTR = "sharding.group"
+"""Op attribute: the ILP node (group of ``merge-trivial-ops``) the op belongs to."""
+TIME_ATTR = "p2.predicted_time"
+"""Predicted seconds of collectives: on a logical mesh (its module's
+collectives on its placement) or on a reduction op (its chosen program)."""
