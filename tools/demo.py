@@ -16,10 +16,14 @@ where JAX already runs, the device count cannot change any more: then
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import sys
 import time
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
 
 from alpa_ir.tools.cli_args import OneLineParser, positive_int
 
@@ -55,6 +59,19 @@ def _build_parser() -> OneLineParser:
         help="draw the plan into DIR: timeline, memory, devices, shardings (PNG)",
     )
     parser.add_argument(
+        "--cluster",
+        choices=("local", "ray"),
+        default="local",
+        help="local: the stages run in this process; ray: one Ray actor per stage mesh "
+        "on a Ray cluster of --hosts nodes started on this machine",
+    )
+    parser.add_argument(
+        "--hosts",
+        type=positive_int,
+        default=1,
+        help="with --cluster ray: Ray nodes, each holding --devices / --hosts devices",
+    )
+    parser.add_argument(
         "--no-check",
         action="store_true",
         help="skip training the same steps on one device to compare the loss",
@@ -71,6 +88,13 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(
             f"--stages {args.stages} cannot split --devices {args.devices} evenly "
             f"(each stage gets the same number of devices)"
+        )
+    if args.hosts > 1 and args.cluster != "ray":
+        parser.error("--hosts needs --cluster ray")
+    if args.devices % args.hosts or args.hosts > args.stages:
+        parser.error(
+            f"--hosts {args.hosts} must divide --devices {args.devices} and be at most "
+            f"--stages {args.stages} (a stage's mesh lives on one host)"
         )
     from alpa_ir.models.registry import get_config  # jax loads, its devices do not start
 
@@ -147,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     from alpa_ir.errors import AlpaError
     from alpa_ir.models import make_train_step
 
+    stack = contextlib.ExitStack()
     try:
         step, (state, batch) = make_train_step(args.model)
         shape = stage_mesh_shape(args.devices // args.stages)
@@ -160,6 +185,9 @@ def main(argv: list[str] | None = None) -> int:
                 reduce_scatter="none",
             ),
         )
+        if args.cluster == "ray":
+            method = replace(method, backend="ray")
+            stack.enter_context(_local_ray_cluster(args.hosts, args.devices // args.hosts))
         parallel = alpa_ir.parallelize(step, method=method)
         start = time.perf_counter()
         try:
@@ -168,8 +196,11 @@ def main(argv: list[str] | None = None) -> int:
             if "layers requested" in str(err):  # more stages than the model can be cut into
                 raise AlpaError(f"--stages {args.stages} for {args.model}: {err}") from err
             raise
+        stack.callback(executable.close)
         print(f"model {args.model}: compiled in {time.perf_counter() - start:.1f} s")
         print(executable.plan_text())
+        if args.cluster == "ray":
+            print(_stage_hosts(executable))
         print(executable.why_text())
         if args.pictures:
             _draw(executable, args.pictures)
@@ -191,7 +222,53 @@ def main(argv: list[str] | None = None) -> int:
     except AlpaError as err:
         print(f"alpa-demo: error: {err}", file=sys.stderr)
         return 1
+    finally:
+        stack.close()
     return 0
+
+
+@contextlib.contextmanager
+def _local_ray_cluster(hosts: int, devices_per_host: int) -> Iterator[None]:
+    """A Ray cluster of ``hosts`` nodes on this machine (all on 127.0.0.1),
+    each declaring ``devices_per_host`` CPU devices; joined, then torn down."""
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    from ray.cluster_utils import Cluster
+
+    import alpa_ir
+
+    resources = {"alpa_cpu_device": devices_per_host}
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": resources})
+    try:
+        for _ in range(hosts - 1):
+            cluster.add_node(num_cpus=1, resources=resources)
+        alpa_ir.init(cluster="ray", address=cluster.address)
+        print(f"ray: {hosts} hosts of {devices_per_host} devices on this machine")
+        yield
+    finally:
+        alpa_ir.shutdown()
+        cluster.shutdown()
+
+
+def _stage_hosts(executable: Any) -> str:
+    """Which Ray host each stage's mesh worker runs on."""
+    import ray
+
+    hosts = sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive"))
+    lines = []
+    meshes = executable.stage_mesh_names()
+    for k, (placement, mesh) in enumerate(zip(executable.placements, meshes, strict=True)):
+        worker = executable.remote.workers[mesh]
+        node = ray.get(worker.__ray_call__.remote(_node_id))
+        lines.append(
+            f"  stage {k}: mesh @{mesh} {list(placement.mesh.shape)} on host{hosts.index(node)}"
+        )
+    return "hosts:\n" + "\n".join(lines)
+
+
+def _node_id(worker: object) -> str:
+    import ray
+
+    return str(ray.get_runtime_context().get_node_id())
 
 
 def _draw(executable: object, folder: str) -> None:

@@ -173,6 +173,10 @@ class PipeshardExecutable:
         if self.remote is not None:
             self.remote.close()
 
+    def stage_mesh_names(self) -> list[str]:
+        """The symbol of each stage's logical mesh, in stage order."""
+        return [stage.mesh.root_reference.data for stage in _stages(self.module)]
+
     def stage_function_names(self) -> list[str]:
         """Every stage program's function, in stage order (forward, backward,
         apply-grad rounds within a stage)."""

@@ -175,6 +175,13 @@ BAD: list[tuple[str, list[str], str]] = [
     ("alpa-demo", ["--devices", "2000"], r"--devices must be at most \d+, got 2000"),
     ("alpa-demo", ["--devices", "6", "--stages", "4"], r"--stages 4 cannot split --devices 6"),
     ("alpa-demo", ["--stages", "16"], r"--stages 16 cannot split --devices 8"),
+    ("alpa-demo", ["--hosts", "2"], r"--hosts needs --cluster ray"),
+    (
+        "alpa-demo",
+        ["--cluster", "ray", "--hosts", "4"],
+        r"--hosts 4 must divide --devices 8 and be at most --stages 2",
+    ),
+    ("alpa-demo", ["--cluster", "slurm"], r"--cluster: invalid choice: 'slurm'"),
     ("alpa-demo", ["--stages", "0"], r"--stages must be a positive integer, got '0'"),
     ("alpa-demo", ["--steps", "0"], r"--steps must be a positive integer, got '0'"),
     ("alpa-demo", ["--steps", "-3"], r"--steps must be a positive integer, got '-3'"),

@@ -26,3 +26,20 @@ def test_demo_trains_draws_and_matches_one_device(
     losses = [float(x) for x in re.findall(r"step \d: loss (\d+\.\d+)", out)]
     assert len(losses) == 2 and losses[1] < losses[0]
     assert re.search(r"one device after 2 steps: loss \d+\.\d+ \(equal\)", out)
+
+
+@pytest.mark.ray
+@pytest.mark.xdist_group("multi_host")
+def test_demo_on_two_ray_hosts(capsys: pytest.CaptureFixture[str]) -> None:
+    """alpa-demo --cluster ray --hosts 2: a Ray cluster of two nodes on this
+    machine, one stage mesh on each, the loss equal to one device's."""
+    import alpa_ir
+
+    alpa_ir.shutdown()  # a Ray instance another test module left connected
+    assert main(["--cluster", "ray", "--hosts", "2", "--steps", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "ray: 2 hosts of 4 devices on this machine" in out
+    assert "stage 0: mesh @mesh0 [2, 2] on host" in out
+    hosts = re.findall(r"stage \d: mesh @mesh\d \[2, 2\] on (host\d)", out)
+    assert sorted(hosts) == ["host0", "host1"]
+    assert re.search(r"one device after 1 steps: loss \d+\.\d+ \(equal\)", out)
