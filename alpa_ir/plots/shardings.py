@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,8 @@ class ShardedTensor:
     spec: ShardingSpec
     mesh_shape: tuple[int, ...]
     stage: int = 0
+    why: str = ""
+    """Why the plan is as it is: its function's costliest communication term."""
 
 
 @dataclass(frozen=True)
@@ -82,7 +85,11 @@ def draw_shardings(
         ax.set_ylim(1, 0)
         ax.set_xticks([])
         ax.set_yticks([])
-        ax.set_title(f"{tensor.name} {list(tensor.shape)}\n{tensor.spec} on mesh {list(tensor.mesh_shape)}",
-                     fontsize=8)  # fmt: skip
+        heading = (
+            f"{tensor.name} {list(tensor.shape)}\n{tensor.spec} on mesh {list(tensor.mesh_shape)}"
+        )
+        if tensor.why:
+            heading += "\n" + textwrap.shorten(tensor.why, 70, placeholder="...")
+        ax.set_title(heading, fontsize=8)
     figure.suptitle(title, fontsize=9)
     return ShardingsDrawing(save(figure, path), tuple(counts))

@@ -83,16 +83,21 @@ def module_cluster(module: ModuleOp, cluster: Cluster | None) -> Cluster:
 
 
 def largest_tensors(module: ModuleOp, per_stage: int = 3) -> list[ShardedTensor]:
-    """The ``per_stage`` largest inputs of each stage's function, with their specs."""
+    """The ``per_stage`` largest inputs of each stage's function, with their
+    specs and the function's costliest communication term (why)."""
+    from alpa_ir.api.why_plan import sharding_terms
+
     tensors = []
     for s, (mesh, function) in enumerate(_stages(module)):
+        terms = sharding_terms(function, tuple(mesh.shape), top=1)
+        why = f"costliest: {terms[0].text()}" if terms else "no communication"
         args = sorted(
             (a for a in function.args if shape_of(a.type)), key=lambda a: -nbytes_of(a.type)
         )
         for a in args[:per_stage]:
             name = f"{function.sym_name.data} %{a.name_hint or a.index}"
             spec = spec_of_value(a, function)
-            tensors.append(ShardedTensor(name, tuple(shape_of(a.type)), spec, mesh.shape, s))
+            tensors.append(ShardedTensor(name, tuple(shape_of(a.type)), spec, mesh.shape, s, why))
     return tensors
 
 

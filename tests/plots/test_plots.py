@@ -119,6 +119,12 @@ def test_pipeshard_executable_draws_every_view(tmp_path: Path) -> None:
         stage_option=alpa_ir.UniformStageOption(num_stages=2),
     )
     executable = alpa_ir.parallelize(fn, method=method).get_executable(*args)
+    # each sharding panel says why: its function's costliest communication
+    from alpa_ir.plots.views import largest_tensors
+
+    whys = [t.why for t in largest_tensors(executable.module)]
+    assert whys and all(w.startswith("costliest: ") or w == "no communication" for w in whys)
+    assert any(" B per device: " in w for w in whys)
     timeline = executable.plot("timeline", tmp_path / "timeline.svg")
     # 2 stages x (2 forward + 2 backward + apply-grad), 2 micro-batches each way
     assert timeline.runs == len(_ids(timeline.path, "run-")) == 10
