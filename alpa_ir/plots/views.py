@@ -90,7 +90,11 @@ def largest_tensors(module: ModuleOp, per_stage: int = 3) -> list[ShardedTensor]
     tensors = []
     for s, (mesh, function) in enumerate(_stages(module)):
         terms = sharding_terms(function, tuple(mesh.shape), top=1)
-        why = f"costliest: {terms[0].text()}" if terms else "no communication"
+        why = "no communication"
+        if terms:  # kind, bytes and where: the op's source line, else the op
+            term = terms[0]
+            cause = term.cause.rsplit(" at ", 1)[-1] if " at " in term.cause else term.cause
+            why = f"costliest: {term.kind} of {term.wire_bytes:,.0f} B per device: {cause}"
         args = sorted(
             (a for a in function.args if shape_of(a.type)), key=lambda a: -nbytes_of(a.type)
         )
