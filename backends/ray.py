@@ -22,24 +22,17 @@ Needs ``alpa_ir.init(cluster="ray")`` first.
 from __future__ import annotations
 
 import itertools
-import time
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 from xdsl.dialects.builtin import ModuleOp
 
+from alpa_ir.backends.ray_workers import RayWorkerGroup
 from alpa_ir.errors import AlpaError
 from alpa_ir.runtime.program import StepProgram, step_program
 
 DEFAULT_STEP_TIMEOUT_S = 300.0
 DEFAULT_START_TIMEOUT_S = 120.0
-POLL_S = 0.5
-
-
-def _one_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
 
 
 def check_devices(program: StepProgram, available: int, where: str) -> int:
@@ -50,8 +43,10 @@ def check_devices(program: StepProgram, available: int, where: str) -> int:
     return needed
 
 
-class RayExecutable:
+class RayExecutable(RayWorkerGroup):
     """A pipeline step placed on Ray workers; call it with the step's arguments."""
+
+    group_name = "mesh workers"
 
     def __init__(
         self,
@@ -63,20 +58,18 @@ class RayExecutable:
         from alpa_ir.ir.module_utils import main_function
         from alpa_ir.runtime.ray_cluster import device_resource, require_ray
 
-        self.ray = require_ray()
+        super().__init__(require_ray())
         self.module = module
         self.program = step_program(module)
         self.step_timeout_s = step_timeout_s
         self.trees = tree_texts(main_function(module))
         resource = device_resource()
         check_devices(self.program, resource.total, f"the Ray cluster ({resource.name})")
-        self.broken = ""
         self.record_events = False
         """When true, each step records when every instruction ran on every
         worker into :attr:`events` (wall-clock times)."""
         self.events: list[Any] = []
         self.steps = itertools.count()
-        self.workers: dict[str, Any] = {}
         try:
             self._start(resource, start_timeout_s)
         except BaseException:
@@ -97,7 +90,7 @@ class RayExecutable:
                 runtime_env={"env_vars": env},
                 **resource.actor_options(info.size),
             ).remote(name, info.size)
-        self._wait({m: w.ready.remote() for m, w in self.workers.items()}, start_timeout_s, "start")
+        self.wait({m: w.ready.remote() for m, w in self.workers.items()}, start_timeout_s, "start")
         text = str(self.module)
         from alpa_ir.backends.spmd import compile_mesh_functions
 
@@ -107,48 +100,13 @@ class RayExecutable:
             )
             for m, w in self.workers.items()
         }
-        self._wait(loads, start_timeout_s, "load its program")
+        self.wait(loads, start_timeout_s, "load its program")
 
-    def _wait(self, refs: Mapping[str, Any], timeout_s: float, what: str) -> dict[str, Any]:
-        """The results per mesh; the first failure (or the deadline) is an AlpaError."""
-        from ray.exceptions import RayActorError, RayTaskError
+    def short_name(self, key: str) -> str:
+        return f"@{key}"
 
-        deadline = time.monotonic() + timeout_s
-        mesh_of = {ref: mesh for mesh, ref in refs.items()}
-        pending = list(refs.values())
-        results: dict[str, Any] = {}
-        while pending:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                late = ", ".join(f"@{mesh_of[r]}" for r in pending)
-                self._fail(f"mesh workers {late} did not {what} within {timeout_s:.0f} s")
-            ready, pending = self.ray.wait(pending, num_returns=1, timeout=min(left, POLL_S))
-            for ref in ready:
-                mesh = mesh_of[ref]
-                try:
-                    results[mesh] = self.ray.get(ref)
-                except RayActorError as err:
-                    self._fail(
-                        f"the mesh worker of @{mesh} died (could not {what}): {_one_line(err)}"
-                    )
-                except RayTaskError as err:
-                    cause = err.cause if isinstance(err.cause, BaseException) else err
-                    self._fail(f"the mesh worker of @{mesh} failed to {what}: {_one_line(cause)}")
-        return results
-
-    def _fail(self, reason: str) -> None:
-        self.broken = reason
-        self.close()
-        raise AlpaError(reason)
-
-    def close(self) -> None:
-        """Stop the workers (idempotent)."""
-        for worker in self.workers.values():
-            try:
-                self.ray.kill(worker, no_restart=True)
-            except Exception:  # already gone
-                pass
-        self.workers = {}
+    def worker_name(self, key: str) -> str:
+        return f"mesh worker of @{key}"
 
     def __call__(self, *args: Any) -> Any:
 
@@ -159,8 +117,7 @@ class RayExecutable:
         """Run one step on the flat inputs of ``@main``; returns its flat outputs."""
         from alpa_ir.runtime.interpreter import gather_outputs, split_inputs
 
-        if self.broken:
-            raise AlpaError(f"this executable's workers are stopped after an error: {self.broken}")
+        self.check_usable()
         if len(flat) != self.program.num_inputs:
             raise AlpaError(f"the step takes {self.program.num_inputs} arrays, got {len(flat)}")
         host = [np.asarray(x) for x in flat]
@@ -172,10 +129,10 @@ class RayExecutable:
             )
             for mesh, worker in self.workers.items()
         }
-        per_mesh = self._wait(refs, self.step_timeout_s, "finish the step")
+        per_mesh = self.wait(refs, self.step_timeout_s, "finish the step")
         if self.record_events:
             recorded = {m: w.events.remote() for m, w in self.workers.items()}
-            got = self._wait(recorded, self.step_timeout_s, "report its timeline")
+            got = self.wait(recorded, self.step_timeout_s, "report its timeline")
             self.events = [e for events in got.values() for e in events]
         values = {k: v for outputs in per_mesh.values() for k, v in outputs.items()}
         return gather_outputs(self.program, host, values)

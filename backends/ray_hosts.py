@@ -16,14 +16,14 @@ dies or fails stops all of them with an error naming the host.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from xdsl.dialects.builtin import ModuleOp
 
+from alpa_ir.backends.ray_workers import RayWorkerGroup
 from alpa_ir.errors import AlpaError
 from alpa_ir.frontend.module_trees import tree_texts
 from alpa_ir.hardware.device_mesh import function_mesh
@@ -33,7 +33,6 @@ from alpa_ir.runtime.ray_cluster import CPU_DEVICE_RESOURCE, require_ray
 
 DEFAULT_STEP_TIMEOUT_S = 300.0
 DEFAULT_START_TIMEOUT_S = 120.0
-POLL_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -108,8 +107,10 @@ def _mesh_op(module: ModuleOp) -> Any:
     return op
 
 
-class RayHostsExecutable:
+class RayHostsExecutable(RayWorkerGroup):
     """A single-mesh step on one Ray actor per host (module docstring)."""
+
+    group_name = "host workers"
 
     def __init__(
         self,
@@ -120,7 +121,7 @@ class RayHostsExecutable:
         step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S,
         start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
     ) -> None:
-        self.ray = require_ray()
+        super().__init__(require_ray())
         self.module = module
         self.trees = tree_texts(main_function(module))
         mesh = function_mesh(module, main_function(module))
@@ -131,8 +132,6 @@ class RayHostsExecutable:
         self.batch_args = tuple(batch_args)
         self.step_timeout_s = step_timeout_s
         self.hosts = self._hosts_for(max(mesh.devices) + 1)
-        self.broken = ""
-        self.workers: dict[str, Any] = {}
         try:
             self._start(start_timeout_s)
         except BaseException:
@@ -175,58 +174,20 @@ class RayHostsExecutable:
                 **needs,
             ).remote(host.name, host.num_devices)
         first = next(iter(self.workers.values()))
-        coordinator = self._wait({self.hosts[0].name: first.coordinator_address.remote()},
+        coordinator = self.wait({self.hosts[0].name: first.coordinator_address.remote()},
                                  timeout_s, "start")[self.hosts[0].name]  # fmt: skip
         joins = {
             name: worker.connect.remote(coordinator, len(self.workers), k)
             for k, (name, worker) in enumerate(self.workers.items())
         }
-        self._wait(joins, timeout_s, "join the JAX world")
+        self.wait(joins, timeout_s, "join the JAX world")
         text = str(self.module)
         options = {"num_micro_batches": self.num_micro_batches, "batch_args": self.batch_args}
         loads = {
             name: w.load.remote(text, self.mesh.devices, options, compile_host_program)
             for name, w in self.workers.items()
         }
-        self._wait(loads, timeout_s, "compile the step")
-
-    def _wait(self, refs: Mapping[str, Any], timeout_s: float, what: str) -> dict[str, Any]:
-        from ray.exceptions import RayActorError, RayTaskError
-
-        deadline = time.monotonic() + timeout_s
-        host_of = {ref: host for host, ref in refs.items()}
-        pending = list(refs.values())
-        results: dict[str, Any] = {}
-        while pending:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                late = ", ".join(host_of[r] for r in pending)
-                self._fail(f"host workers {late} did not {what} within {timeout_s:.0f} s")
-            ready, pending = self.ray.wait(pending, num_returns=1, timeout=min(left, POLL_S))
-            for ref in ready:
-                host = host_of[ref]
-                try:
-                    results[host] = self.ray.get(ref)
-                except RayActorError as err:
-                    self._fail(f"the worker of {host} died (could not {what}): {_line(err)}")
-                except RayTaskError as err:
-                    cause = err.cause if isinstance(err.cause, BaseException) else err
-                    self._fail(f"the worker of {host} failed to {what}: {_line(cause)}")
-        return results
-
-    def _fail(self, reason: str) -> None:
-        self.broken = reason
-        self.close()
-        raise AlpaError(reason)
-
-    def close(self) -> None:
-        """Stop the workers (idempotent)."""
-        for worker in self.workers.values():
-            try:
-                self.ray.kill(worker, no_restart=True)
-            except Exception:  # already gone
-                pass
-        self.workers = {}
+        self.wait(loads, timeout_s, "compile the step")
 
     def __call__(self, *args: Any) -> Any:
         flat, _, _ = self.trees.flatten(args)
@@ -235,14 +196,8 @@ class RayHostsExecutable:
     def run_flat(self, flat: Sequence[Any]) -> list[Any]:
         """One step on the flat inputs of ``@main`` (batch inputs as
         ``[micro-batches, ...]`` when accumulating); its flat outputs."""
-        if self.broken:
-            raise AlpaError(f"this executable's workers are stopped after an error: {self.broken}")
+        self.check_usable()
         host = [np.asarray(x) for x in flat]
         refs = {name: w.run_step.remote(host) for name, w in self.workers.items()}
-        results = self._wait(refs, self.step_timeout_s, "finish the step")
+        results = self.wait(refs, self.step_timeout_s, "finish the step")
         return list(results[self.hosts[0].name])
-
-
-def _line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
