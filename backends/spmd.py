@@ -53,10 +53,6 @@ from alpa_ir.runtime.interpreter import CompiledFunction
 from alpa_ir.runtime.program import StepProgram
 
 
-def value_spec(value: SSAValue, function: func.FuncOp) -> ShardingSpec:
-    return spec_of_value(value, function)
-
-
 def local_slice(
     x: Any, src: ShardingSpec, dst: ShardingSpec, mesh_shape: Sequence[int], names: Sequence[str]
 ) -> Any:
@@ -157,7 +153,7 @@ class _LocalEvaluator:
 
     def eval_op(self, op: Operation, xs: list[Any]) -> list[Any]:
         if isinstance(op, ConstantOp):
-            spec = value_spec(op.result, self.function)
+            spec = spec_of_value(op.result, self.function)
             value = jnp.asarray(op.value())
             return [
                 local_slice(
@@ -217,8 +213,8 @@ class _LocalEvaluator:
         ctx = LocalContext(
             [shape_of(t) for t in op.operand_types],
             [shape_of(t) for t in op.result_types],
-            [value_spec(v, self.function) for v in op.operands],
-            [value_spec(v, self.function) for v in op.results],
+            [spec_of_value(v, self.function) for v in op.operands],
+            [spec_of_value(v, self.function) for v in op.results],
             self.mesh_shape,
         )
         params = localize(op.jax_params(), ctx)
@@ -284,13 +280,13 @@ def compile_spmd(
     block = function.body.block
     in_specs = tuple(
         _with_micro_batch_dim(
-            partition_spec(value_spec(a, function), names),
+            partition_spec(spec_of_value(a, function), names),
             k in batch_args and num_micro_batches > 1,
         )
         for k, a in enumerate(block.args)
     )
     returned = list(block.last_op.operands)  # type: ignore[union-attr]
-    out_specs = tuple(partition_spec(value_spec(v, function), names) for v in returned)
+    out_specs = tuple(partition_spec(spec_of_value(v, function), names) for v in returned)
     if num_micro_batches > 1:
         part = partition_step(function, batch_args)
 

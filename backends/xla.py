@@ -23,11 +23,9 @@ from xdsl.ir import Operation
 
 from alpa_ir.dialects.mesh import MESH_ATTR, LogicalMeshOp
 from alpa_ir.dialects.sharding import (
-    SPEC_ATTR,
     CollectiveOp,
-    ShardingSpec,
-    ShardingSpecAttr,
     result_specs,
+    signature_spec,
 )
 from alpa_ir.errors import AlpaError
 from alpa_ir.frontend.arguments import abstract_leaf
@@ -37,15 +35,6 @@ from alpa_ir.frontend.pytree_codec import TreeTexts
 from alpa_ir.ir.module_utils import main_function, symbol_op
 from alpa_ir.ir.types import dtype_of, shape_of
 from alpa_ir.runtime.devices import jax_mesh, mesh_axis_names, partition_spec
-
-
-def _arg_spec(function: func.FuncOp, index: int, rank: int, results: bool = False) -> ShardingSpec:
-    attrs = function.res_attrs if results else function.arg_attrs
-    if attrs is not None:
-        entry = attrs.data[index].data.get(SPEC_ATTR)
-        if isinstance(entry, ShardingSpecAttr):
-            return entry.spec
-    return ShardingSpec.replicated(rank)
 
 
 def function_mesh(module: ModuleOp, function: func.FuncOp) -> LogicalMeshOp | None:
@@ -159,13 +148,11 @@ def compile_annotated(
     ins = function.function_type.inputs.data
     outs = function.function_type.outputs.data
     in_shardings = tuple(
-        NamedSharding(mesh, partition_spec(_arg_spec(function, k, len(shape_of(t))), names))
+        NamedSharding(mesh, partition_spec(signature_spec(function, k), names))
         for k, t in enumerate(ins)
     )
     out_shardings = tuple(
-        NamedSharding(
-            mesh, partition_spec(_arg_spec(function, k, len(shape_of(t)), results=True), names)
-        )
+        NamedSharding(mesh, partition_spec(signature_spec(function, k, result=True), names))
         for k, t in enumerate(outs)
     )
     jitted = jax.jit(

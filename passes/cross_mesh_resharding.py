@@ -39,7 +39,6 @@ from xdsl.dialects.builtin import (
     IntegerAttr,
     ModuleOp,
     StringAttr,
-    SymbolRefAttr,
     i64,
 )
 from xdsl.ir import Attribute, OpResult, SSAValue
@@ -47,9 +46,9 @@ from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
 
 from alpa_ir.dialects.attrs import CROSS_BYTES_ATTR
-from alpa_ir.dialects.mesh import MESH_ATTR
+from alpa_ir.dialects.mesh import MESH_ATTR, mesh_name_of
 from alpa_ir.dialects.pipeline import TransferOp
-from alpa_ir.dialects.sharding import SPEC_ATTR, ShardingSpec, ShardingSpecAttr
+from alpa_ir.dialects.sharding import ShardingSpec, signature_spec
 from alpa_ir.errors import AlpaError
 from alpa_ir.ir.module_utils import main_function
 from alpa_ir.ir.types import dtype_of, shape_of
@@ -66,19 +65,10 @@ def _functions(module: ModuleOp) -> dict[str, func.FuncOp]:
 
 
 def _mesh_name(function: func.FuncOp) -> str:
-    ref = function.attributes.get(MESH_ATTR)
-    if not isinstance(ref, SymbolRefAttr):
+    name = mesh_name_of(function)
+    if name is None:
         raise AlpaError(f"cross-mesh-resharding: @{function.sym_name.data} has no {MESH_ATTR}")
-    return ref.root_reference.data
-
-
-def _spec(function: func.FuncOp, index: int, rank: int, results: bool) -> ShardingSpec:
-    attrs = function.res_attrs if results else function.arg_attrs
-    if attrs is not None:
-        entry = attrs.data[index].data.get(SPEC_ATTR)
-        if isinstance(entry, ShardingSpecAttr):
-            return entry.spec
-    return ShardingSpec.replicated(rank)
+    return name
 
 
 @dataclass(frozen=True)
@@ -131,13 +121,12 @@ def _crossing(
             f"@{consumer.sym_name.data} argument {k} expects "
             f"{dtype_of(dst_ty)}{list(shape_of(dst_ty))}"
         )
-    rank = len(shape)
     return _Crossing(
         value,
         src_mesh,
         dst_mesh,
-        _spec(producer, operand.index, rank, results=True),
-        _spec(consumer, k, rank, results=False),
+        signature_spec(producer, operand.index, result=True),
+        signature_spec(consumer, k),
         shape,
         dtype.itemsize,
     )

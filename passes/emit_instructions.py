@@ -60,7 +60,6 @@ from xdsl.context import Context
 from xdsl.dialects import func
 from xdsl.dialects.builtin import (
     ArrayAttr,
-    DictionaryAttr,
     FlatSymbolRefAttr,
     IntegerAttr,
     ModuleOp,
@@ -83,7 +82,7 @@ from alpa_ir.dialects.pipeline import (
     StageOp,
     TransferOp,
 )
-from alpa_ir.dialects.sharding import SPEC_ATTR, ShardingSpec, ShardingSpecAttr
+from alpa_ir.dialects.sharding import ShardingSpec, annotated_spec
 from alpa_ir.errors import AlpaError
 from alpa_ir.ir.module_utils import main_function, top_level_ops
 from alpa_ir.pipeline.instructions import Instruction
@@ -193,15 +192,6 @@ def _functions(module: ModuleOp) -> dict[str, func.FuncOp]:
     return {op.sym_name.data: op for op in module.ops if isinstance(op, func.FuncOp)}
 
 
-def _arg_spec(function: func.FuncOp, index: int) -> ShardingSpec | None:
-    if function.arg_attrs is None:
-        return None
-    attrs = function.arg_attrs.data[index]
-    assert isinstance(attrs, DictionaryAttr)
-    spec = attrs.data.get(SPEC_ATTR)
-    return spec.spec if isinstance(spec, ShardingSpecAttr) else None
-
-
 def _value_name(value: SSAValue, main: func.FuncOp) -> str:
     owner = value.owner
     if isinstance(owner, Block):
@@ -269,7 +259,7 @@ def read_pipeline(module: ModuleOp) -> _Pipeline:
             meshes[stage],
             tuple(_value_name(v, main) for v in op.operands),
             tuple(f"{callee}:{k}" for k in range(len(op.results))),
-            tuple(_arg_spec(functions[callee], k) for k in range(len(op.operands))),
+            tuple(annotated_spec(functions[callee], k) for k in range(len(op.operands))),
         )
         calls[callee] = call
         for r in call.results:

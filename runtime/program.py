@@ -26,7 +26,7 @@ from xdsl.dialects.builtin import DenseArrayBase, IntegerAttr, ModuleOp
 from xdsl.ir import Block, SSAValue
 
 from alpa_ir.dialects.attrs import BATCH_ATTR, PER_MICRO_BATCH_ATTR
-from alpa_ir.dialects.mesh import MESH_ATTR, LogicalMeshOp
+from alpa_ir.dialects.mesh import MESH_ATTR, LogicalMeshOp, mesh_name_of
 from alpa_ir.dialects.pipeline import (
     BroadcastOp,
     FreeOp,
@@ -38,7 +38,7 @@ from alpa_ir.dialects.pipeline import (
     StageOp,
     TransferOp,
 )
-from alpa_ir.dialects.sharding import SPEC_ATTR, ShardingSpec, ShardingSpecAttr
+from alpa_ir.dialects.sharding import ShardingSpec, signature_spec
 from alpa_ir.errors import AlpaError
 from alpa_ir.ir.module_utils import main_function, symbol_op, top_level_ops
 from alpa_ir.pipeline.cross_mesh import TransferPlan
@@ -169,25 +169,6 @@ def _mesh_info(op: LogicalMeshOp) -> MeshInfo:
     return MeshInfo(op.sym_name.data, op.mesh_shape, op.device_ids, mesh_axis_names(op))
 
 
-def _function_mesh(function: func.FuncOp) -> str:
-    ref = function.attributes.get(MESH_ATTR)
-    if ref is None:
-        raise AlpaError(
-            f"@{function.sym_name.data} has no {MESH_ATTR} attribute; every stage function "
-            "needs a mesh"
-        )
-    return ref.root_reference.data  # type: ignore[attr-defined, no-any-return]
-
-
-def _arg_spec(function: func.FuncOp, index: int) -> ShardingSpec:
-    rank = len(function.function_type.inputs.data[index].get_shape())  # type: ignore[attr-defined]
-    if function.arg_attrs is not None:
-        entry = function.arg_attrs.data[index].data.get(SPEC_ATTR)  # type: ignore[attr-defined]
-        if isinstance(entry, ShardingSpecAttr):
-            return entry.spec
-    return ShardingSpec.replicated(rank)
-
-
 def _stage_phases(module: ModuleOp) -> dict[str, str]:
     phases: dict[str, str] = {}
     for stage in top_level_ops(module, StageOp):
@@ -254,7 +235,12 @@ def _calls(
             raise AlpaError(f"@main calls @{callee}, which no pipeline.stage names")
         function = symbol_op(module, callee, func.FuncOp)
         assert isinstance(function, func.FuncOp)
-        mesh = _function_mesh(function)
+        mesh = mesh_name_of(function)
+        if mesh is None:
+            raise AlpaError(
+                f"@{function.sym_name.data} has no {MESH_ATTR} attribute; every stage function "
+                "needs a mesh"
+            )
         operands = tuple(names[v] for v in op.operands)
         results = tuple(f"{callee}:{k}" for k in range(len(op.results)))
         if PER_MICRO_BATCH_ATTR in function.attributes:
@@ -262,7 +248,7 @@ def _calls(
         else:
             varying = frozenset(range(len(results)))
         sources = tuple(
-            _source(v, mesh, _arg_spec(function, k), value_mesh, transfers)
+            _source(v, mesh, signature_spec(function, k), value_mesh, transfers)
             for k, v in enumerate(operands)
         )
         per_step = phases[callee] == "apply_grad"

@@ -33,6 +33,7 @@ from xdsl.dialects.builtin import (
     FloatAttr,
     IntAttr,
     StringAttr,
+    SymbolRefAttr,
     UnitAttr,
     f64,
 )
@@ -49,6 +50,14 @@ from alpa_ir.dialects.syntax import PropertiesSymbolOp
 
 MESH_ATTR = "mesh.mesh"
 """Function attribute: the symbol of the logical mesh the function runs on."""
+
+
+def mesh_name_of(function: object) -> str | None:
+    """The name of the logical mesh ``function`` runs on (its ``mesh.mesh``), if any."""
+    ref = getattr(function, "attributes", {}).get(MESH_ATTR)
+    if isinstance(ref, SymbolRefAttr):
+        return ref.root_reference.data
+    return ref.data if isinstance(ref, StringAttr) else None
 
 
 @irdl_attr_definition

@@ -202,6 +202,26 @@ def set_result_specs(op: IRDLOperation, specs: Sequence[ShardingSpec]) -> None:
     op.attributes[SPECS_ATTR] = ArrayAttr([s.to_attr() for s in specs])
 
 
+def annotated_spec(
+    function: func.FuncOp, index: int, *, result: bool = False
+) -> ShardingSpec | None:
+    """The ``sharding.spec`` on argument (or result) ``index`` of ``function``, if any."""
+    attrs = function.res_attrs if result else function.arg_attrs
+    if attrs is None:
+        return None
+    entry = attrs.data[index].data.get(SPEC_ATTR)  # type: ignore[attr-defined]
+    return entry.spec if isinstance(entry, ShardingSpecAttr) else None
+
+
+def signature_spec(function: func.FuncOp, index: int, *, result: bool = False) -> ShardingSpec:
+    """:func:`annotated_spec`, replicated where there is none."""
+    spec = annotated_spec(function, index, result=result)
+    if spec is not None:
+        return spec
+    types = function.function_type.outputs if result else function.function_type.inputs
+    return ShardingSpec.replicated(len(types.data[index].get_shape()))  # type: ignore[attr-defined]
+
+
 def spec_of_value(value: SSAValue, function: func.FuncOp) -> ShardingSpec:
     """The spec annotated on a block argument of ``function`` or on the op
     defining ``value``; replicated when there is none."""

@@ -23,18 +23,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from xdsl.dialects import func
-from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, ModuleOp, SymbolRefAttr
+from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, ModuleOp
 from xdsl.ir import Attribute, SSAValue
 
-from alpa_ir.dialects.mesh import MESH_ATTR
+from alpa_ir.dialects.mesh import mesh_name_of
 from alpa_ir.dialects.sharding import SPEC_ATTR, ShardingSpec, ShardingSpecAttr
 from alpa_ir.ir.module_utils import main_function, symbol_op
-
-
-def _mesh(function: func.FuncOp) -> str:
-    ref = function.attributes[MESH_ATTR]
-    assert isinstance(ref, SymbolRefAttr)
-    return ref.root_reference.data
 
 
 def _specs(attrs: ArrayAttr | None, count: int) -> list[ShardingSpec | None]:
@@ -70,7 +64,8 @@ def shard_in_call_order(module: ModuleOp, shard: Callable[[str], None]) -> None:
         name = call.callee.root_reference.data
         function = symbol_op(module, name, func.FuncOp)
         assert isinstance(function, func.FuncOp)
-        mesh = _mesh(function)
+        mesh = mesh_name_of(function)
+        assert mesh is not None, f"@{name} has no mesh"
         given = {k: known[(v, mesh)] for k, v in enumerate(call.operands) if (v, mesh) in known}
         if given:
             _constrain(function, given)
