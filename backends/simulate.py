@@ -43,7 +43,7 @@ from alpa_ir.costs.stage_cost import StageCost, StageCostModel
 from alpa_ir.dialects.attrs import BATCH_ATTR, CROSS_BYTES_ATTR
 from alpa_ir.dialects.lax_params import ints_of
 from alpa_ir.dialects.mesh import LogicalMeshOp
-from alpa_ir.dialects.pipeline import PlanOp, StageOp, TransferOp
+from alpa_ir.dialects.pipeline import PlanOp, TransferOp, plan_stages
 from alpa_ir.errors import AlpaError, PlanError
 from alpa_ir.hardware.clusters import Cluster
 from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
@@ -319,9 +319,7 @@ def plan_from_module(
     mesh_stage: dict[str, int] = {}
     meshes: list[LogicalDeviceMesh] = []
     stages: list[SimStage] = []
-    for index, ref in enumerate(plan.stages.data):
-        stage = symbol_op(module, ref.root_reference.data, StageOp)
-        assert isinstance(stage, StageOp)
+    for index, stage in enumerate(plan_stages(module)):
         mesh_name = stage.mesh.root_reference.data
         mesh_op = symbol_op(module, mesh_name, LogicalMeshOp)
         assert isinstance(mesh_op, LogicalMeshOp)

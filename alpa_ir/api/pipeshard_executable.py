@@ -25,7 +25,7 @@ from alpa_ir.api.pipeshard import (
 )
 from alpa_ir.api.run_module import compile_module
 from alpa_ir.backends.xla_pipeline import LocalPipelineExecutable
-from alpa_ir.dialects.pipeline import PlanOp, StageOp
+from alpa_ir.dialects.pipeline import plan_stages
 from alpa_ir.frontend.arguments import (
     CompiledSignature,
     StaticArgnums,
@@ -35,7 +35,8 @@ from alpa_ir.frontend.arguments import (
 )
 from alpa_ir.frontend.jaxpr_import import import_step
 from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
-from alpa_ir.ir.module_utils import main_function, symbol_op, top_level_ops
+from alpa_ir.ir.module_utils import main_function, symbol_op
+from alpa_ir.passmanager.pipeline_syntax import format_pipeline
 from alpa_ir.pipeline.step_partition import batch_leaves_of, warn_micro_batch_statistics
 from alpa_ir.plugins.registry import PluginRegistry, default_registry
 from alpa_ir.runtime.interpreter import CompiledFunction, RuntimeEvent
@@ -103,7 +104,7 @@ class PipeshardExecutable:
         from alpa_ir.dialects.mesh import LogicalMeshOp
 
         out = []
-        for stage in _stages(self.module):
+        for stage in plan_stages(self.module):
             mesh = symbol_op(self.module, stage.mesh.root_reference.data, LogicalMeshOp)
             assert isinstance(mesh, LogicalMeshOp)
             first, last = (int(x) for x in stage.layers.get_values())
@@ -132,7 +133,7 @@ class PipeshardExecutable:
 
         stage_of_function: dict[str, tuple[int, str]] = {}
         stage_of_mesh: dict[str, int] = {}
-        for k, stage in enumerate(_stages(self.module)):
+        for k, stage in enumerate(plan_stages(self.module)):
             stage_of_mesh.setdefault(stage.mesh.root_reference.data, k)
             for phase, name in stage.phase_functions():
                 stage_of_function[name] = (k, phase)
@@ -175,7 +176,7 @@ class PipeshardExecutable:
 
     def stage_mesh_names(self) -> list[str]:
         """The symbol of each stage's logical mesh, in stage order."""
-        return [stage.mesh.root_reference.data for stage in _stages(self.module)]
+        return [stage.mesh.root_reference.data for stage in plan_stages(self.module)]
 
     def stage_function_names(self) -> list[str]:
         """Every stage program's function, in stage order (forward, backward,
@@ -183,7 +184,7 @@ class PipeshardExecutable:
         run = {c.function for c in self.program.calls.values()}
         return [
             name
-            for stage in _stages(self.module)
+            for stage in plan_stages(self.module)
             for _, name in stage.phase_functions()
             if name in run
         ]
@@ -261,8 +262,9 @@ class PipeshardExecutable:
         from alpa_ir.dialects.sharding import spec_of_value
         from alpa_ir.ir.types import nbytes_of, shape_of
 
-        lines = [f"pipeline: {len(self.placements)} stages, {self.num_micro_batches} micro-batches"]
-        for k, p in enumerate(self.placements):
+        placements = self.placements
+        lines = [f"pipeline: {len(placements)} stages, {self.num_micro_batches} micro-batches"]
+        for k, p in enumerate(placements):
             lines.append(
                 f"  stage {k}: layers {p.first}..{p.last} on mesh {list(p.mesh.shape)} "
                 f"devices {list(p.mesh.devices or ())}"
@@ -274,14 +276,6 @@ class PipeshardExecutable:
                 spec = spec_of_value(a, forward)
                 lines.append(f"    input {list(shape_of(a.type))}: {spec}")
         return "\n".join(lines)
-
-
-def _stages(module: ModuleOp) -> list[StageOp]:
-    """The module's ``pipeline.stage`` ops in the plan's order."""
-    plan = next(op for op in top_level_ops(module, PlanOp) if isinstance(op, PlanOp))
-    stages = [symbol_op(module, r.root_reference.data, StageOp) for r in plan.stages.data]
-    assert all(isinstance(s, StageOp) for s in stages)
-    return stages  # type: ignore[return-value]
 
 
 def _layer_passes(module: ModuleOp, method: PipeshardParallel) -> list[str]:
@@ -328,20 +322,6 @@ def _stage_pass(method: PipeshardParallel, num_layers: int, devices: tuple[int, 
     )
 
 
-def _stage_cluster(devices: tuple[int, ...]) -> Any:
-    """The ``local-cpu`` cluster restricted to ``devices``' count, one node."""
-    import dataclasses
-
-    from alpa_ir.hardware.clusters import ClusterLevel, local_cpu
-
-    base = local_cpu()
-    level = base.levels[-1]
-    return dataclasses.replace(
-        base,
-        levels=(ClusterLevel(level.name, len(devices), level.bandwidth, level.latency),),
-    )
-
-
 def compile_pipeshard(
     fn: Callable[..., Any],
     args: tuple[Any, ...],
@@ -372,15 +352,14 @@ def compile_pipeshard(
     module = imported.module
     main = main_function(module)
     if isinstance(method.stage_option, AutoStageOption):  # what construct-stages plans on
-        module.body.block.insert_op_before(_stage_cluster(devices).to_op(), main)
+        from alpa_ir.hardware.clusters import local_cpu
+
+        cluster = local_cpu().one_node(len(devices))  # the devices the plan may use
+        module.body.block.insert_op_before(cluster.to_op(), main)
     input_module = module.clone()
     num_inputs = len(main.args)
-    layer_passes = _layer_passes(module, method)
-    statistics = (
-        PassManager(registry, f"builtin.module({','.join(layer_passes)})")
-        .execute(module)
-        .statistics
-    )
+    layers = PassManager(registry, f"builtin.module({','.join(_layer_passes(module, method))})")
+    statistics = layers.execute(module).statistics
     main = main_function(module)
     warn_micro_batch_statistics(main, batch_leaves_of(main), b)
     inner = method.auto_sharding_option.pipeline(1).removeprefix("builtin.module(")[:-1]
@@ -390,11 +369,9 @@ def compile_pipeshard(
         "cross-mesh-resharding",
         "emit-instructions",
     ]
-    manager = PassManager(registry, f"builtin.module({','.join(plan_passes)})")
-    statistics += manager.execute(module).statistics
-    pass_pipeline = PassManager(
-        registry, f"builtin.module({','.join(layer_passes + plan_passes)})"
-    ).pipeline
+    plan = PassManager(registry, f"builtin.module({','.join(plan_passes)})")
+    statistics += plan.execute(module).statistics
+    pass_pipeline = format_pipeline([*layers.passes, *plan.passes])  # one pipeline replays both
     signature = compiled_signature(arguments, imported.in_tree, imported.out_tree, imported.outputs)
     if len(main_function(module).args) > num_inputs:  # draw-micro-batch-rows added the rows
         batch = arguments.dynamic_positions(batch_argnums)

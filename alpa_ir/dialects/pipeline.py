@@ -25,6 +25,7 @@ from xdsl.dialects.builtin import (
     DictionaryAttr,
     FlatSymbolRefAttr,
     IntegerAttr,
+    ModuleOp,
     StringAttr,
 )
 from xdsl.ir import Dialect
@@ -35,6 +36,7 @@ from xdsl.utils.exceptions import VerifyException
 from alpa_ir.dialects.lax_params import ints_of
 from alpa_ir.dialects.sharding import ShardingSpecAttr
 from alpa_ir.dialects.syntax import PropertiesOp, PropertiesSymbolOp
+from alpa_ir.errors import AlpaError
 
 SCHEDULES = ("gpipe", "1f1b")
 
@@ -194,6 +196,26 @@ class FreeOp(InstructionOp):
     micro_batch = opt_prop_def(IntegerAttr)
 
 
+def plan_of(module: ModuleOp) -> PlanOp | None:
+    """The module's ``pipeline.plan`` (the first, if several), or None."""
+    return next((op for op in module.ops if isinstance(op, PlanOp)), None)
+
+
+def plan_stages(module: ModuleOp) -> list[StageOp]:
+    """The ``pipeline.stage`` ops the module's plan names, in the plan's order."""
+    plan = plan_of(module)
+    if plan is None:
+        raise AlpaError("the module has no pipeline.plan")
+    by_name = {op.sym_name.data: op for op in module.ops if isinstance(op, StageOp)}
+    stages = []
+    for ref in plan.stages.data:
+        name = ref.root_reference.data
+        if name not in by_name:
+            raise AlpaError(f"pipeline.plan @{plan.sym_name.data} names no stage @{name}")
+        stages.append(by_name[name])
+    return stages
+
+
 Pipeline = Dialect(
     "pipeline",
     [PlanOp, StageOp, TransferOp, ProgramOp, RunOp, SendOp, RecvOp, BroadcastOp, FreeOp],
@@ -213,4 +235,6 @@ __all__ = [
     "SendOp",
     "StageOp",
     "TransferOp",
+    "plan_of",
+    "plan_stages",
 ]

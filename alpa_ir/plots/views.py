@@ -19,12 +19,12 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 
 from alpa_ir.dialects.mesh import LogicalMeshOp
-from alpa_ir.dialects.pipeline import PlanOp, StageOp
+from alpa_ir.dialects.pipeline import plan_of, plan_stages
 from alpa_ir.dialects.sharding import spec_of_value
 from alpa_ir.errors import AlpaError
 from alpa_ir.hardware.clusters import Cluster
 from alpa_ir.hardware.device_mesh import function_mesh
-from alpa_ir.ir.module_utils import main_function, symbol_op, top_level_ops
+from alpa_ir.ir.module_utils import main_function, symbol_op
 from alpa_ir.ir.types import nbytes_of, shape_of
 from alpa_ir.plots.devices import StageMesh, draw_devices
 from alpa_ir.plots.shardings import ShardedTensor, draw_shardings
@@ -33,14 +33,9 @@ KINDS = ("timeline", "memory", "devices", "shardings")
 PIPELINE_ONLY = ("timeline", "memory")
 
 
-def _plan(module: ModuleOp) -> PlanOp | None:
-    plans = list(top_level_ops(module, PlanOp))
-    return plans[0] if plans and isinstance(plans[0], PlanOp) else None
-
-
 def _stages(module: ModuleOp) -> list[tuple[StageMesh, func.FuncOp]]:
     """Each stage's mesh and the function whose inputs show its shardings."""
-    plan = _plan(module)
+    plan = plan_of(module)
     if plan is None:
         main = main_function(module)
         mesh = function_mesh(module, main)
@@ -48,9 +43,7 @@ def _stages(module: ModuleOp) -> list[tuple[StageMesh, func.FuncOp]]:
             raise AlpaError("plot: the module has no plan (no pipeline.plan, no mesh on @main)")
         return [(StageMesh("mesh", tuple(mesh.shape), tuple(mesh.devices or ())), main)]
     out = []
-    for ref in plan.stages.data:
-        stage = symbol_op(module, ref.root_reference.data, StageOp)
-        assert isinstance(stage, StageOp)
+    for stage in plan_stages(module):
         mesh = symbol_op(module, stage.mesh.root_reference.data, LogicalMeshOp)
         assert isinstance(mesh, LogicalMeshOp)
         name = dict(stage.phase_functions()).get("forward") or stage.phase_functions()[0][1]
@@ -58,7 +51,7 @@ def _stages(module: ModuleOp) -> list[tuple[StageMesh, func.FuncOp]]:
         assert isinstance(function, func.FuncOp)
         out.append(
             (
-                StageMesh(ref.root_reference.data, tuple(mesh.mesh_shape), tuple(mesh.device_ids)),
+                StageMesh(stage.sym_name.data, tuple(mesh.mesh_shape), tuple(mesh.device_ids)),
                 function,
             )
         )
@@ -106,7 +99,9 @@ def largest_tensors(module: ModuleOp, per_stage: int = 3) -> list[ShardedTensor]
 
 
 def available_kinds(module: ModuleOp) -> tuple[str, ...]:
-    return KINDS if _plan(module) is not None else tuple(k for k in KINDS if k not in PIPELINE_ONLY)
+    return (
+        KINDS if plan_of(module) is not None else tuple(k for k in KINDS if k not in PIPELINE_ONLY)
+    )
 
 
 def plot_module(
