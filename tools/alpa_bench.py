@@ -155,20 +155,12 @@ class Outcome:
 def bench_cluster(preset: str, gpus: int, presets: Any = None) -> Cluster:
     """The preset with ``gpus`` devices; fewer than a node: one node of ``gpus``.
     ``presets``: where to find ``preset`` (default: the built-in presets)."""
-    from alpa_ir.hardware.clusters import Cluster, ClusterLevel, get_cluster
+    from alpa_ir.hardware.clusters import get_cluster
 
     base = get_cluster(preset, presets=presets)
     if gpus >= base.devices_per_node:
         return get_cluster(preset, num_devices=gpus, presets=presets)
-    inner = base.levels[-1]
-    return Cluster(
-        base.name,
-        (ClusterLevel(inner.name, gpus, inner.bandwidth, inner.latency, inner.shared),),
-        base.device_memory,
-        base.peak_flops,
-        base.hbm_bandwidth,
-        base.device_name,
-    )
+    return base.one_node(gpus)
 
 
 def default_layers(name: str) -> int:

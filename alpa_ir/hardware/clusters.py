@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from xdsl.dialects.builtin import ArrayAttr, FloatAttr, ModuleOp, StringAttr, f64
@@ -123,6 +123,12 @@ class Cluster:
     def devices_per_node(self) -> int:
         """``M``: the cardinality of the innermost level (the devices of one node)."""
         return self.levels[-1].cardinality
+
+    def one_node(self, num_devices: int) -> Cluster:
+        """One node of ``num_devices`` of this cluster's devices, linked as the
+        devices of one of its nodes are (its innermost level)."""
+        inner = self.levels[-1]
+        return replace(self, levels=(replace(inner, cardinality=num_devices),))
 
     @property
     def num_nodes(self) -> int:
