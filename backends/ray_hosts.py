@@ -49,7 +49,7 @@ class Host:
 def cluster_hosts() -> list[Host]:
     """The alive Ray nodes that offer devices, by address (then node id)."""
     ray = require_ray()
-    hosts = []
+    found = []  # (address, node id, resource, devices)
     for node in ray.nodes():
         if not node.get("Alive"):
             continue
@@ -57,13 +57,11 @@ def cluster_hosts() -> list[Host]:
         for resource in (CPU_DEVICE_RESOURCE, "GPU"):
             count = int(resources.get(resource, 0))
             if count:
-                address = node.get("NodeManagerAddress", "?")
-                hosts.append(Host("", node["NodeID"], address, resource, count))
+                found.append((node.get("NodeManagerAddress", "?"), node["NodeID"], resource, count))
                 break
-    hosts.sort(key=lambda h: (h.address, h.node_id))
     return [
-        Host(f"host{k} ({h.address})", h.node_id, h.address, h.resource, h.num_devices)
-        for k, h in enumerate(hosts)
+        Host(f"host{k} ({address})", node_id, address, resource, count)
+        for k, (address, node_id, resource, count) in enumerate(sorted(found))
     ]
 
 
@@ -76,12 +74,15 @@ def compile_host_program(
     from jax.sharding import Mesh
 
     from alpa_ir.backends.spmd import compile_spmd
+    from alpa_ir.backends.xla import function_mesh
     from alpa_ir.ir.text import parse_module
     from alpa_ir.runtime.devices import mesh_axis_names
 
     module = parse_module(module_text)
     function = main_function(module)
-    mesh_op = _mesh_op(module)
+    mesh_op = function_mesh(module, function)
+    if mesh_op is None:
+        raise AlpaError("the ray backend runs a planned module: @main has no mesh.mesh")
     jax_mesh = Mesh(np.array(devices, dtype=object).reshape(mesh_op.mesh_shape),
                     mesh_axis_names(mesh_op))  # fmt: skip
     return compile_spmd(
@@ -92,19 +93,6 @@ def compile_host_program(
         num_micro_batches=int(options.get("num_micro_batches", 1)),
         batch_args=tuple(options.get("batch_args", ())),
     )
-
-
-def _mesh_op(module: ModuleOp) -> Any:
-    from alpa_ir.dialects.mesh import LogicalMeshOp
-    from alpa_ir.ir.module_utils import symbol_op
-
-    function = main_function(module)
-    ref = function.attributes.get("mesh.mesh")
-    if ref is None:
-        raise AlpaError("the ray backend runs a planned module: @main has no mesh.mesh")
-    op = symbol_op(module, ref.root_reference.data, LogicalMeshOp)  # type: ignore[attr-defined]
-    assert isinstance(op, LogicalMeshOp)
-    return op
 
 
 class RayHostsExecutable(RayWorkerGroup):

@@ -253,15 +253,15 @@ def _stage_hosts(executable: Any) -> str:
     """Which Ray host each stage's mesh worker runs on."""
     import ray
 
-    hosts = sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive"))
+    from alpa_ir.backends.ray_hosts import cluster_hosts
+
+    host_of = {h.node_id: h.name for h in cluster_hosts()}  # named as the host runtime names them
     lines = []
     meshes = executable.stage_mesh_names()
     for k, (placement, mesh) in enumerate(zip(executable.placements, meshes, strict=True)):
         worker = executable.remote.workers[mesh]
         node = ray.get(worker.__ray_call__.remote(_node_id))
-        lines.append(
-            f"  stage {k}: mesh @{mesh} {list(placement.mesh.shape)} on host{hosts.index(node)}"
-        )
+        lines.append(f"  stage {k}: mesh @{mesh} {list(placement.mesh.shape)} on {host_of[node]}")
     return "hosts:\n" + "\n".join(lines)
 
 
