@@ -234,16 +234,23 @@ def option_docs(cls: type) -> dict[str, str]:
             tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
         except (OSError, TypeError, SyntaxError):
             continue
-        body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
-        for stmt, after in itertools.pairwise(body):
-            if (
-                isinstance(stmt, ast.AnnAssign)
-                and isinstance(stmt.target, ast.Name)
-                and isinstance(after, ast.Expr)
-                and isinstance(after.value, ast.Constant)
-                and isinstance(after.value.value, str)
-            ):
-                docs[stmt.target.id] = " ".join(inspect.cleandoc(after.value.value).split())
+        if tree.body and isinstance(tree.body[0], ast.ClassDef):
+            docs.update(field_docs(tree.body[0]))
+    return docs
+
+
+def field_docs(class_def: ast.ClassDef) -> dict[str, str]:
+    """Field name -> the docstring written under the annotated field, on one line."""
+    docs: dict[str, str] = {}
+    for stmt, after in itertools.pairwise(class_def.body):
+        if (
+            isinstance(stmt, ast.AnnAssign)
+            and isinstance(stmt.target, ast.Name)
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+            and isinstance(after.value.value, str)
+        ):
+            docs[stmt.target.id] = " ".join(inspect.cleandoc(after.value.value).split())
     return docs
 
 

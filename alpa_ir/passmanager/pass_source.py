@@ -15,13 +15,12 @@ from __future__ import annotations
 import ast
 import importlib.util
 import inspect
-import itertools
 import typing
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from alpa_ir.errors import PipelineError
-from alpa_ir.passmanager.pass_options import OptionInfo
+from alpa_ir.passmanager.pass_options import OptionInfo, field_docs
 
 _TYPE_NAMES: dict[str, Any] = {
     "Literal": Literal,
@@ -108,23 +107,16 @@ def read_pass_source(module: str, attribute: str) -> PassSource:
     doc = ast.get_docstring(cls) or ""
     lines = inspect.cleandoc(doc).splitlines()
     summary = lines[0].strip() if lines else "(no description)"
+    docs = field_docs(cls)
     options: list[OptionInfo] = []
-    body = [*cls.body, ast.Pass()]
-    for stmt, after in itertools.pairwise(body):
+    for stmt in cls.body:
         if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
             continue
         if ast.unparse(stmt.annotation).startswith(("ClassVar", "typing.ClassVar")):
             continue
         required, default = _default(stmt.value, constants)
-        help_text = ""
-        if (
-            isinstance(after, ast.Expr)
-            and isinstance(after.value, ast.Constant)
-            and isinstance(after.value.value, str)
-        ):
-            help_text = " ".join(inspect.cleandoc(after.value.value).split())
-        help_text = _metadata_help(stmt.value) or help_text
         field_name = stmt.target.id
+        help_text = _metadata_help(stmt.value) or docs.get(field_name, "")
         options.append(
             OptionInfo(
                 name=field_name.replace("_", "-"),
