@@ -462,8 +462,9 @@ def compile_step(
     passes = [] if propagate else [option.pipeline(b).removeprefix("builtin.module(")[:-1]]
     if b > 1:  # micro-batches draw the one-device random rows
         passes.insert(0, f"draw-micro-batch-rows{{num-micro-batches={b}}}")
-    pass_pipeline = PassManager(registry, f"builtin.module({','.join(passes)})").pipeline
-    statistics = PassManager(registry, pass_pipeline).execute(module).statistics
+    manager = PassManager(registry, f"builtin.module({','.join(passes)})")
+    pass_pipeline = manager.pipeline
+    statistics = manager.execute(module).statistics
     rows = len(main_function(module).args) > num_inputs
     signature = compiled_signature(arguments, imported.in_tree, imported.out_tree, imported.outputs)
     batch_leaves = _leaf_indices(arguments.arrays, arguments.dynamic_positions(batch_argnums))
