@@ -1,7 +1,8 @@
 """The ``ray`` backend for a single-mesh (``ShardParallel``) module: one actor per host.
 
 ``RayHostsExecutable(module)`` takes the hosts of the connected Ray cluster in
-order (each Ray node that offers devices: ``alpa_cpu_device`` or ``GPU``),
+order (each Ray node that offers devices: ``alpa_cpu_device`` or ``GPU``; in a
+cluster that declares neither, its CPUs),
 enough of them to hold the module's mesh, and starts one
 :class:`~alpa_ir.runtime.host_worker.HostWorker` on each, owning all of that
 node's devices. The workers join one JAX world (the coordinator on the first
@@ -49,16 +50,20 @@ class Host:
 def cluster_hosts() -> list[Host]:
     """The alive Ray nodes that offer devices, by address (then node id)."""
     ray = require_ray()
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
     found = []  # (address, node id, resource, devices)
-    for node in ray.nodes():
-        if not node.get("Alive"):
-            continue
-        resources = node.get("Resources", {})
-        for resource in (CPU_DEVICE_RESOURCE, "GPU"):
-            count = int(resources.get(resource, 0))
-            if count:
-                found.append((node.get("NodeManagerAddress", "?"), node["NodeID"], resource, count))
-                break
+    # a cluster that declares no devices offers its CPUs, one device each
+    for kinds in ((CPU_DEVICE_RESOURCE, "GPU"), ("CPU",)):
+        for node in nodes:
+            resources = node.get("Resources", {})
+            for resource in kinds:
+                count = int(resources.get(resource, 0))
+                if count:
+                    address = node.get("NodeManagerAddress", "?")
+                    found.append((address, node["NodeID"], resource, count))
+                    break
+        if found:
+            break
     return [
         Host(f"host{k} ({address})", node_id, address, resource, count)
         for k, (address, node_id, resource, count) in enumerate(sorted(found))
@@ -95,10 +100,73 @@ def compile_host_program(
     )
 
 
-class RayHostsExecutable(RayWorkerGroup):
-    """A single-mesh step on one Ray actor per host (module docstring)."""
+class RayHostGroup(RayWorkerGroup):
+    """One :class:`HostWorker` per Ray host, enough hosts for ``num_devices``
+    devices, joined in one JAX world (what both host runtimes share)."""
 
     group_name = "host workers"
+
+    def start_hosts(self, num_devices: int, timeout_s: float) -> None:
+        """Start the workers and join them; the hosts are in :attr:`hosts`."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        self.hosts = hosts_for(num_devices)
+        actor = self.ray.remote(HostWorker)
+        for host in self.hosts:
+            env = {"JAX_PLATFORMS": "cuda" if host.resource == "GPU" else "cpu"}
+            if host.resource != "GPU":
+                env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={host.num_devices}"
+            needs: dict[str, Any] = {"num_cpus": 0}
+            if host.resource == "GPU":
+                needs["num_gpus"] = host.num_devices
+            elif host.resource == "CPU":
+                needs["num_cpus"] = host.num_devices
+            else:
+                needs["resources"] = {host.resource: host.num_devices}
+            self.workers[host.name] = actor.options(
+                runtime_env={"env_vars": env},
+                scheduling_strategy=NodeAffinitySchedulingStrategy(host.node_id, soft=False),
+                **needs,
+            ).remote(host.name, host.num_devices)
+        first = next(iter(self.workers.values()))
+        coordinator = self.wait({self.hosts[0].name: first.coordinator_address.remote()},
+                                 timeout_s, "start (are its node's devices held by another "
+                                 "executable? close it first)")[self.hosts[0].name]  # fmt: skip
+        joins = {
+            name: worker.connect.remote(coordinator, len(self.workers), k)
+            for k, (name, worker) in enumerate(self.workers.items())
+        }
+        self.wait(joins, timeout_s, "join the JAX world")
+
+    def host_devices(self) -> dict[str, range]:
+        """The plan's device ids each host owns (ids counted host by host)."""
+        out, start = {}, 0
+        for host in self.hosts:
+            out[host.name] = range(start, start + host.num_devices)
+            start += host.num_devices
+        return out
+
+
+def hosts_for(num_devices: int) -> list[Host]:
+    """The first hosts of the cluster that hold ``num_devices`` devices."""
+    hosts = cluster_hosts()
+    chosen, held = [], 0
+    for host in hosts:
+        if held >= num_devices:
+            break
+        chosen.append(host)
+        held += host.num_devices
+    if held < num_devices:
+        total = sum(h.num_devices for h in hosts)
+        raise AlpaError(
+            f"the plan needs {num_devices} devices but the Ray cluster's {len(hosts)} hosts "
+            f"have {total}"
+        )
+    return chosen
+
+
+class RayHostsExecutable(RayHostGroup):
+    """A single-mesh step on one Ray actor per host (module docstring)."""
 
     def __init__(
         self,
@@ -119,63 +187,18 @@ class RayHostsExecutable(RayWorkerGroup):
         self.num_micro_batches = num_micro_batches
         self.batch_args = tuple(batch_args)
         self.step_timeout_s = step_timeout_s
-        self.hosts = self._hosts_for(max(mesh.devices) + 1)
         try:
-            self._start(start_timeout_s)
+            self.start_hosts(max(mesh.devices) + 1, start_timeout_s)
+            text = str(self.module)
+            options = {"num_micro_batches": self.num_micro_batches, "batch_args": self.batch_args}
+            loads = {
+                name: w.load.remote(text, self.mesh.devices, options, compile_host_program)
+                for name, w in self.workers.items()
+            }
+            self.wait(loads, start_timeout_s, "compile the step")
         except BaseException:
             self.close()
             raise
-
-    @staticmethod
-    def _hosts_for(num_devices: int) -> list[Host]:
-        hosts = cluster_hosts()
-        chosen, held = [], 0
-        for host in hosts:
-            if held >= num_devices:
-                break
-            chosen.append(host)
-            held += host.num_devices
-        if held < num_devices:
-            total = sum(h.num_devices for h in hosts)
-            raise AlpaError(
-                f"the plan needs {num_devices} devices but the Ray cluster's {len(hosts)} hosts "
-                f"have {total}"
-            )
-        return chosen
-
-    def _start(self, timeout_s: float) -> None:
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        actor = self.ray.remote(HostWorker)
-        for host in self.hosts:
-            env = {"JAX_PLATFORMS": "cuda" if host.resource == "GPU" else "cpu"}
-            if host.resource != "GPU":
-                env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={host.num_devices}"
-            needs = (
-                {"num_gpus": host.num_devices, "num_cpus": 0}
-                if host.resource == "GPU"
-                else {"resources": {host.resource: host.num_devices}, "num_cpus": 0}
-            )
-            self.workers[host.name] = actor.options(
-                runtime_env={"env_vars": env},
-                scheduling_strategy=NodeAffinitySchedulingStrategy(host.node_id, soft=False),
-                **needs,
-            ).remote(host.name, host.num_devices)
-        first = next(iter(self.workers.values()))
-        coordinator = self.wait({self.hosts[0].name: first.coordinator_address.remote()},
-                                 timeout_s, "start")[self.hosts[0].name]  # fmt: skip
-        joins = {
-            name: worker.connect.remote(coordinator, len(self.workers), k)
-            for k, (name, worker) in enumerate(self.workers.items())
-        }
-        self.wait(joins, timeout_s, "join the JAX world")
-        text = str(self.module)
-        options = {"num_micro_batches": self.num_micro_batches, "batch_args": self.batch_args}
-        loads = {
-            name: w.load.remote(text, self.mesh.devices, options, compile_host_program)
-            for name, w in self.workers.items()
-        }
-        self.wait(loads, timeout_s, "compile the step")
 
     def __call__(self, *args: Any) -> Any:
         flat, _, _ = self.trees.flatten(args)

@@ -41,6 +41,7 @@ class HostWorker:
         self.num_devices = num_devices
         self.process_id = -1
         self.program: HostProgram | None = None
+        self.pipeline: Any = None
 
     def coordinator_address(self) -> str:
         """``ip:port`` of a free port on this host, for the JAX coordinator."""
@@ -75,7 +76,7 @@ class HostWorker:
         counted process by process); returns how many of them are on this host."""
         import jax
 
-        devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
+        devices = world_devices()
         if max(device_ids) >= len(devices):
             raise AlpaError(
                 f"the mesh needs device {max(device_ids)}; the world has {len(devices)}"
@@ -83,6 +84,32 @@ class HostWorker:
         mesh_devices = [devices[k] for k in device_ids]
         self.program = compile_program(module_text, mesh_devices, options)
         return sum(d.process_index == jax.process_index() for d in mesh_devices)
+
+    def load_pipeline(
+        self,
+        module_text: str,
+        program: Any,
+        order: Sequence[tuple[str, int]],
+        compile_functions: Any,
+    ) -> list[str]:
+        """Take a pipeline step (a :class:`~alpa_ir.runtime.program.StepProgram`
+        and the global instruction order) and compile the stage functions
+        and transfers that touch this host; returns the meshes it runs."""
+        from alpa_ir.ir.text import parse_module
+        from alpa_ir.runtime.host_pipeline import HostPipeline
+
+        devices = dict(enumerate(world_devices()))
+        self.pipeline = HostPipeline(
+            parse_module(module_text), program, order, devices, compile_functions
+        )
+        return list(self.pipeline.interpreters)
+
+    def run_pipeline_step(self, inputs: dict[str, Any], record: bool = False) -> Any:
+        """One pipeline step: the shards of the outputs this host holds and,
+        with ``record``, when each of its instructions ran."""
+        if self.pipeline is None:
+            raise AlpaError(f"host worker {self.host} has no pipeline; load one first")
+        return self.pipeline.run(inputs, record)
 
     def run_step(self, flat: Sequence[np.ndarray]) -> list[np.ndarray] | None:
         """One call of the program on the whole inputs; the whole outputs on
@@ -103,3 +130,10 @@ class HostWorker:
 
     def pid(self) -> int:
         return os.getpid()
+
+
+def world_devices() -> list[Any]:
+    """Every device of the JAX world, host by host: the plan's device ids index it."""
+    import jax
+
+    return sorted(jax.devices(), key=lambda d: (d.process_index, d.id))

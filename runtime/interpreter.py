@@ -9,9 +9,9 @@ micro-batch). How tensors cross meshes is a :class:`Transport`:
   ``recv`` returns None while the value has not been sent, and
   :func:`run_interleaved` steps the meshes' interpreters round-robin until
   all are done (a deadlock is an error, never a hang);
-- the Ray transport (:mod:`alpa_ir.runtime.mesh_worker`): through Ray's
-  object store between worker processes; its ``recv`` blocks with a timeout;
-- a NCCL transport would implement the same two methods.
+- the host transport (:mod:`alpa_ir.runtime.host_pipeline`): in a JAX world
+  of several processes, a SEND is one XLA program over both meshes' devices
+  (gloo between processes on CPU, NCCL on GPU) and RECV takes its result.
 
 Semantics:
 

@@ -4,7 +4,7 @@ Devices are a Ray resource, so that Ray's scheduler puts each mesh worker
 where its devices are and the driver can tell, before placing anything,
 whether a plan fits:
 
-- GPU nodes offer ``GPU`` (NCCL transport: later work);
+- GPU nodes offer ``GPU`` (XLA's collectives between them run on NCCL);
 - CPU workers use the custom resource ``alpa_cpu_device``: a local instance
   started by :func:`start_or_join` offers ``num_devices`` of them (default:
   as many as the driver's JAX sees); nodes of a real cluster declare theirs
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import socket
 import threading
-from dataclasses import dataclass
 from typing import Any
 
 from alpa_ir.errors import AlpaError
@@ -153,26 +152,3 @@ def require_ray() -> Any:
             "the ray backend needs a Ray instance: call alpa_ir.init(cluster='ray') first"
         )
     return ray
-
-
-@dataclass(frozen=True)
-class DeviceResource:
-    """The Ray resource that counts devices, and how many the cluster has."""
-
-    name: str
-    total: int
-
-    def actor_options(self, count: int) -> dict[str, Any]:
-        if self.name == "CPU":
-            return {"num_cpus": count}
-        if self.name == "GPU":
-            return {"num_gpus": count, "num_cpus": 0}
-        return {"resources": {self.name: count}, "num_cpus": 0}
-
-
-def device_resource() -> DeviceResource:
-    """CPU devices of the connected cluster (the GPU path is later work)."""
-    resources = require_ray().cluster_resources()
-    if CPU_DEVICE_RESOURCE in resources:
-        return DeviceResource(CPU_DEVICE_RESOURCE, int(resources[CPU_DEVICE_RESOURCE]))
-    return DeviceResource("CPU", int(resources.get("CPU", 0)))

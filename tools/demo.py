@@ -250,25 +250,14 @@ def _local_ray_cluster(hosts: int, devices_per_host: int) -> Iterator[None]:
 
 
 def _stage_hosts(executable: Any) -> str:
-    """Which Ray host each stage's mesh worker runs on."""
-    import ray
-
-    from alpa_ir.backends.ray_hosts import cluster_hosts
-
-    host_of = {h.node_id: h.name for h in cluster_hosts()}  # named as the host runtime names them
+    """The Ray hosts that run each stage's mesh."""
+    hosts = executable.remote.mesh_hosts()
     lines = []
     meshes = executable.stage_mesh_names()
     for k, (placement, mesh) in enumerate(zip(executable.placements, meshes, strict=True)):
-        worker = executable.remote.workers[mesh]
-        node = ray.get(worker.__ray_call__.remote(_node_id))
-        lines.append(f"  stage {k}: mesh @{mesh} {list(placement.mesh.shape)} on {host_of[node]}")
+        where = " and ".join(hosts[mesh])
+        lines.append(f"  stage {k}: mesh @{mesh} {list(placement.mesh.shape)} on {where}")
     return "hosts:\n" + "\n".join(lines)
-
-
-def _node_id(worker: object) -> str:
-    import ray
-
-    return str(ray.get_runtime_context().get_node_id())
 
 
 def _draw(executable: object, folder: str) -> None:

@@ -3,8 +3,11 @@
 ``ray.cluster_utils.Cluster`` starts two Ray nodes bound to 127.0.0.1, each
 declaring 4 devices (``alpa_cpu_device``). The ray backend starts one actor
 per node, with that node's 4 CPU devices; the actors form one JAX world
-(``jax.distributed``, gloo collectives) and run the planned step as one SPMD
-program over a (2, 4) mesh that spans both hosts."""
+(``jax.distributed``, gloo collectives). ``ShardParallel`` runs its step as
+one SPMD program over a (2, 4) mesh that spans both hosts;
+``PipeshardParallel`` runs a stage on host0 and a stage whose (2, 2) mesh
+spans both hosts, the activations and gradients between them moving as one
+XLA program over both meshes."""
 
 from __future__ import annotations
 
@@ -54,6 +57,38 @@ def _one_device_steps(name: str) -> list[Any]:
         state = out[0]
         outs.append(out)
     return outs
+
+
+def test_a_pipeline_stage_spanning_two_hosts_equals_one_device(two_hosts: Any) -> None:
+    """Stage 0 on devices 0-1 (host0), stage 1 on a (2, 2) mesh of devices
+    2-5 (two on each host), stage 2 on devices 6-7 (host1); 2 micro-batches,
+    1F1B, 3 steps. (Runs before the ShardParallel tests, whose executable
+    holds both hosts' devices until the module ends.)"""
+    from pipeshard_fixtures import _example, _step
+
+    state, batch = _example()
+    method = alpa_ir.PipeshardParallel(
+        num_micro_batches=2,
+        stage_option=alpa_ir.ManualStageOption([[0], [1], [2]], [(1, 2), (2, 2), (1, 2)]),
+        backend="ray",
+    )
+    parallel = alpa_ir.parallelize(_step, method=method, donate_argnums=())
+    executable = parallel.get_executable(state, batch)
+    try:
+        runner = executable.remote
+        host0, host1 = (h.name for h in runner.hosts)
+        mesh0, mesh1, mesh2 = executable.stage_mesh_names()
+        assert runner.mesh_hosts() == {mesh0: [host0], mesh1: [host0, host1], mesh2: [host1]}
+        pairs = {(t.src_mesh, t.dst_mesh) for t in executable.program.transfers.values()}
+        assert {(mesh0, mesh1), (mesh1, mesh2), (mesh2, mesh1), (mesh1, mesh0)} <= pairs
+        ours, theirs = state, state
+        for _ in range(STEPS):
+            ours, our_loss = parallel(ours, batch)
+            theirs, loss = jax.jit(_step)(theirs, batch)
+            assert abs(float(our_loss) - float(loss)) <= 1e-5 * max(1.0, abs(float(loss)))
+            assert max_abs_diff(ours, theirs) <= 1e-5
+    finally:
+        executable.close()
 
 
 @pytest.fixture(scope="module")

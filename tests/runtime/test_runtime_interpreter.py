@@ -5,8 +5,6 @@ list is an error, never a hang."""
 
 from __future__ import annotations
 
-import threading
-import time
 from dataclasses import replace
 from typing import Any
 
@@ -26,7 +24,6 @@ from alpa_ir.runtime.interpreter import (
     run_interleaved,
     split_inputs,
 )
-from alpa_ir.runtime.mesh_worker import Inbox
 from alpa_ir.runtime.program import StepProgram, step_program
 
 
@@ -131,31 +128,3 @@ def test_a_receive_without_its_send_is_a_deadlock_error() -> None:
 def test_a_crossing_value_without_transfer_is_an_error() -> None:
     with pytest.raises(AlpaError, match=r"stage0_forward:0.*cross-mesh-resharding"):
         step_program(two_mesh_module(passes=""))
-
-
-def test_a_transfer_that_never_arrives_times_out() -> None:
-    inbox = Inbox()
-    start = time.monotonic()
-    with pytest.raises(AlpaError, match=r"transfer t0 \(micro-batch 1\) did not arrive within"):
-        inbox.take((0, "t0", 1), timeout_s=0.3)
-    assert time.monotonic() - start < 5
-
-
-def test_abort_wakes_a_waiting_receive() -> None:
-    inbox = Inbox()
-    errors: list[str] = []
-
-    def wait() -> None:
-        try:
-            inbox.take((0, "t0", None), timeout_s=60)
-        except AlpaError as err:
-            errors.append(str(err))
-
-    thread = threading.Thread(target=wait)
-    thread.start()
-    inbox.abort("the step was aborted")
-    thread.join(10)
-    assert not thread.is_alive() and errors == ["the step was aborted"]
-    inbox2 = Inbox()
-    inbox2.put((0, "t0", None), ["ref"])
-    assert inbox2.take((0, "t0", None), timeout_s=1) == ["ref"]
