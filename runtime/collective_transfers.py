@@ -90,6 +90,9 @@ class CollectiveTransfer:
     """The element type that moves (a key's data type for PRNG keys)."""
     key_impl: Any = None
     """The PRNG implementation when the value is a key array."""
+    placeholders: dict[int, jax.Array] = dataclasses.field(default_factory=dict, compare=False)
+    """Per destination device, the zeros it enters with (made once; the program
+    never writes its input)."""
 
     def __call__(self, x: jax.Array | None) -> jax.Array | None:
         """Move ``x`` (on the source mesh; None on a process that owns no
@@ -137,7 +140,11 @@ class CollectiveTransfer:
                 if shard.device == device:
                     return shard.data.reshape((1, *self.src_tile))
             raise AlpaError(f"the transfer input has no shard on device {self.union[k]}")
-        return jax.device_put(jnp.zeros((1, *self.src_tile), self.dtype), device)
+        zeros = self.placeholders.get(k)
+        if zeros is None:
+            zeros = jax.device_put(jnp.zeros((1, *self.src_tile), self.dtype), device)
+            self.placeholders[k] = zeros
+        return zeros
 
 
 def _tile_shape(tiles: Mapping[int, Box]) -> tuple[int, ...]:
@@ -187,12 +194,18 @@ def collective_transfer(
     def body(slot: jax.Array) -> jax.Array:
         tile = slot[0]
         me = jax.lax.axis_index(AXIS)
+        if len(steps) == 1 and steps[0][0] == recv_tile == src_tile:
+            # tile to whole tile: one ppermute is the transfer (a device that
+            # receives nothing gets zeros, and its result is not read)
+            return jax.lax.ppermute(slot, AXIS, steps[0][1])
         out = jnp.zeros(recv_tile, slot.dtype)
         for shape, perm, send_at, recv_at, receives in steps:
             piece = jax.lax.dynamic_slice(tile, tuple(jnp.asarray(send_at)[me]), shape)
             got = jax.lax.ppermute(piece, AXIS, perm)
-            placed = jax.lax.dynamic_update_slice(out, got, tuple(jnp.asarray(recv_at)[me]))
-            out = jnp.where(jnp.asarray(receives)[me], placed, out)
+            at = tuple(jnp.asarray(recv_at)[me])
+            # a device that receives nothing this round keeps what is there
+            got = jnp.where(jnp.asarray(receives)[me], got, jax.lax.dynamic_slice(out, at, shape))
+            out = jax.lax.dynamic_update_slice(out, got, at)
         return out[None]
 
     union_mesh = Mesh(np.array([devices[d] for d in union]), (AXIS,))

@@ -56,7 +56,9 @@ class HostWorker:
         """Join the JAX world as process ``process_id``; returns its local devices."""
         import jax
 
-        if os.environ.get("JAX_PLATFORMS", "") == "cpu":  # asking jax would start its backend
+        # between processes on CPU, XLA's collectives need gloo; inside one
+        # process its own are faster (asking jax would start its backend)
+        if num_processes > 1 and os.environ.get("JAX_PLATFORMS", "") == "cpu":
             jax.config.update("jax_cpu_collectives_implementation", "gloo")
         jax.distributed.initialize(coordinator, num_processes=num_processes, process_id=process_id)
         self.process_id = process_id

@@ -16,8 +16,11 @@ All state is Ray's own (``ray.is_initialized()``): nothing is kept here.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import socket
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 from alpa_ir.errors import AlpaError
@@ -152,3 +155,23 @@ def require_ray() -> Any:
             "the ray backend needs a Ray instance: call alpa_ir.init(cluster='ray') first"
         )
     return ray
+
+
+@contextlib.contextmanager
+def local_cluster(hosts: int, devices_per_host: int) -> Iterator[None]:
+    """A Ray cluster of ``hosts`` nodes on this machine (``ray.cluster_utils``,
+    every node on 127.0.0.1), each declaring ``devices_per_host`` CPU devices;
+    joined for the block, then torn down with all its processes."""
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    from ray.cluster_utils import Cluster
+
+    resources = {CPU_DEVICE_RESOURCE: devices_per_host}
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": resources})
+    try:
+        for _ in range(hosts - 1):
+            cluster.add_node(num_cpus=1, resources=resources)
+        start_or_join(cluster.address)
+        yield
+    finally:
+        stop()
+        cluster.shutdown()

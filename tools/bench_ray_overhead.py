@@ -1,9 +1,11 @@
 """Benchmark: what the driver of the ray backend adds to a pipeline step.
 
 Compiles the tiny GPT with ``PipeshardParallel`` (2 stages of 4 CPU devices,
-2 micro-batches) on the ray backend (one actor per mesh, a local Ray
-instance) and on the xla backend (the same instruction lists interpreted in
-this process), runs ``--steps`` timed steps after a warm-up with the
+2 micro-batches) on the ray backend (one host worker per Ray node: with
+``--hosts 2`` two local Ray nodes of 4 devices, one stage on each, every
+transfer an XLA program between the two processes; with ``--hosts 1`` one
+node of 8) and on the xla backend (the same instruction lists interpreted
+in this process), runs ``--steps`` timed steps after a warm-up with the
 timeline recorded, and prints per step: the driver's wall time, the window
 in which the workers executed instructions (first start to last end), the
 number of instructions, and the difference per instruction: what the driver
@@ -45,15 +47,19 @@ def _measure(executable: Any, state: Any, batch: Any, steps: int) -> dict[str, f
     }
 
 
-def bench(steps: int) -> dict[str, dict[str, float]]:
+def bench(steps: int, hosts: int) -> dict[str, dict[str, float]]:
+    import contextlib
+
     import alpa_ir
     from alpa_ir.models import make_train_step
+    from alpa_ir.runtime.ray_cluster import local_cluster
 
     step, (state, batch) = make_train_step("gpt-tiny")
     out = {}
+    stack = contextlib.ExitStack()
     for backend in ("xla", "ray"):
         if backend == "ray":
-            alpa_ir.init(cluster="ray")
+            stack.enter_context(local_cluster(hosts, 8 // hosts))
         method = alpa_ir.PipeshardParallel(
             num_micro_batches=2,
             layer_option=alpa_ir.AutoLayerOption(layer_num=2),
@@ -67,17 +73,23 @@ def bench(steps: int) -> dict[str, dict[str, float]]:
             out[backend] = _measure(executable, state, batch, steps)
         finally:
             executable.close()
-    alpa_ir.shutdown()
+    stack.close()
     return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = OneLineParser(prog="bench_ray_overhead", description=__doc__)
     parser.add_argument("--steps", type=positive_int, default=10, help="timed steps")
+    parser.add_argument(
+        "--hosts", type=int, choices=(1, 2), default=2, help="local Ray nodes (8 devices in all)"
+    )
     args = parser.parse_args(argv)
     os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-    results = bench(args.steps)
-    print(f"tiny GPT, 2 stages x 4 devices, 2 micro-batches (median of {args.steps} steps):")
+    results = bench(args.steps, args.hosts)
+    print(
+        f"tiny GPT, 2 stages x 4 devices, 2 micro-batches, ray on {args.hosts} host(s) "
+        f"(median of {args.steps} steps):"
+    )
     for backend, r in results.items():
         print(
             f"  {backend:4s} step {r['wall'] * 1e3:8.1f} ms, workers busy {r['window'] * 1e3:8.1f} ms,"

@@ -5,10 +5,13 @@ on 127.0.0.1, one device each) it times moving a ``--mib`` MiB float32
 tensor from the first host's device to the second's:
 
 - ``xla-collective``: the two host workers (:class:`~alpa_ir.runtime.host_worker.HostWorker`)
-  in one JAX world run one jitted ``shard_map`` whose ``ppermute`` sends the
-  first process's shard to the second (gloo on CPU; NCCL on GPU);
+  in one JAX world run the pipeline runtime's transfer program
+  (:mod:`alpa_ir.runtime.collective_transfers`: one jitted ``shard_map``
+  whose ``ppermute`` sends the first process's tile to the second; gloo on
+  CPU, NCCL on GPU);
 - ``object-store``: the first worker returns the array as a Ray object and
-  the second fetches it (the path the per-mesh pipeline runtime uses);
+  the second fetches it (the path the per-mesh pipeline runtime took before
+  transfers became XLA programs);
 - ``device-put``: ``jax.device_put`` between two devices of one process (no
   host boundary: the floor).
 
@@ -28,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from alpa_ir.errors import AlpaError
 from alpa_ir.tools.cli_args import OneLineParser, positive_int
 
 
@@ -42,33 +46,34 @@ def _median_seconds(run: Callable[[], Any], repeat: int) -> float:
 
 
 def _collective_program(worker: Any, elements: int) -> str:
-    """Inside a host worker: build the ppermute program and its input."""
+    """Inside a host worker: the pipeline runtime's transfer program
+    (:func:`~alpa_ir.runtime.collective_transfers.collective_transfer`) of a
+    replicated tensor from device 0 (host0) to device 1 (host1), and its input."""
     import jax
     import jax.numpy as jnp
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-    devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
-    mesh = Mesh(np.array(devices), ("hosts",))
-    sharding = NamedSharding(mesh, PartitionSpec("hosts"))
+    from alpa_ir.dialects.sharding import ShardingSpec
+    from alpa_ir.pipeline.cross_mesh import MeshLayout, plan_transfer
+    from alpa_ir.runtime.collective_transfers import collective_transfer
+    from alpa_ir.runtime.host_worker import world_devices
 
-    def move(x: Any) -> Any:
-        return jax.lax.ppermute(x, "hosts", perm=[(0, 1)])
-
-    worker.move = jax.jit(
-        jax.shard_map(
-            move, mesh=mesh, in_specs=PartitionSpec("hosts"), out_specs=PartitionSpec("hosts")
-        ),
-        out_shardings=sharding,
+    whole = ShardingSpec(((),))
+    plan = plan_transfer(
+        (elements,), 4, MeshLayout(whole, (1,), (0,)), MeshLayout(whole, (1,), (1,))
     )
-    worker.x = jax.make_array_from_callback(
-        (2 * elements,), sharding, lambda index: jnp.ones(elements, jnp.float32)
+    worker.move = collective_transfer(
+        plan, dict(enumerate(world_devices())), ("m0",), ("m0",), np.float32
     )
+    worker.x = None
+    if jax.process_index() == 0:
+        worker.x = jax.device_put(jnp.ones(elements, jnp.float32), worker.move.src_sharding)
     return "ready"
 
 
 def _collective_step(worker: Any) -> int:
     out = worker.move(worker.x)
-    out.block_until_ready()
+    if out is not None:
+        out.block_until_ready()
     return 0
 
 
@@ -125,8 +130,12 @@ def bench(mib: int, repeat: int) -> dict[str, float]:
         cluster.shutdown()
     local = jax.devices()
     x = jax.device_put(np.ones(elements, np.float32), local[0])
-    target = local[1] if len(local) > 1 else local[0]
-    put = _median_seconds(lambda: jax.device_put(x, target).block_until_ready(), repeat)
+    if len(local) < 2:
+        raise AlpaError("the device-put floor needs two devices in this process (XLA_FLAGS)")
+    target = local[1]
+    put = _median_seconds(
+        lambda: jax.device_put(x, target, may_alias=False).block_until_ready(), repeat
+    )
     return {
         "xla-collective": nbytes / collective,
         "object-store": nbytes / store,
@@ -140,6 +149,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--mib", type=positive_int, default=64, help="tensor size in MiB")
     parser.add_argument("--repeat", type=positive_int, default=5, help="timed runs per way")
     args = parser.parse_args(argv)
+    # two devices in this process for the device-put floor (before jax starts)
+    os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
     rates = bench(args.mib, args.repeat)
     print(f"moving {args.mib} MiB from one host to another (median of {args.repeat}):")
     for way, rate in rates.items():

@@ -21,7 +21,6 @@ import os
 import re
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -187,7 +186,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         if args.cluster == "ray":
             method = replace(method, backend="ray")
-            stack.enter_context(_local_ray_cluster(args.hosts, args.devices // args.hosts))
+            from alpa_ir.runtime.ray_cluster import local_cluster
+
+            per_host = args.devices // args.hosts
+            stack.enter_context(local_cluster(args.hosts, per_host))
+            print(f"ray: {args.hosts} hosts of {per_host} devices on this machine")
         parallel = alpa_ir.parallelize(step, method=method)
         start = time.perf_counter()
         try:
@@ -225,28 +228,6 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         stack.close()
     return 0
-
-
-@contextlib.contextmanager
-def _local_ray_cluster(hosts: int, devices_per_host: int) -> Iterator[None]:
-    """A Ray cluster of ``hosts`` nodes on this machine (all on 127.0.0.1),
-    each declaring ``devices_per_host`` CPU devices; joined, then torn down."""
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    from ray.cluster_utils import Cluster
-
-    import alpa_ir
-
-    resources = {"alpa_cpu_device": devices_per_host}
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": resources})
-    try:
-        for _ in range(hosts - 1):
-            cluster.add_node(num_cpus=1, resources=resources)
-        alpa_ir.init(cluster="ray", address=cluster.address)
-        print(f"ray: {hosts} hosts of {devices_per_host} devices on this machine")
-        yield
-    finally:
-        alpa_ir.shutdown()
-        cluster.shutdown()
 
 
 def _stage_hosts(executable: Any) -> str:
