@@ -18,7 +18,6 @@ dies or fails stops all of them with an error naming the host.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -30,44 +29,10 @@ from alpa_ir.frontend.module_trees import tree_texts
 from alpa_ir.hardware.device_mesh import function_mesh
 from alpa_ir.ir.module_utils import main_function
 from alpa_ir.runtime.host_worker import HostProgram, HostWorker
-from alpa_ir.runtime.ray_cluster import CPU_DEVICE_RESOURCE, require_ray
+from alpa_ir.runtime.ray_cluster import Host, cluster_hosts, require_ray
 
 DEFAULT_STEP_TIMEOUT_S = 300.0
 DEFAULT_START_TIMEOUT_S = 120.0
-
-
-@dataclass(frozen=True)
-class Host:
-    """A Ray node that offers devices."""
-
-    name: str
-    node_id: str
-    address: str
-    resource: str
-    num_devices: int
-
-
-def cluster_hosts() -> list[Host]:
-    """The alive Ray nodes that offer devices, by address (then node id)."""
-    ray = require_ray()
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
-    found = []  # (address, node id, resource, devices)
-    # a cluster that declares no devices offers its CPUs, one device each
-    for kinds in ((CPU_DEVICE_RESOURCE, "GPU"), ("CPU",)):
-        for node in nodes:
-            resources = node.get("Resources", {})
-            for resource in kinds:
-                count = int(resources.get(resource, 0))
-                if count:
-                    address = node.get("NodeManagerAddress", "?")
-                    found.append((address, node["NodeID"], resource, count))
-                    break
-        if found:
-            break
-    return [
-        Host(f"host{k} ({address})", node_id, address, resource, count)
-        for k, (address, node_id, resource, count) in enumerate(sorted(found))
-    ]
 
 
 def compile_host_program(

@@ -21,6 +21,7 @@ import os
 import socket
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from alpa_ir.errors import AlpaError
@@ -175,3 +176,80 @@ def local_cluster(hosts: int, devices_per_host: int) -> Iterator[None]:
     finally:
         stop()
         cluster.shutdown()
+
+
+@dataclass(frozen=True)
+class Host:
+    """A Ray node that offers devices."""
+
+    name: str
+    node_id: str
+    address: str
+    resource: str
+    num_devices: int
+
+
+def cluster_hosts() -> list[Host]:
+    """The alive Ray nodes that offer devices, by address (then node id)."""
+    ray = require_ray()
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    found = []  # (address, node id, resource, devices)
+    # a cluster that declares no devices offers its CPUs, one device each
+    for kinds in ((CPU_DEVICE_RESOURCE, "GPU"), ("CPU",)):
+        for node in nodes:
+            resources = node.get("Resources", {})
+            for resource in kinds:
+                count = int(resources.get(resource, 0))
+                if count:
+                    address = node.get("NodeManagerAddress", "?")
+                    found.append((address, node["NodeID"], resource, count))
+                    break
+        if found:
+            break
+    return [
+        Host(f"host{k} ({address})", node_id, address, resource, count)
+        for k, (address, node_id, resource, count) in enumerate(sorted(found))
+    ]
+
+
+@dataclass(frozen=True)
+class HostLink:
+    """The link between two hosts: bytes/s one way and seconds per message."""
+
+    bandwidth: float
+    latency: float
+    probed: bool
+    """Measured by :func:`alpa_ir.runtime.link_probe.probe_hosts`, else a default."""
+
+
+DEFAULT_LINKS = {
+    CPU_DEVICE_RESOURCE: HostLink(0.8e9, 1e-4, False),
+    "CPU": HostLink(0.8e9, 1e-4, False),
+    "GPU": HostLink(25e9, 5e-6, False),
+}
+"""Without a probe: CPU hosts as measured between two local Ray nodes with
+gloo (about 0.8 GB/s), GPU hosts as a 200 Gb/s InfiniBand link."""
+_LINK_KEY = b"alpa_ir/host_link"
+
+
+def record_link(link: HostLink) -> None:
+    """Keep the probed link in the connected cluster's key-value store (Ray's
+    own state, which Ray's libraries use the same way; nothing kept here)."""
+    from ray.experimental import internal_kv
+
+    require_ray()
+    internal_kv._internal_kv_put(
+        _LINK_KEY, f"{link.bandwidth} {link.latency}".encode(), overwrite=True
+    )
+
+
+def host_link(resource: str) -> HostLink:
+    """The probed link of the connected cluster, else the default for its devices."""
+    from ray.experimental import internal_kv
+
+    require_ray()
+    value = internal_kv._internal_kv_get(_LINK_KEY)
+    if value:
+        bandwidth, latency = (float(x) for x in value.decode().split())
+        return HostLink(bandwidth, latency, True)
+    return DEFAULT_LINKS.get(resource, DEFAULT_LINKS["CPU"])

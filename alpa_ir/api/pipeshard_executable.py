@@ -322,6 +322,29 @@ def _stage_pass(method: PipeshardParallel, num_layers: int, devices: tuple[int, 
     )
 
 
+def _planning_cluster(method: PipeshardParallel, num_devices: int) -> Any:
+    """The cluster automatic stages plan on: the devices the plan may use as
+    one node; on the ray backend with several hosts of equal devices, those
+    hosts joined by their link (probed at ``init``, else a default), so
+    ``(1, 2^m)`` submeshes stay inside a host and ``(n, M)`` ones span hosts."""
+    from alpa_ir.hardware.clusters import local_cpu
+
+    node = local_cpu().one_node(num_devices)
+    if method.backend != "ray":
+        return node
+    from alpa_ir.runtime.ray_cluster import cluster_hosts, host_link
+
+    hosts = cluster_hosts()
+    per_host = {h.num_devices for h in hosts}
+    if len(hosts) < 2 or len(per_host) != 1:
+        return node
+    (m,) = per_host
+    if num_devices % m:
+        return node
+    link = host_link(hosts[0].resource)
+    return local_cpu().one_node(m).across_hosts(num_devices // m, link.bandwidth, link.latency)
+
+
 def compile_pipeshard(
     fn: Callable[..., Any],
     args: tuple[Any, ...],
@@ -352,9 +375,7 @@ def compile_pipeshard(
     module = imported.module
     main = main_function(module)
     if isinstance(method.stage_option, AutoStageOption):  # what construct-stages plans on
-        from alpa_ir.hardware.clusters import local_cpu
-
-        cluster = local_cpu().one_node(len(devices))  # the devices the plan may use
+        cluster = _planning_cluster(method, len(devices))
         module.body.block.insert_op_before(cluster.to_op(), main)
     input_module = module.clone()
     num_inputs = len(main.args)

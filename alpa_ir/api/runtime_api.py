@@ -5,9 +5,12 @@
 - ``init(cluster="ray")``: start a local Ray instance (no dashboard) with
   ``num_devices`` CPU devices (default: as many as this process's JAX sees),
   or ``init(cluster="ray", address="host:port")`` to join a running cluster.
-  Modules then run with ``backend="ray"``: one Ray actor per mesh. An address
-  that does not answer is an :class:`~alpa_ir.errors.AlpaError` within
-  ``timeout_s``.
+  Modules then run with ``backend="ray"``: one Ray actor per host, a mesh
+  may span hosts. An address that does not answer is an
+  :class:`~alpa_ir.errors.AlpaError` within ``timeout_s``. With
+  ``probe=True`` (a cluster of two hosts or more) the link between hosts
+  is measured once (a few seconds) and automatic pipeline stages plan with
+  its α/β; otherwise with a default for the hosts' devices.
 - ``shutdown()``: leave Ray; a local instance stops with all its processes.
 
 Both are idempotent.
@@ -26,17 +29,22 @@ def init(
     address: str | None = None,
     num_devices: int | None = None,
     timeout_s: float = 30.0,
+    probe: bool = False,
 ) -> None:
     """Prepare the runtime for ``cluster`` (see the module doc)."""
     if cluster == "local":
-        if address is not None:
-            raise AlpaError("address is an option of cluster='ray'")
+        if address is not None or probe:
+            raise AlpaError("address and probe are options of cluster='ray'")
         return
     if cluster != "ray":
         raise AlpaError(f"unknown cluster '{cluster}'; expected 'local' or 'ray'")
     from alpa_ir.runtime.ray_cluster import start_or_join
 
     start_or_join(address, num_devices, timeout_s)
+    if probe:
+        from alpa_ir.backends.ray_link_probe import probe_hosts
+
+        probe_hosts()
 
 
 def shutdown() -> None:

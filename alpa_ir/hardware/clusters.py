@@ -130,6 +130,12 @@ class Cluster:
         inner = self.levels[-1]
         return replace(self, levels=(replace(inner, cardinality=num_devices),))
 
+    def across_hosts(self, hosts: int, bandwidth: float, latency: float) -> Cluster:
+        """``hosts`` copies of this cluster joined by one more, outermost level
+        (``host``: one shared link per host, of ``bandwidth`` and ``latency``)."""
+        level = ClusterLevel("host", hosts, bandwidth, latency, shared=True)
+        return replace(self, levels=(level, *self.levels))
+
     @property
     def num_nodes(self) -> int:
         """``N``: the product of the outer levels' cardinalities."""

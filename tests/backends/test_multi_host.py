@@ -59,6 +59,48 @@ def _one_device_steps(name: str) -> list[Any]:
     return outs
 
 
+def test_the_probe_measures_the_link_between_hosts(two_hosts: Any) -> None:
+    """Runs first: the probe's workers hold both hosts' devices while it runs."""
+    from alpa_ir.backends.ray_link_probe import probe_hosts
+    from alpa_ir.runtime.ray_cluster import host_link
+
+    assert not host_link("alpa_cpu_device").probed  # the default until probed
+    link = probe_hosts()
+    assert link.probed and link.bandwidth > 1e6 and 0 < link.latency < 1.0
+    assert host_link("alpa_cpu_device") == link  # kept in the cluster, found again
+
+
+def test_automatic_stages_plan_on_the_ray_hosts(two_hosts: Any) -> None:
+    """AutoStageOption on the ray backend plans on 2 hosts of 4 devices joined
+    by the probed link: every stage mesh lies inside a host or spans whole hosts."""
+    from pipeshard_fixtures import _example, _step
+
+    from alpa_ir.dialects.mesh import ClusterOp
+    from alpa_ir.ir.module_utils import top_level_ops
+
+    state, batch = _example()
+    method = alpa_ir.PipeshardParallel(num_micro_batches=2, stage_option="auto", backend="ray")
+    parallel = alpa_ir.parallelize(_step, method=method, donate_argnums=())
+    executable = parallel.get_executable(state, batch)
+    try:
+        (cluster,) = top_level_ops(executable.input_module, ClusterOp)
+        assert [(lv.level_name.data, lv.size.data) for lv in cluster.levels.data] == [
+            ("host", 2),
+            ("device", 4),
+        ]
+        hosts_of = executable.remote.mesh_hosts()
+        for info in executable.program.meshes.values():
+            spans = {d // 4 for d in info.device_ids}
+            assert len(spans) == 1 or len(info.device_ids) == 4 * len(spans)
+            assert len(hosts_of[info.name]) == len(spans)
+        ours, our_loss = parallel(state, batch)
+        theirs, loss = jax.jit(_step)(state, batch)
+        assert abs(float(our_loss) - float(loss)) <= 1e-5 * max(1.0, abs(float(loss)))
+        assert max_abs_diff(ours, theirs) <= 1e-5
+    finally:
+        executable.close()
+
+
 def test_a_pipeline_stage_spanning_two_hosts_equals_one_device(two_hosts: Any) -> None:
     """Stage 0 on devices 0-1 (host0), stage 1 on a (2, 2) mesh of devices
     2-5 (two on each host), stage 2 on devices 6-7 (host1); 2 micro-batches,
