@@ -21,6 +21,7 @@ fails stops all of them with an error naming its host.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -91,9 +92,9 @@ class RayHostsPipelineExecutable(RayHostGroup):
     def mesh_hosts(self) -> dict[str, list[str]]:
         """The hosts that run each mesh."""
         out: dict[str, list[str]] = {m: [] for m in self.program.meshes}
-        for host, meshes in self.meshes_of.items():
-            for mesh in meshes:
-                out[mesh].append(host)
+        for host in self.hosts:  # in host order
+            for mesh in self.meshes_of[host.name]:
+                out[mesh].append(host.name)
         return out
 
     def __call__(self, *args: Any) -> Any:
@@ -127,3 +128,29 @@ class RayHostsPipelineExecutable(RayHostGroup):
             self.events = events
         values = {v: assemble_shards(parts) for v, parts in shards.items()}
         return gather_outputs(self.program, host, values)
+
+    def save_checkpoint(
+        self, path: Any, state: Any, step: int | None, overwrite: bool, save: Any
+    ) -> Path:
+        """Every host writes ``state`` with ``save`` (orbax: each process its
+        own shards), the arrays split over all the hosts' devices."""
+        import jax
+
+        self.check_usable()
+        leaves, treedef = jax.tree.flatten(state)
+        sent = []
+        for leaf in leaves:
+            if jax.dtypes.issubdtype(getattr(leaf, "dtype", None), jax.dtypes.prng_key):
+                data = np.asarray(jax.random.key_data(leaf))
+                sent.append(("key", data, str(jax.random.key_impl(leaf))))
+            elif isinstance(leaf, jax.Array | np.ndarray):
+                sent.append(np.asarray(leaf))
+            else:
+                sent.append(leaf)
+        where = str(Path(path).resolve())
+        refs = {
+            name: w.save_checkpoint.remote(where, treedef, sent, step, overwrite, save)
+            for name, w in self.workers.items()
+        }
+        self.wait(refs, self.step_timeout_s, "write its shards of the checkpoint")
+        return Path(path)

@@ -27,6 +27,7 @@ value's element type.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -45,8 +46,15 @@ from alpa_ir.runtime.program import StepProgram, Transfer
 
 Step = tuple[str, int]
 """One instruction of the global order: (mesh, index in the mesh's list)."""
-Shards = list[tuple[tuple[tuple[int, int], ...], np.ndarray]]
-"""The shards of an output one host holds: (box of global indices, data)."""
+
+
+@dataclass(frozen=True)
+class Shards:
+    """The shards of an output one host holds: (box of global indices, data)
+    pairs; a PRNG key array's are its key data, with the key implementation."""
+
+    pieces: list[tuple[tuple[tuple[int, int], ...], np.ndarray]]
+    key_impl: str | None = None
 
 
 def global_order(program: StepProgram) -> tuple[Step, ...]:
@@ -185,7 +193,9 @@ class HostPipeline:
 
 def local_shards(array: Any) -> Shards:
     """This process's shards of ``array`` (one per distinct box), as numpy."""
+    key_impl = None
     if jnp.issubdtype(array.dtype, jax.dtypes.prng_key):
+        key_impl = str(jax.random.key_impl(array))
         array = jax.random.key_data(array)
     seen: dict[tuple[tuple[int, int], ...], np.ndarray] = {}
     for shard in array.addressable_shards:
@@ -195,12 +205,12 @@ def local_shards(array: Any) -> Shards:
         )
         if box not in seen:
             seen[box] = np.asarray(shard.data)
-    return list(seen.items())
+    return Shards(list(seen.items()), key_impl)
 
 
-def assemble_shards(parts: Sequence[Shards]) -> np.ndarray:
-    """The whole array from the shards the hosts hold."""
-    pieces = [p for shards in parts for p in shards]
+def assemble_shards(parts: Sequence[Shards]) -> Any:
+    """The whole array from the shards the hosts hold (a key array for keys)."""
+    pieces = [p for shards in parts for p in shards.pieces]
     if not pieces:
         raise AlpaError("no host returned a shard of an output")
     rank = len(pieces[0][0])
@@ -208,4 +218,6 @@ def assemble_shards(parts: Sequence[Shards]) -> np.ndarray:
     out = np.empty(shape, pieces[0][1].dtype)
     for box, data in pieces:
         out[tuple(slice(lo, hi) for lo, hi in box)] = data
+    if parts[0].key_impl is not None:
+        return jax.random.wrap_key_data(out, impl=parts[0].key_impl)
     return out

@@ -113,6 +113,24 @@ class HostWorker:
             raise AlpaError(f"host worker {self.host} has no pipeline; load one first")
         return self.pipeline.run(inputs, record)
 
+    def save_checkpoint(
+        self,
+        path: str,
+        treedef: Any,
+        leaves: Sequence[Any],
+        step: int | None,
+        overwrite: bool,
+        save: Callable[..., Any],
+    ) -> str:
+        """Write the state with every host of the world, each array split over
+        the world's devices (:func:`world_placed`), this host holding its
+        devices' shards; ``save`` is the checkpoint writer (orbax: each
+        process writes its own shards)."""
+        import jax
+
+        state = jax.tree.unflatten(treedef, [world_placed(x) for x in leaves])
+        return str(save(path, state, step, overwrite=overwrite))
+
     def run_step(self, flat: Sequence[np.ndarray]) -> list[np.ndarray] | None:
         """One call of the program on the whole inputs; the whole outputs on
         worker 0, None on the others."""
@@ -139,3 +157,28 @@ def world_devices() -> list[Any]:
     import jax
 
     return sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
+
+
+def world_placed(leaf: Any) -> Any:
+    """A numpy leaf as a global array over every device of the world, split
+    along its largest dimension they divide (else whole); a key arrives as
+    ``("key", data, impl)``; other leaves stay as they are."""
+    import jax
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    impl = None
+    if isinstance(leaf, tuple) and len(leaf) == 3 and leaf[0] == "key":
+        _, leaf, impl = leaf
+    if not isinstance(leaf, np.ndarray):
+        return leaf
+    devices = world_devices()
+    mesh = Mesh(np.array(devices, dtype=object), ("world",))
+    dims = [d for d in np.argsort(leaf.shape)[::-1] if leaf.shape[d] % len(devices) == 0]
+    spec = [None] * leaf.ndim
+    if dims and leaf.shape[dims[0]] > 0:
+        spec[dims[0]] = "world"
+    array = jax.make_array_from_callback(
+        leaf.shape, NamedSharding(mesh, PartitionSpec(*spec)), lambda index: leaf[index],
+        dtype=leaf.dtype,
+    )  # fmt: skip
+    return array if impl is None else jax.random.wrap_key_data(array, impl=impl)

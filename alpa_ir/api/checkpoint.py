@@ -128,8 +128,11 @@ def checksum(value: Any) -> int:
         if jax.process_count() > 1:
             from jax.experimental import multihost_utils
 
-            parts = multihost_utils.process_allgather(np.array([total], np.uint64))
-            total = int(np.asarray(parts, dtype=np.uint64).sum(dtype=np.uint64))
+            # as two 32-bit halves: without x64, JAX would cut a uint64 to 32 bits
+            halves = np.array([total >> 32, total & 0xFFFFFFFF], np.uint32)
+            parts = np.asarray(multihost_utils.process_allgather(halves), np.uint64).reshape(-1, 2)
+            with np.errstate(over="ignore"):
+                total = int(((parts[:, 0] << np.uint64(32)) | parts[:, 1]).sum(dtype=np.uint64))
         return total & _MASK
     data = np.asarray(value)
     return _block_sum(data, tuple(slice(0, n) for n in data.shape), tuple(data.shape)) & _MASK
@@ -159,12 +162,26 @@ def _leaf_paths(state: Any) -> list[str]:
 
 
 def save_checkpoint(
-    path: str | os.PathLike[str], state: Any, step: int | None = None, *, overwrite: bool = False
+    path: str | os.PathLike[str],
+    state: Any,
+    step: int | None = None,
+    *,
+    overwrite: bool = False,
+    on: Any = None,
 ) -> Path:
     """Write ``state`` (any pytree of arrays, sharded in any way, on any number
     of processes) to the checkpoint directory ``path``; ``step`` is recorded.
     A path that already holds a checkpoint is an error unless ``overwrite``.
-    Returns the directory."""
+    With ``on`` (a pipeline executable on the ray backend) its hosts write it
+    together, each the shards its devices hold: every array is split over
+    all the hosts' devices for writing (along its largest dimension they
+    divide, else kept whole) and the path must be on a file system every
+    host sees. Returns the directory."""
+    remote = getattr(on, "remote", None)
+    if remote is not None and hasattr(remote, "save_checkpoint"):
+        return remote.save_checkpoint(  # type: ignore[no-any-return]
+            path, state, step, overwrite, save_checkpoint
+        )
     where = Path(path)
     if where.exists() and not where.is_dir():
         raise AlpaError(f"checkpoint path {where} exists and is not a directory")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -101,10 +102,12 @@ def test_automatic_stages_plan_on_the_ray_hosts(two_hosts: Any) -> None:
         executable.close()
 
 
-def test_a_pipeline_stage_spanning_two_hosts_equals_one_device(two_hosts: Any) -> None:
+def test_a_pipeline_stage_spanning_two_hosts_equals_one_device(
+    two_hosts: Any, tmp_path: Path
+) -> None:
     """Stage 0 on devices 0-1 (host0), stage 1 on a (2, 2) mesh of devices
     2-5 (two on each host), stage 2 on devices 6-7 (host1); 2 micro-batches,
-    1F1B, 3 steps. (Runs before the ShardParallel tests, whose executable
+    1F1B, 3 steps; then checkpoints across hosts. (Runs before the ShardParallel tests, whose executable
     holds both hosts' devices until the module ends.)"""
     from pipeshard_fixtures import _example, _step
 
@@ -129,8 +132,31 @@ def test_a_pipeline_stage_spanning_two_hosts_equals_one_device(two_hosts: Any) -
             theirs, loss = jax.jit(_step)(theirs, batch)
             assert abs(float(our_loss) - float(loss)) <= 1e-5 * max(1.0, abs(float(loss)))
             assert max_abs_diff(ours, theirs) <= 1e-5
+        _checkpoints_across_hosts(parallel, executable, ours, batch, tmp_path)
     finally:
         executable.close()
+
+
+def _checkpoints_across_hosts(
+    parallel: Any, executable: Any, state: Any, batch: Any, tmp_path: Path
+) -> None:
+    """Saved by both hosts under the pipeline plan, restored in this one
+    process; saved by this process, restored for the pipeline plan (placed
+    as its stages read the state), whose next step equals one device's."""
+    from pipeshard_fixtures import _step
+
+    saved = alpa_ir.save_checkpoint(tmp_path / "hosts", state, step=3, on=executable)
+    written = {p.name for p in saved.rglob("ocdbt.process_*")}
+    assert {"ocdbt.process_0", "ocdbt.process_1"} <= written, written  # each host its shards
+    back = alpa_ir.restore_checkpoint(saved, target=state)
+    assert max_abs_diff(back, state) == 0
+    alpa_ir.save_checkpoint(tmp_path / "one", state, step=3)
+    placed = alpa_ir.restore_checkpoint(tmp_path / "one", target=executable)
+    assert max_abs_diff(placed, state) == 0
+    ours, our_loss = parallel(placed, batch)
+    theirs, loss = jax.jit(_step)(state, batch)
+    assert abs(float(our_loss) - float(loss)) <= 1e-5 * max(1.0, abs(float(loss)))
+    assert max_abs_diff(ours, theirs) <= 1e-5
 
 
 @pytest.fixture(scope="module")

@@ -28,6 +28,7 @@ from alpa_ir.pipeline.instructions import Instruction
 from alpa_ir.runtime.collective_transfers import collective_transfer, pack_rounds
 from alpa_ir.runtime.host_pipeline import (
     HostPipeline,
+    Shards,
     assemble_shards,
     global_order,
     local_shards,
@@ -167,8 +168,19 @@ def test_shards_assemble_into_the_array() -> None:
     x = np.arange(24, dtype=np.float32).reshape(4, 6)
     layout = MeshLayout(spec("S0,S1"), (2, 2), (0, 1, 2, 3))
     array = jax.device_put(x, layout_sharding(layout))
-    half = local_shards(array)
-    assert len(half) == 4
-    np.testing.assert_array_equal(assemble_shards([half[:2], half[2:]]), x)
+    pieces = local_shards(array).pieces
+    assert len(pieces) == 4
+    halves = [Shards(pieces[:2]), Shards(pieces[2:])]
+    np.testing.assert_array_equal(assemble_shards(halves), x)
     replicated = jax.device_put(x, layout_sharding(MeshLayout(spec("R,R"), (1, 2), (0, 1))))
-    assert len(local_shards(replicated)) == 1  # one copy of each box
+    assert len(local_shards(replicated).pieces) == 1  # one copy of each box
+    keys = jax.random.split(jax.random.key(1), 4)
+    back = assemble_shards(
+        [
+            local_shards(
+                jax.device_put(keys, layout_sharding(MeshLayout(spec("S0"), (1, 2), (0, 1))))
+            )
+        ]
+    )
+    assert back.dtype == keys.dtype
+    np.testing.assert_array_equal(jax.random.key_data(back), jax.random.key_data(keys))
