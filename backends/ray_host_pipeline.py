@@ -21,7 +21,6 @@ fails stops all of them with an error naming its host.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -35,17 +34,21 @@ from alpa_ir.backends.ray_hosts import (
 from alpa_ir.errors import AlpaError
 from alpa_ir.frontend.module_trees import tree_texts
 from alpa_ir.ir.module_utils import main_function
-from alpa_ir.runtime.host_pipeline import assemble_shards, global_order
+from alpa_ir.runtime.host_pipeline import KeyData, assemble_shards, global_order
 from alpa_ir.runtime.interpreter import gather_outputs, split_inputs
 from alpa_ir.runtime.program import StepProgram, step_program
 from alpa_ir.runtime.ray_cluster import require_ray
 
 
-def check_batch(program: StepProgram, host: list[np.ndarray]) -> None:
+def check_batch(program: StepProgram, host: list[Any]) -> None:
     """An error naming the argument whose batch does not split into micro-batches."""
     b = program.num_micro_batches
     for k in sorted(program.batch_args):
-        if b > 1 and (host[k].ndim == 0 or host[k].shape[0] % b):
+        if (
+            b > 1
+            and isinstance(host[k], np.ndarray)
+            and (host[k].ndim == 0 or host[k].shape[0] % b)
+        ):
             raise AlpaError(
                 f"argument {k} has shape {list(host[k].shape)}: its batch dimension must "
                 f"split into {b} micro-batches"
@@ -106,7 +109,7 @@ class RayHostsPipelineExecutable(RayHostGroup):
         self.check_usable()
         if len(flat) != self.program.num_inputs:
             raise AlpaError(f"the step takes {self.program.num_inputs} arrays, got {len(flat)}")
-        host = [np.asarray(x) for x in flat]
+        host = [KeyData.of(x) for x in flat]
         check_batch(self.program, host)
         inputs = {m: split_inputs(self.program, host, m) for m in self.program.meshes}
         refs = {
@@ -127,30 +130,18 @@ class RayHostsPipelineExecutable(RayHostGroup):
         if self.record_events:
             self.events = events
         values = {v: assemble_shards(parts) for v, parts in shards.items()}
-        return gather_outputs(self.program, host, values)
+        return gather_outputs(
+            self.program, flat, values
+        )  # an argument returned as the caller gave it
 
-    def save_checkpoint(
-        self, path: Any, state: Any, step: int | None, overwrite: bool, save: Any
-    ) -> Path:
-        """Every host writes ``state`` with ``save`` (orbax: each process its
-        own shards), the arrays split over all the hosts' devices."""
-        import jax
-
+    def write_checkpoint(
+        self, path: str, number: int, arrays: dict[str, Any], manifest: Any, write: Any
+    ) -> None:
+        """Every host writes the checkpoint's ``arrays`` (numpy, split over all
+        the hosts' devices) with ``write`` (orbax: each process its own shards)."""
         self.check_usable()
-        leaves, treedef = jax.tree.flatten(state)
-        sent = []
-        for leaf in leaves:
-            if jax.dtypes.issubdtype(getattr(leaf, "dtype", None), jax.dtypes.prng_key):
-                data = np.asarray(jax.random.key_data(leaf))
-                sent.append(("key", data, str(jax.random.key_impl(leaf))))
-            elif isinstance(leaf, jax.Array | np.ndarray):
-                sent.append(np.asarray(leaf))
-            else:
-                sent.append(leaf)
-        where = str(Path(path).resolve())
         refs = {
-            name: w.save_checkpoint.remote(where, treedef, sent, step, overwrite, save)
+            name: w.write_checkpoint.remote(path, number, arrays, manifest, write)
             for name, w in self.workers.items()
         }
         self.wait(refs, self.step_timeout_s, "write its shards of the checkpoint")
-        return Path(path)

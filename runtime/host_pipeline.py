@@ -49,6 +49,25 @@ Step = tuple[str, int]
 
 
 @dataclass(frozen=True)
+class KeyData:
+    """A PRNG key array on its way to a host: its key data and implementation
+    (a key array has no numpy form)."""
+
+    data: np.ndarray
+    impl: str
+
+    @staticmethod
+    def of(value: Any) -> Any:
+        """``value`` as numpy, or as KeyData when it is a key array."""
+        if jnp.issubdtype(getattr(value, "dtype", np.float32), jax.dtypes.prng_key):
+            return KeyData(np.asarray(jax.random.key_data(value)), str(jax.random.key_impl(value)))
+        return np.asarray(value)
+
+    def key(self) -> Any:
+        return jax.random.wrap_key_data(self.data, impl=self.impl)
+
+
+@dataclass(frozen=True)
 class Shards:
     """The shards of an output one host holds: (box of global indices, data)
     pairs; a PRNG key array's are its key data, with the key implementation."""
@@ -170,7 +189,8 @@ class HostPipeline:
         """One step; the shards this host holds of each output of its meshes,
         and (``record``) when each of its instructions ran."""
         for mesh, it in self.interpreters.items():
-            it.start(inputs.get(mesh, {}))
+            given = inputs.get(mesh, {})
+            it.start({k: v.key() if isinstance(v, KeyData) else v for k, v in given.items()})
             it.events = [] if record else None
         for mesh, index in self.order:
             ins = self.program.instructions[mesh][index]

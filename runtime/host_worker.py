@@ -113,23 +113,19 @@ class HostWorker:
             raise AlpaError(f"host worker {self.host} has no pipeline; load one first")
         return self.pipeline.run(inputs, record)
 
-    def save_checkpoint(
+    def write_checkpoint(
         self,
         path: str,
-        treedef: Any,
-        leaves: Sequence[Any],
-        step: int | None,
-        overwrite: bool,
-        save: Callable[..., Any],
-    ) -> str:
-        """Write the state with every host of the world, each array split over
-        the world's devices (:func:`world_placed`), this host holding its
-        devices' shards; ``save`` is the checkpoint writer (orbax: each
+        number: int,
+        arrays: dict[str, np.ndarray],
+        manifest: Any,
+        write: Callable[..., Any],
+    ) -> None:
+        """Write a checkpoint with every host of the world, each array split
+        over the world's devices (:func:`world_placed`), this host holding its
+        devices' shards; ``write`` is the checkpoint writer (orbax: each
         process writes its own shards)."""
-        import jax
-
-        state = jax.tree.unflatten(treedef, [world_placed(x) for x in leaves])
-        return str(save(path, state, step, overwrite=overwrite))
+        write(path, number, {k: world_placed(v) for k, v in arrays.items()}, manifest)
 
     def run_step(self, flat: Sequence[np.ndarray]) -> list[np.ndarray] | None:
         """One call of the program on the whole inputs; the whole outputs on
@@ -159,18 +155,12 @@ def world_devices() -> list[Any]:
     return sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
 
 
-def world_placed(leaf: Any) -> Any:
-    """A numpy leaf as a global array over every device of the world, split
-    along its largest dimension they divide (else whole); a key arrives as
-    ``("key", data, impl)``; other leaves stay as they are."""
+def world_placed(leaf: np.ndarray) -> Any:
+    """A numpy array as a global array over every device of the world, split
+    along its largest dimension they divide (else whole)."""
     import jax
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-    impl = None
-    if isinstance(leaf, tuple) and len(leaf) == 3 and leaf[0] == "key":
-        _, leaf, impl = leaf
-    if not isinstance(leaf, np.ndarray):
-        return leaf
     devices = world_devices()
     mesh = Mesh(np.array(devices, dtype=object), ("world",))
     dims = [d for d in np.argsort(leaf.shape)[::-1] if leaf.shape[d] % len(devices) == 0]
@@ -181,4 +171,4 @@ def world_placed(leaf: Any) -> Any:
         leaf.shape, NamedSharding(mesh, PartitionSpec(*spec)), lambda index: leaf[index],
         dtype=leaf.dtype,
     )  # fmt: skip
-    return array if impl is None else jax.random.wrap_key_data(array, impl=impl)
+    return array

@@ -342,6 +342,11 @@ API_CASES: list[tuple[str, Callable[[Path], Any], str]] = [
         lambda t: alpa_ir.init(cluster="local", address="1.2.3.4:6379"),
         "address is an option of cluster='ray'",
     ),
+    (
+        "init-local-probe",
+        lambda t: alpa_ir.init(cluster="local", probe=True),
+        "probe is an option of cluster='ray'",
+    ),
     ("checkpoint-path-is-a-file", _save_to_a_file, "exists and is not a directory"),
     (
         "checkpoint-negative-step",

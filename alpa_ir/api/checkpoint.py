@@ -177,11 +177,6 @@ def save_checkpoint(
     all the hosts' devices for writing (along its largest dimension they
     divide, else kept whole) and the path must be on a file system every
     host sees. Returns the directory."""
-    remote = getattr(on, "remote", None)
-    if remote is not None and hasattr(remote, "save_checkpoint"):
-        return remote.save_checkpoint(  # type: ignore[no-any-return]
-            path, state, step, overwrite, save_checkpoint
-        )
     where = Path(path)
     if where.exists() and not where.is_dir():
         raise AlpaError(f"checkpoint path {where} exists and is not a directory")
@@ -238,11 +233,26 @@ def save_checkpoint(
         "treedef": encode_treedef(treedef, statics),
         "leaves": entries,
     }
-    ocp = _orbax()
-    manager = _manager(where, create=True)
     number = step if step is not None else (latest + 1 if latest is not None else 0)
     if latest is not None and number <= latest:
         number = latest + 1  # orbax keeps steps increasing; the manifest has the user's
+    remote = getattr(on, "remote", None)
+    if remote is not None and hasattr(remote, "write_checkpoint"):
+        hosts = {k: np.asarray(v) for k, v in arrays.items()}
+        remote.write_checkpoint(str(where.resolve()), number, hosts, manifest, write_checkpoint)
+        return where
+    write_checkpoint(str(where), number, arrays, manifest)
+    return where
+
+
+def write_checkpoint(
+    path: str, number: int, arrays: dict[str, Any], manifest: dict[str, Any]
+) -> None:
+    """Write one orbax step of ``arrays`` and ``manifest`` (every process of
+    the JAX world calls it; each writes the shards it holds)."""
+    where = Path(path)
+    ocp = _orbax()
+    manager = _manager(where, create=True)
     try:
         manager.save(
             number,
@@ -256,7 +266,6 @@ def save_checkpoint(
         raise AlpaError(f"cannot save checkpoint {where}: {_one_line(err)}") from None
     finally:
         manager.close()
-    return where
 
 
 # --------------------------------------------------------------------------- restore

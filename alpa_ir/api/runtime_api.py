@@ -33,8 +33,10 @@ def init(
 ) -> None:
     """Prepare the runtime for ``cluster`` (see the module doc)."""
     if cluster == "local":
-        if address is not None or probe:
-            raise AlpaError("address and probe are options of cluster='ray'")
+        if address is not None:
+            raise AlpaError("address is an option of cluster='ray'")
+        if probe:
+            raise AlpaError("probe is an option of cluster='ray'")
         return
     if cluster != "ray":
         raise AlpaError(f"unknown cluster '{cluster}'; expected 'local' or 'ray'")

@@ -290,3 +290,56 @@ def test_shutdown_leaves_no_process_behind(cluster: None) -> None:
     _gone, alive = psutil.wait_procs(before, timeout=15)
     assert alive == [], [" ".join(p.cmdline())[:80] for p in alive]
     assert not ray.is_initialized()
+
+
+def _dropout_step(state: dict[str, Any], batch: dict[str, Any]) -> Any:
+    key, sub = jax.random.split(state["key"])
+
+    def loss(p: dict[str, Any]) -> Any:
+        h = jax.numpy.tanh(batch["x"] @ p["w0"])
+        alpa_ir.mark_pipeline_boundary()
+        keep = jax.random.bernoulli(sub, 0.8, h.shape)
+        h = jax.numpy.where(keep, h / 0.8, 0.0)
+        return jax.numpy.mean((h @ p["w1"] - batch["y"]) ** 2)
+
+    value, grads = jax.value_and_grad(loss)(state["p"])
+    p = jax.tree.map(lambda w, g: w - 0.1 * g, state["p"], grads)
+    return {"p": p, "key": key}, value
+
+
+def test_prng_keys_cross_into_and_out_of_the_hosts(cluster: None) -> None:
+    """A typed key in the state goes in as key data and comes back a key; the
+    dropout mask drawn on the second stage equals one device's."""
+    rng = np.random.default_rng(0)
+    state = {
+        "p": {
+            "w0": jax.numpy.asarray(rng.normal(size=(8, 16)), jax.numpy.float32),
+            "w1": jax.numpy.asarray(rng.normal(size=(16, 4)), jax.numpy.float32),
+        },
+        "key": jax.random.key(5),
+    }
+    batch = {
+        "x": jax.numpy.asarray(rng.normal(size=(8, 8)), jax.numpy.float32),
+        "y": jax.numpy.asarray(rng.normal(size=(8, 4)), jax.numpy.float32),
+    }
+    method = alpa_ir.PipeshardParallel(
+        num_micro_batches=2,
+        stage_option=alpa_ir.ManualStageOption([[0], [1]], [(1, 2), (1, 2)]),
+        backend="ray",
+        devices=[0, 1, 2, 3],
+    )
+    parallel = alpa_ir.parallelize(_dropout_step, method=method, donate_argnums=())
+    executable = parallel.get_executable(state, batch)
+    try:
+        ours, theirs = state, state
+        for _ in range(2):
+            ours, our_loss = parallel(ours, batch)
+            theirs, loss = jax.jit(_dropout_step)(theirs, batch)
+            np.testing.assert_allclose(our_loss, loss, rtol=1e-5)
+        assert ours["key"].dtype == state["key"].dtype
+        np.testing.assert_array_equal(
+            jax.random.key_data(ours["key"]), jax.random.key_data(theirs["key"])
+        )
+        np.testing.assert_allclose(ours["p"]["w1"], theirs["p"]["w1"], rtol=1e-5, atol=1e-6)
+    finally:
+        executable.close()
