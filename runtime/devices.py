@@ -22,9 +22,11 @@ def mesh_axis_names(mesh_op: LogicalMeshOp) -> tuple[str, ...]:
     return tuple(f"m{k}" for k in range(len(mesh_op.mesh_shape)))
 
 
-def local_devices_for(device_ids: Sequence[int]) -> list[Any]:
-    """The local JAX devices with these ids (indices into ``jax.devices()``)."""
-    devices = jax.devices()
+def local_devices_for(device_ids: Sequence[int], devices: Sequence[Any] | None = None) -> list[Any]:
+    """The JAX devices with these ids: indices into ``devices`` (default
+    ``jax.devices()``; a multi-process world passes its devices host by host)."""
+    if devices is None:
+        devices = jax.devices()
     needed = max(device_ids) + 1 if device_ids else 0
     if needed > len(devices):
         raise AlpaError(

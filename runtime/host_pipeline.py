@@ -15,7 +15,10 @@ devices:
 - SEND of a transfer: the hosts owning a source or a destination device
   call the transfer's one program over both meshes
   (:mod:`alpa_ir.runtime.collective_transfers`); the destination hosts
-  keep its result for the RECV that follows in the order.
+  keep its result for the RECV that follows in the order. A transfer whose
+  devices all belong to one host stays a local device copy there (the tile
+  plan's pieces ``device_put`` onto their destination devices, as in one
+  process: :class:`~alpa_ir.runtime.transfers.TilePlanTransport`).
 
 Collectives spanning processes are thus issued in the same order by every
 process that takes part (no deadlock), and nothing moves through the driver
@@ -43,6 +46,7 @@ from alpa_ir.pipeline.instructions import Key
 from alpa_ir.runtime.collective_transfers import CollectiveTransfer, collective_transfer
 from alpa_ir.runtime.interpreter import CompileFunctions, MeshInterpreter, RuntimeEvent
 from alpa_ir.runtime.program import StepProgram, Transfer
+from alpa_ir.runtime.transfers import TilePlanTransport
 
 Step = tuple[str, int]
 """One instruction of the global order: (mesh, index in the mesh's list)."""
@@ -113,7 +117,8 @@ def _value_type(module: ModuleOp, value: str) -> Any:
 
 
 class HostTransport:
-    """SEND and RECV of the host workers: one collective program per transfer."""
+    """SEND and RECV of the host workers: one collective program per transfer
+    that crosses hosts, a local device copy for one inside this host."""
 
     def __init__(self, program: StepProgram, module: ModuleOp, devices: Mapping[int, Any]) -> None:
         self.program = program
@@ -121,12 +126,23 @@ class HostTransport:
         self.me = jax.process_index()
         self.mailbox: dict[tuple[str, int | None], Any] = {}
         self.moves: dict[str, CollectiveTransfer] = {}
+        """The compiled programs of the transfers that cross hosts."""
+        self.local = TilePlanTransport(program, [devices[d] for d in sorted(devices)])
+        """The transport of the transfers inside this host."""
         for transfer in program.transfers.values():
+            if self.stays_here(transfer):
+                continue
             if self.takes_part(transfer):
                 self.moves[transfer.name] = self._compile(module, transfer)
 
     def owns(self, device_ids: Sequence[int]) -> bool:
         return any(self.devices[d].process_index == self.me for d in device_ids)
+
+    def stays_here(self, transfer: Transfer) -> bool:
+        """Whether every device of both meshes is this process's."""
+        meshes = self.program.meshes
+        ids = (*meshes[transfer.src_mesh].device_ids, *meshes[transfer.dst_mesh].device_ids)
+        return all(self.devices[d].process_index == self.me for d in ids)
 
     def takes_part(self, transfer: Transfer) -> bool:
         meshes = self.program.meshes
@@ -152,11 +168,16 @@ class HostTransport:
     def send(self, transfer: Transfer, micro_batch: int | None, value: Any) -> None:
         """Run the transfer's program (``value`` is None on a host that owns
         no source device); a destination host keeps the result."""
+        if transfer.name not in self.moves:
+            self.local.send(transfer, micro_batch, value)
+            return
         got = self.moves[transfer.name](value)
         if got is not None:
             self.mailbox[(transfer.name, micro_batch)] = got
 
     def recv(self, transfer: Transfer, micro_batch: int | None) -> Any | None:
+        if transfer.name not in self.moves:
+            return self.local.recv(transfer, micro_batch)
         return self.mailbox.pop((transfer.name, micro_batch), None)
 
 

@@ -38,15 +38,24 @@ def default_axis_names(rank: int) -> tuple[str, ...]:
     return tuple(f"m{k}" for k in range(rank))
 
 
-def layout_mesh(layout: MeshLayout, axis_names: Sequence[str] | None = None) -> Mesh:
-    """The JAX mesh of a layout's devices (ids index ``jax.devices()``)."""
+def layout_mesh(
+    layout: MeshLayout,
+    axis_names: Sequence[str] | None = None,
+    world: Sequence[Any] | None = None,
+) -> Mesh:
+    """The JAX mesh of a layout's devices (ids index ``world``, by default
+    ``jax.devices()``)."""
     names = tuple(axis_names or default_axis_names(len(layout.mesh_shape)))
-    devices = np.array(local_devices_for(layout.devices), dtype=object)
+    devices = np.array(local_devices_for(layout.devices, world), dtype=object)
     return Mesh(devices.reshape(layout.mesh_shape), names)
 
 
-def layout_sharding(layout: MeshLayout, axis_names: Sequence[str] | None = None) -> NamedSharding:
-    mesh = layout_mesh(layout, axis_names)
+def layout_sharding(
+    layout: MeshLayout,
+    axis_names: Sequence[str] | None = None,
+    world: Sequence[Any] | None = None,
+) -> NamedSharding:
+    mesh = layout_mesh(layout, axis_names, world)
     return NamedSharding(mesh, partition_spec(layout.spec, mesh.axis_names))
 
 
@@ -79,7 +88,9 @@ def all_gather_program(
     return jax.jit(program, out_shardings=NamedSharding(mesh, partition_spec(dst_spec, names)))
 
 
-def _source_shards(x: jax.Array, plan: TransferPlan) -> dict[int, jax.Array]:
+def _source_shards(
+    x: jax.Array, plan: TransferPlan, world: Sequence[Any] | None
+) -> dict[int, jax.Array]:
     """The source shard of each source device, checked against the plan."""
     if tuple(x.shape) != plan.shape or x.dtype.itemsize != plan.itemsize:
         raise AlpaError(
@@ -87,7 +98,8 @@ def _source_shards(x: jax.Array, plan: TransferPlan) -> dict[int, jax.Array]:
             f"{plan.itemsize}-byte elements of shape {list(plan.shape)}"
         )
     ids = {
-        dev: i for i, dev in zip(plan.src.devices, local_devices_for(plan.src.devices), strict=True)
+        dev: i
+        for i, dev in zip(plan.src.devices, local_devices_for(plan.src.devices, world), strict=True)
     }
     tiles = device_tiles(plan.shape, plan.src)
     shards: dict[int, jax.Array] = {}
@@ -119,18 +131,22 @@ def execute_transfer(
     gather_program: Callable[[jax.Array], jax.Array] | None = None,
     *,
     all_gather: bool = True,
+    world: Sequence[Any] | None = None,
 ) -> jax.Array:
     """Move ``x`` (sharded on the plan's source mesh as its source spec says)
     to the destination mesh, returning an array with the destination
     ``NamedSharding``. ``gather_program`` may pass a compiled
     :func:`all_gather_program` to reuse across calls. With ``all_gather=False``
     the result stays in the plan's receive spec (a driver's BROADCAST does
-    the all-gather)."""
-    shards = _source_shards(x, plan)
+    the all-gather). Device ids of the plan index ``world`` (default
+    ``jax.devices()``)."""
+    shards = _source_shards(x, plan, world)
     src_tiles = device_tiles(plan.shape, plan.src)
     recv = plan.recv_layout
     recv_tiles = device_tiles(plan.shape, recv)
-    dst_devices = dict(zip(plan.dst.devices, local_devices_for(plan.dst.devices), strict=True))
+    dst_devices = dict(
+        zip(plan.dst.devices, local_devices_for(plan.dst.devices, world), strict=True)
+    )
     parts: dict[int, list[tuple[Any, jax.Array]]] = {d: [] for d in plan.dst.devices}
     for send in plan.sends:
         piece = shards[send.src][relative(send.box, src_tiles[send.src])]
@@ -142,12 +158,12 @@ def execute_transfer(
 
     tiles = [assemble(recv_tiles[d], parts[d], concatenate) for d in plan.dst.devices]
     received = jax.make_array_from_single_device_arrays(
-        plan.shape, layout_sharding(recv, axis_names), tiles
+        plan.shape, layout_sharding(recv, axis_names, world), tiles
     )
     if not plan.gather or not all_gather:
         return received
     if gather_program is None:
-        mesh = layout_mesh(plan.dst, axis_names)
+        mesh = layout_mesh(plan.dst, axis_names, world)
         gather_program = all_gather_program(mesh, plan.recv_spec, plan.dst.spec, plan.gather)
     return gather_program(received)
 
@@ -158,10 +174,14 @@ class TilePlanTransport:
     moves the tiles of a transfer's plan point-to-point onto the destination
     devices (its receive spec; the interpreter's BROADCAST all-gathers);
     RECV takes the array from the mailbox (None until sent). A transfer
-    without a plan moves whole. Device ids of the plans index ``jax.devices()``."""
+    without a plan moves whole. Device ids of the plans index ``world``
+    (default ``jax.devices()``; the host runtime passes the world's devices
+    host by host and moves by this transport the transfers that stay
+    inside its process)."""
 
-    def __init__(self, program: StepProgram) -> None:
+    def __init__(self, program: StepProgram, world: Sequence[Any] | None = None) -> None:
         self.program = program
+        self.world = world
         self.mailbox: dict[tuple[str, int | None], Any] = {}
         self.bytes_moved = 0
         self.src_shardings: dict[str, NamedSharding] = {}
@@ -173,18 +193,19 @@ class TilePlanTransport:
             # a PRNG key is replicated on both meshes (auto-sharding keeps keys
             # whole): copy it to the destination devices as it is
             dst_names = self.program.meshes[transfer.dst_mesh].axis_names
-            value = jax.device_put(value, layout_sharding(plan.dst, dst_names))
+            value = jax.device_put(value, layout_sharding(plan.dst, dst_names, self.world))
             self.bytes_moved += plan.cross_bytes
         elif plan is not None:
             dst_names = self.program.meshes[transfer.dst_mesh].axis_names
             src = self.src_shardings.get(transfer.name)
             if src is None:
                 src_names = self.program.meshes[transfer.src_mesh].axis_names
-                src = self.src_shardings[transfer.name] = layout_sharding(plan.src, src_names)
+                src = layout_sharding(plan.src, src_names, self.world)
+                self.src_shardings[transfer.name] = src
             # a value computed with another layout on its own mesh is first
             # laid out as the plan's source spec there (a no-op when it is)
             value = jax.device_put(value, src)
-            value = execute_transfer(value, plan, dst_names, all_gather=False)
+            value = execute_transfer(value, plan, dst_names, all_gather=False, world=self.world)
             self.bytes_moved += plan.cross_bytes
         self.mailbox[(transfer.name, micro_batch)] = value
 

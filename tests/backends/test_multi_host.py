@@ -34,7 +34,6 @@ STEPS = 3
 
 @pytest.fixture(scope="module")
 def two_hosts() -> Iterator[Any]:
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # every node on 127.0.0.1
     alpa_ir.shutdown()  # a Ray instance of another test module
     cluster = cluster_utils.Cluster(
         initialize_head=True,
@@ -124,8 +123,18 @@ def test_a_pipeline_stage_spanning_two_hosts_equals_one_device(
         host0, host1 = (h.name for h in runner.hosts)
         mesh0, mesh1, mesh2 = executable.stage_mesh_names()
         assert runner.mesh_hosts() == {mesh0: [host0], mesh1: [host0, host1], mesh2: [host1]}
-        pairs = {(t.src_mesh, t.dst_mesh) for t in executable.program.transfers.values()}
+        transfers = executable.program.transfers
+        pairs = {(t.src_mesh, t.dst_mesh) for t in transfers.values()}
         assert {(mesh0, mesh1), (mesh1, mesh2), (mesh2, mesh1), (mesh1, mesh0)} <= pairs
+        # every transfer crosses hosts: a collective program on the hosts of both meshes
+        hosts_of = runner.mesh_hosts()
+        for host, worker in runner.workers.items():
+            got = ray.get(worker.__ray_call__.remote(lambda w: sorted(w.pipeline.transport.moves)))
+            want = [
+                n for n, t in sorted(transfers.items())
+                if host in hosts_of[t.src_mesh] + hosts_of[t.dst_mesh]
+            ]  # fmt: skip
+            assert got == want
         ours, theirs = state, state
         for _ in range(STEPS):
             ours, our_loss = parallel(ours, batch)
@@ -172,6 +181,7 @@ def test_a_mesh_spanning_two_hosts_equals_one_device(shard_on_two_hosts: Any) ->
     executable = shard_on_two_hosts
     hosts = executable.remote.hosts
     assert len(hosts) == 2 and [h.num_devices for h in hosts] == [4, 4]
+    assert {h.address for h in hosts} == {"127.0.0.1"}  # loopback only (tests/conftest.py)
     pids = ray.get([w.pid.remote() for w in executable.remote.workers.values()])
     assert len(set(pids)) == 2 and os.getpid() not in pids
     _, (state, batch) = tiny_step("mlp-tiny")
