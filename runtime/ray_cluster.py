@@ -212,6 +212,15 @@ def cluster_hosts() -> list[Host]:
     ]
 
 
+def backend_devices(backend: str) -> int | None:
+    """How many devices a step of ``backend`` may use, when they are not this
+    process's: on ``ray``, the connected cluster's hosts' (a driver plans for
+    devices it does not hold); None for the local backends."""
+    if backend != "ray":
+        return None
+    return sum(h.num_devices for h in cluster_hosts())
+
+
 @dataclass(frozen=True)
 class HostLink:
     """The link between two hosts: bytes/s one way and seconds per message."""

@@ -144,10 +144,9 @@ class ShardedExecutable:
         *,
         propagate: bool = False,
         out_specs: Sequence[PartitionSpec | None] | None = None,
+        compile_locally: bool = True,
     ) -> None:
-        from alpa_ir.backends.spmd import compile_spmd
         from alpa_ir.ir.module_utils import main_function
-        from alpa_ir.runtime.devices import local_devices_for
 
         self.module = module
         self.mesh = mesh
@@ -159,33 +158,61 @@ class ShardedExecutable:
         self.in_tree, self.out_tree = signature.in_tree, signature.out_tree
         self.batch_leaves = tuple(batch_leaves)
         self.num_micro_batches = num_micro_batches
-        assert mesh.devices is not None and mesh.axis_names is not None
-        devices = np.array(local_devices_for(mesh.devices), dtype=object).reshape(mesh.shape)
-        self.jax_mesh = Mesh(devices, mesh.axis_names)
-        self._out_shardings = (
-            None
-            if out_specs is None or propagate
-            else [None if s is None else NamedSharding(self.jax_mesh, s) for s in out_specs]
-        )
-        if propagate:  # the given specs only, propagated by XLA's SPMD partitioner
-            from alpa_ir.backends.xla import compile_annotated
-
-            self._run, self._in_shardings = compile_annotated(
-                self.function, self.jax_mesh, mesh.axis_names
-            )
-            return
-        self.donated = donated_leaves(self.function)
+        self.donated = () if propagate else donated_leaves(self.function)
         """Flat inputs whose buffers the program reuses for their new values
         (the donated state: ``donate_argnums``, default the state, argument 0)."""
-        self._run, self._in_shardings = compile_spmd(
-            module,
-            self.function,
-            self.jax_mesh,
-            mesh.axis_names,
-            donate=self.donated,
-            num_micro_batches=num_micro_batches,
-            batch_args=self.batch_leaves,
+        self._propagate, self._out_specs = propagate, out_specs
+        self._local: tuple[Mesh, Any, Sequence[Any], list[Any] | None] | None = None
+        if compile_locally:  # on the ray backend only when asked for (its mesh
+            self._compile_local()  # may hold more devices than this process)
+
+    def _compile_local(self) -> tuple[Mesh, Any, Sequence[Any], list[Any] | None]:
+        """The program on this process's devices: (mesh, program, input
+        shardings, output shardings), compiled once."""
+        if self._local is not None:
+            return self._local
+        from alpa_ir.backends.spmd import compile_spmd
+        from alpa_ir.runtime.devices import local_devices_for
+
+        mesh = self.mesh
+        assert mesh.devices is not None and mesh.axis_names is not None
+        devices = np.array(local_devices_for(mesh.devices), dtype=object).reshape(mesh.shape)
+        jax_mesh = Mesh(devices, mesh.axis_names)
+        out_specs = self._out_specs
+        out_shardings = (
+            None
+            if out_specs is None or self._propagate
+            else [None if s is None else NamedSharding(jax_mesh, s) for s in out_specs]
         )
+        if self._propagate:  # the given specs only, propagated by XLA's SPMD partitioner
+            from alpa_ir.backends.xla import compile_annotated
+
+            run, in_shardings = compile_annotated(self.function, jax_mesh, mesh.axis_names)
+        else:
+            run, in_shardings = compile_spmd(
+                self.module,
+                self.function,
+                jax_mesh,
+                mesh.axis_names,
+                donate=self.donated,
+                num_micro_batches=self.num_micro_batches,
+                batch_args=self.batch_leaves,
+            )
+        self._local = (jax_mesh, run, in_shardings, out_shardings)
+        return self._local
+
+    @property
+    def jax_mesh(self) -> Mesh:
+        """The plan's mesh of JAX devices (for the ray backend: the driver's
+        own devices, as many as the mesh needs; the hosts hold theirs)."""
+        if self._local is not None:
+            return self._local[0]
+        mesh = self.mesh
+        assert mesh.devices is not None and mesh.axis_names is not None
+        from alpa_ir.runtime.devices import local_devices_for
+
+        devices = np.array(local_devices_for(mesh.devices), dtype=object).reshape(mesh.shape)
+        return Mesh(devices, mesh.axis_names)
 
     @property
     def auto_sharding_objective(self) -> float:
@@ -226,7 +253,8 @@ class ShardedExecutable:
             self.remote.close()
 
     def _flat_inputs(self, args: tuple[Any, ...]) -> list[Any]:
-        return jax.device_put(self._host_inputs(args), list(self._in_shardings))
+        in_shardings = self._compile_local()[2]
+        return jax.device_put(self._host_inputs(args), list(in_shardings))
 
     def _host_inputs(self, args: tuple[Any, ...]) -> list[Any]:
         """The flat inputs, batch leaves as ``[micro-batches, ...]`` when accumulating."""
@@ -252,11 +280,12 @@ class ShardedExecutable:
         if self.remote is not None:
             outs = self.remote.run_flat(self._host_inputs(args))
             return self.signature.unflatten_outputs(outs)
-        outs = list(self._run(*self._flat_inputs(args)))
-        if self._out_shardings is not None:  # delivered in the user's output specs
+        _, run, _, out_shardings = self._compile_local()
+        outs = list(run(*self._flat_inputs(args)))
+        if out_shardings is not None:  # delivered in the user's output specs
             outs = [
                 x if s is None else jax.device_put(x, s)
-                for x, s in zip(outs, self._out_shardings, strict=True)
+                for x, s in zip(outs, out_shardings, strict=True)
             ]
         return self.signature.unflatten_outputs(outs)
 
@@ -264,7 +293,8 @@ class ShardedExecutable:
         """The compiled HLO of the SPMD program (after XLA's passes)."""
         if not args:
             args = self._example_args
-        return self._run.lower(*self._flat_inputs(args)).compile().as_text()  # type: ignore[attr-defined]
+        run = self._compile_local()[1]
+        return run.lower(*self._flat_inputs(args)).compile().as_text()  # type: ignore[attr-defined]
 
     input_module: ModuleOp | None = None
     """The step's module as imported, before the pass pipeline."""
@@ -405,9 +435,10 @@ def compile_step(
     """Plan and compile ``fn`` for ``args`` with ``method`` (no execution)."""
     from alpa_ir.frontend.jaxpr_import import import_step
     from alpa_ir.ir.module_utils import main_function
+    from alpa_ir.runtime.ray_cluster import backend_devices
 
     registry = registry or default_registry()
-    mesh = resolve_mesh(method.devices)
+    mesh = resolve_mesh(method.devices, backend_devices(getattr(method, "backend", "xla")))
     if method.auto_sharding_option.force_data_parallel and not isinstance(
         method, ManualShardParallel
     ):
@@ -471,10 +502,12 @@ def compile_step(
     if rows:
         signature = replace(signature, micro_batch_rows=_batch_size(signature, batch_leaves))
         batch_leaves.append(len(signature.avals))
+    on_ray = getattr(method, "backend", "xla") == "ray"
     executable = ShardedExecutable(
-        module, mesh, signature, batch_leaves, b, propagate=propagate, out_specs=out_specs
-    )
-    if getattr(method, "backend", "xla") == "ray":
+        module, mesh, signature, batch_leaves, b, propagate=propagate, out_specs=out_specs,
+        compile_locally=not on_ray,
+    )  # fmt: skip
+    if on_ray:
         from alpa_ir.backends.ray_hosts import RayHostsExecutable
 
         executable.remote = RayHostsExecutable(module, num_micro_batches=b, batch_args=batch_leaves)

@@ -149,11 +149,13 @@ class StagePlacement:
     mesh: LogicalDeviceMesh
 
 
-def _device_ids(devices: Devices) -> tuple[int, ...]:
-    """The device ids of a pipeline's devices (see :func:`~alpa_ir.hardware.device_mesh.resolve_mesh`)."""
+def _device_ids(devices: Devices, backend: str = "xla") -> tuple[int, ...]:
+    """The device ids of a pipeline's devices (see :func:`~alpa_ir.hardware.device_mesh.resolve_mesh`):
+    on the ray backend, of the Ray cluster's devices."""
     from alpa_ir.hardware.device_mesh import resolve_mesh
+    from alpa_ir.runtime.ray_cluster import backend_devices
 
-    mesh = resolve_mesh(devices)
+    mesh = resolve_mesh(devices, backend_devices(backend))
     assert mesh.devices is not None
     return tuple(mesh.devices)
 

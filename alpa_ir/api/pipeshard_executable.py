@@ -362,7 +362,7 @@ def compile_pipeshard(
 
     del donate_argnums  # buffers of a pipeline step are not donated yet
     registry = registry or default_registry()
-    devices = _device_ids(method.devices)
+    devices = _device_ids(method.devices, method.backend)
     b = check_micro_batches(method.num_micro_batches)
     arguments, traced = trace_arguments(fn, args, static_argnums, batch_argnums, b)
     imported = import_step(

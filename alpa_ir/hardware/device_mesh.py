@@ -246,13 +246,15 @@ def get_global_physical_mesh(create_if_not_exist: bool = True) -> PhysicalDevice
 Devices = LogicalDeviceMesh | PhysicalDeviceMesh | Sequence[Any] | None
 
 
-def resolve_mesh(devices: Devices) -> LogicalDeviceMesh:
+def resolve_mesh(devices: Devices, cluster_devices: int | None = None) -> LogicalDeviceMesh:
     """The logical mesh a method runs on: all local devices as (1, n) by default
     (Alpa's (hosts, devices) view, α = (1, 1), β = (1, 0.1)); a
-    :class:`PhysicalDeviceMesh`, or a list of device ids or JAX devices, as (1, n)."""
+    :class:`PhysicalDeviceMesh`, or a list of device ids or JAX devices, as (1, n).
+    ``cluster_devices``: the devices of the Ray cluster the step runs on (the
+    ray backend), which count instead of this process's."""
     import jax
 
-    available = len(jax.devices())
+    available = len(jax.devices()) if cluster_devices is None else cluster_devices
     if devices is None:
         mesh = LogicalDeviceMesh((1, available))
     elif isinstance(devices, LogicalDeviceMesh):
@@ -268,6 +270,11 @@ def resolve_mesh(devices: Devices) -> LogicalDeviceMesh:
         ids = device_indices(devices)
         mesh = LogicalDeviceMesh((1, len(ids)), devices=ids)
     assert mesh.devices is not None
+    if max(mesh.devices) >= available and cluster_devices is not None:
+        raise AlpaError(
+            f"the mesh needs {max(mesh.devices) + 1} devices (shape {list(mesh.shape)}) but the "
+            f"Ray cluster's hosts have {available}"
+        )
     if max(mesh.devices) >= available:
         raise AlpaError(
             f"the mesh needs {max(mesh.devices) + 1} devices (shape {list(mesh.shape)}) but only "

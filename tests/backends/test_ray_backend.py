@@ -45,15 +45,28 @@ def _compile(module: Any) -> Any:
     return alpa_ir.compile_module(module, backend="ray")
 
 
+def _transports(worker: Any) -> tuple[list[str], int]:
+    """A host worker's transfers that run as collective programs, and the
+    bytes its local transport moved."""
+
+    def read(self: Any) -> tuple[list[str], int]:
+        transport = self.pipeline.transport
+        return sorted(transport.moves), transport.local.bytes_moved
+
+    return ray.get(worker.__ray_call__.remote(read))
+
+
 def test_two_meshes_on_ray_equal_one_device(cluster: None) -> None:
     """One host worker (this instance's one node) runs both meshes in a process
-    of its own; the transfer between them is one XLA program on its devices."""
+    of its own; the transfer between them stays inside it: a device copy of
+    the plan's tiles, no collective program."""
     executable = _compile(two_mesh_module())
     try:
         (host,) = executable.workers
         assert executable.mesh_hosts() == {"mesh0": [host], "mesh1": [host]}
         pid = ray.get(executable.workers[host].pid.remote())
         assert pid != os.getpid()
+        assert _transports(executable.workers[host]) == ([], 0)
         for seed in (0, 1):  # the program is loaded once; steps repeat
             x, w = example_inputs(seed=seed)
             new_w, y = executable(x, jax.numpy.asarray(w))
@@ -61,6 +74,8 @@ def test_two_meshes_on_ray_equal_one_device(cluster: None) -> None:
             want_w, want_y = reference(x, w)
             np.testing.assert_allclose(y, want_y, rtol=1e-5, atol=1e-6)
             np.testing.assert_allclose(new_w, want_w, rtol=1e-5, atol=1e-6)
+        programs, moved = _transports(executable.workers[host])
+        assert programs == [] and moved > 0  # every transfer a local copy
     finally:
         executable.close()
 
@@ -348,3 +363,31 @@ def test_prng_keys_cross_into_and_out_of_the_hosts(cluster: None) -> None:
         np.testing.assert_allclose(ours["p"]["w1"], theirs["p"]["w1"], rtol=1e-5, atol=1e-6)
     finally:
         executable.close()
+
+
+def test_the_driver_plans_for_the_clusters_devices_not_its_own() -> None:
+    """A driver with 8 devices plans a (2, 8) mesh for a cluster of 16 (as a
+    CPU head node does for GPU hosts); a mesh beyond the cluster names both."""
+    from zoo_fixtures import max_abs_diff, tiny_step
+
+    alpa_ir.shutdown()
+    alpa_ir.init(cluster="ray", num_devices=16)
+    try:
+        assert len(jax.devices()) == 8
+        fn, (state, batch) = tiny_step("mlp-tiny")
+        method = alpa_ir.ShardParallel(alpa_ir.LogicalDeviceMesh((2, 8)), backend="ray")
+        parallel = alpa_ir.parallelize(fn, method=method, donate_argnums=())
+        ours = parallel(state, batch)
+        assert max_abs_diff(ours, jax.jit(fn)(state, batch)) <= 1e-5
+        parallel.get_executable(state, batch).close()
+        too_big = alpa_ir.ShardParallel(alpa_ir.LogicalDeviceMesh((2, 16)), backend="ray")
+        with pytest.raises(AlpaError, match=r"needs 32 devices .* the Ray cluster's hosts have 16"):
+            alpa_ir.parallelize(fn, method=too_big).get_executable(state, batch)
+        pipeline = alpa_ir.PipeshardParallel(num_micro_batches=2, backend="ray")
+        executable = alpa_ir.parallelize(fn, method=pipeline).get_executable(state, batch)
+        try:  # the default devices: all 16 of the cluster, in 2 uniform stages
+            assert sum(len(info.device_ids) for info in executable.program.meshes.values()) == 16
+        finally:
+            executable.close()
+    finally:
+        alpa_ir.shutdown()
