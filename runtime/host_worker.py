@@ -62,7 +62,14 @@ class HostWorker:
             jax.config.update("jax_cpu_collectives_implementation", "gloo")
         jax.distributed.initialize(coordinator, num_processes=num_processes, process_id=process_id)
         self.process_id = process_id
-        local = len(jax.local_devices())
+        try:
+            local = len(jax.local_devices())
+        except Exception as err:  # no devices of JAX_PLATFORMS here (an AssertionError on 0.10)
+            platforms = os.environ.get("JAX_PLATFORMS", "") or "any"
+            raise AlpaError(
+                f"host {self.host}: JAX found no devices of platform {platforms} "
+                f"({type(err).__name__}: {err})"
+            ) from err
         if local != self.num_devices:
             raise AlpaError(f"host {self.host} sees {local} devices, expected {self.num_devices}")
         return os.getpid()

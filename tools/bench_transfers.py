@@ -15,7 +15,12 @@ tensor from the first host's device to the second's:
 - ``device-put``: ``jax.device_put`` between two devices of one process (no
   host boundary: the floor).
 
-Prints bytes/s per way (median of ``--repeat`` runs after one warm-up).
+Prints bytes/s per way (median of ``--repeat`` runs after one warm-up) and
+the collectives of the compiled transfer program. With ``--gpus`` each node
+declares one GPU and its worker runs there (``JAX_PLATFORMS=cuda``), so the
+transfer runs on NCCL; a transfer that fails or hangs (NCCL refuses two
+ranks on one GPU, as on a machine with a single GPU) is reported with its
+error and the other ways are still measured.
 Run: ``python -m alpa_ir.tools.bench_transfers --mib 64``.
 """
 
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
 import sys
 import time
@@ -67,7 +73,14 @@ def _collective_program(worker: Any, elements: int) -> str:
     worker.x = None
     if jax.process_index() == 0:
         worker.x = jax.device_put(jnp.ones(elements, jnp.float32), worker.move.src_sharding)
-    return "ready"
+    shape = jax.ShapeDtypeStruct((2, elements), jnp.float32)
+    hlo = worker.move.program.trace(shape).lower().compile().as_text()
+    ops = sorted({m for m in _COLLECTIVE.findall(hlo)})
+    return f"{jax.devices()[0].platform}: {', '.join(ops) or 'no collective'}"
+
+
+_COLLECTIVE = re.compile(r"\b(all-reduce|all-gather|collective-permute|all-to-all|reduce-scatter)"
+                         r"(?:-start|-done)?\(")  # fmt: skip
 
 
 def _collective_step(worker: Any) -> int:
@@ -77,8 +90,40 @@ def _collective_step(worker: Any) -> int:
     return 0
 
 
-def bench(mib: int, repeat: int) -> dict[str, float]:
-    """Bytes per second of each way (module docstring)."""
+def _within(ray: Any, refs: list[Any], timeout_s: float, what: str) -> list[Any]:
+    """``ray.get`` that gives up after ``timeout_s`` (a refused NCCL rank can
+    leave its peer waiting)."""
+    done, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    if len(done) < len(refs):
+        raise AlpaError(f"{what} did not finish within {timeout_s:.0f} s")
+    return list(ray.get(refs))
+
+
+def _collective_seconds(
+    ray: Any, workers: list[Any], elements: int, repeat: int, timeout_s: float
+) -> tuple[float | None, str]:
+    """Median seconds of the transfer program, and its platform and
+    collectives (or why it did not run)."""
+    try:
+        coordinator = _within(ray, [workers[0].coordinator_address.remote()], timeout_s,
+                              "starting the workers")[0]  # fmt: skip
+        joins = [w.connect.remote(coordinator, 2, k) for k, w in enumerate(workers)]
+        _within(ray, joins, timeout_s, "joining the JAX world")
+        programs = [w.__ray_call__.remote(_collective_program, elements) for w in workers]
+        what = _within(ray, programs, timeout_s, "compiling the transfer")[0]
+        steps = lambda: _within(  # noqa: E731
+            ray, [w.__ray_call__.remote(_collective_step) for w in workers], timeout_s,
+            "the transfer",
+        )  # fmt: skip
+        return _median_seconds(steps, repeat), what
+    except Exception as err:
+        text = str(err).strip().splitlines()
+        return None, f"failed: {text[-1] if text else type(err).__name__}"
+
+
+def bench(mib: int, repeat: int, gpus: bool = False, timeout_s: float = 120.0) -> dict[str, Any]:
+    """Bytes per second of each way (module docstring; None for a way that
+    failed) and, under ``program``, what the transfer program ran on."""
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     import jax
     import ray
@@ -89,26 +134,33 @@ def bench(mib: int, repeat: int) -> dict[str, float]:
 
     nbytes = mib * 2**20
     elements = nbytes // 4
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
-    cluster.add_node(num_cpus=2)
+    node = {"num_cpus": 2, "num_gpus": 1 if gpus else 0}
+    cluster = Cluster(initialize_head=True, head_node_args=node)
+    cluster.add_node(**node)
     ray.init(address=cluster.address, log_to_driver=False)
     try:
         nodes = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
         env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=1", "JAX_PLATFORMS": "cpu"}
+        if gpus:
+            env = {"JAX_PLATFORMS": "cuda"}
         actor = ray.remote(HostWorker)
         workers = [
             actor.options(
-                runtime_env={"env_vars": env}, num_cpus=1,
+                runtime_env={"env_vars": env}, num_cpus=1, num_gpus=1 if gpus else 0,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
             ).remote(f"host{k}", 1)
             for k, node in enumerate(nodes)
         ]  # fmt: skip
-        coordinator = ray.get(workers[0].coordinator_address.remote())
-        ray.get([w.connect.remote(coordinator, 2, k) for k, w in enumerate(workers)])
-        ray.get([w.__ray_call__.remote(_collective_program, elements) for w in workers])
-        collective = _median_seconds(
-            lambda: ray.get([w.__ray_call__.remote(_collective_step) for w in workers]), repeat
-        )
+        collective, program = _collective_seconds(ray, workers, elements, repeat, timeout_s)
+        if collective is None:  # its workers may be stuck in a refused collective
+            for worker in workers:
+                ray.kill(worker)
+            workers = [
+                actor.options(
+                    num_cpus=1, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
+                ).remote(f"host{k}", 1)
+                for k, node in enumerate(nodes)
+            ]  # fmt: skip
 
         def produce(worker: Any) -> np.ndarray:
             return np.ones(elements, np.float32)
@@ -137,9 +189,10 @@ def bench(mib: int, repeat: int) -> dict[str, float]:
         lambda: jax.device_put(x, target, may_alias=False).block_until_ready(), repeat
     )
     return {
-        "xla-collective": nbytes / collective,
+        "xla-collective": None if collective is None else nbytes / collective,
         "object-store": nbytes / store,
         "device-put": nbytes / put,
+        "program": program,
     }
 
 
@@ -148,13 +201,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                            formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("--mib", type=positive_int, default=64, help="tensor size in MiB")
     parser.add_argument("--repeat", type=positive_int, default=5, help="timed runs per way")
+    parser.add_argument(
+        "--gpus", action="store_true",
+        help="each node declares one GPU and its worker runs on it (NCCL); the device-put "
+        "floor stays on this process's CPU devices",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     # two devices in this process for the device-put floor (before jax starts)
     os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
-    rates = bench(args.mib, args.repeat)
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    rates = bench(args.mib, args.repeat, args.gpus)
+    program = rates.pop("program")
     print(f"moving {args.mib} MiB from one host to another (median of {args.repeat}):")
     for way, rate in rates.items():
-        print(f"  {way:15s} {rate / 2**30:8.2f} GiB/s")
+        shown = f"{rate / 2**30:8.2f} GiB/s" if rate is not None else "     n/a"
+        print(f"  {way:15s} {shown}" + (f"   ({program})" if way == "xla-collective" else ""))
     return 0
 
 

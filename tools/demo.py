@@ -21,6 +21,7 @@ import os
 import re
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -41,7 +42,8 @@ def _build_parser() -> OneLineParser:
         "--devices",
         type=positive_int,
         default=8,
-        help=f"local CPU devices (at most {MAX_DEVICES}; a multiple of --stages)",
+        help=f"devices of the plan (at most {MAX_DEVICES}; a multiple of --stages): local CPU "
+        "devices, or with --address the cluster's",
     )
     parser.add_argument(
         "--stages", type=positive_int, default=2, help="pipeline stages (dividing --devices)"
@@ -61,14 +63,20 @@ def _build_parser() -> OneLineParser:
         "--cluster",
         choices=("local", "ray"),
         default="local",
-        help="local: the stages run in this process; ray: one Ray actor per stage mesh "
-        "on a Ray cluster of --hosts nodes started on this machine",
+        help="local: the stages run in this process; ray: one Ray actor per host of a Ray "
+        "cluster, --hosts nodes started on this machine or the cluster at --address",
     )
     parser.add_argument(
         "--hosts",
         type=positive_int,
         default=1,
         help="with --cluster ray: Ray nodes, each holding --devices / --hosts devices",
+    )
+    parser.add_argument(
+        "--address",
+        metavar="HOST:PORT",
+        help="with --cluster ray: join the running Ray cluster there (e.g. GPU nodes started "
+        "with 'ray start'), whose hosts hold the stage meshes, instead of starting one",
     )
     parser.add_argument(
         "--no-check",
@@ -90,6 +98,10 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         )
     if args.hosts > 1 and args.cluster != "ray":
         parser.error("--hosts needs --cluster ray")
+    if args.address is not None and args.cluster != "ray":
+        parser.error("--address needs --cluster ray")
+    if args.address is not None and args.hosts > 1:
+        parser.error("--hosts starts a cluster on this machine; --address joins one (not both)")
     if args.devices % args.hosts or args.hosts > args.stages:
         parser.error(
             f"--hosts {args.hosts} must divide --devices {args.devices} and be at most "
@@ -158,7 +170,11 @@ def stage_mesh_shape(devices: int) -> tuple[int, int]:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
-    problem = _use_devices(args.devices)
+    problem = ""
+    if args.address is None:
+        problem = _use_devices(args.devices)
+    else:  # this process plans and checks; the cluster's devices (GPUs: keep off them) run
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
     if problem:
         print(f"alpa-demo: error: {problem}", file=sys.stderr)
         return 2
@@ -186,11 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         if args.cluster == "ray":
             method = replace(method, backend="ray")
-            from alpa_ir.runtime.ray_cluster import local_cluster
-
-            per_host = args.devices // args.hosts
-            stack.enter_context(local_cluster(args.hosts, per_host))
-            print(f"ray: {args.hosts} hosts of {per_host} devices on this machine")
+            stack.enter_context(_ray_cluster(args))
         parallel = alpa_ir.parallelize(step, method=method)
         start = time.perf_counter()
         try:
@@ -228,6 +240,29 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         stack.close()
     return 0
+
+
+@contextlib.contextmanager
+def _ray_cluster(args: argparse.Namespace) -> Iterator[None]:
+    """The Ray cluster of ``--address``, joined, or ``--hosts`` nodes started here."""
+    from alpa_ir.runtime.ray_cluster import cluster_hosts, local_cluster
+
+    if args.address is None:
+        per_host = args.devices // args.hosts
+        with local_cluster(args.hosts, per_host):
+            print(f"ray: {args.hosts} hosts of {per_host} devices on this machine")
+            yield
+        return
+    import alpa_ir
+
+    alpa_ir.init(cluster="ray", address=args.address)
+    try:
+        hosts = cluster_hosts()
+        held = ", ".join(f"{h.name}: {h.num_devices} {h.resource}" for h in hosts)
+        print(f"ray: the cluster at {args.address} ({held})")
+        yield
+    finally:
+        alpa_ir.shutdown()
 
 
 def _stage_hosts(executable: Any) -> str:

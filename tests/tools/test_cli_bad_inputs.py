@@ -176,6 +176,12 @@ BAD: list[tuple[str, list[str], str]] = [
     ("alpa-demo", ["--devices", "6", "--stages", "4"], r"--stages 4 cannot split --devices 6"),
     ("alpa-demo", ["--stages", "16"], r"--stages 16 cannot split --devices 8"),
     ("alpa-demo", ["--hosts", "2"], r"--hosts needs --cluster ray"),
+    ("alpa-demo", ["--address", "127.0.0.1:1"], r"--address needs --cluster ray"),
+    (
+        "alpa-demo",
+        ["--cluster", "ray", "--hosts", "2", "--address", "127.0.0.1:1"],
+        r"--hosts starts a cluster on this machine; --address joins one",
+    ),
     (
         "alpa-demo",
         ["--cluster", "ray", "--hosts", "4"],

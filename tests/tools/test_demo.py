@@ -43,3 +43,30 @@ def test_demo_on_two_ray_hosts(capsys: pytest.CaptureFixture[str]) -> None:
     hosts = re.findall(r"stage \d: mesh @mesh\d \[2, 2\] on (host\d)", out)
     assert sorted(hosts) == ["host0", "host1"]
     assert re.search(r"one device after 1 steps: loss \d+\.\d+ \(equal\)", out)
+
+
+@pytest.mark.ray
+@pytest.mark.xdist_group("multi_host")
+def test_demo_joins_a_running_cluster(capsys: pytest.CaptureFixture[str]) -> None:
+    """alpa-demo --cluster ray --address: the cluster's hosts run the stages
+    (here one node of 4 devices holding both stage meshes, the transfers
+    between them local copies; this process plans with its 8 devices); the
+    loss equals one device's."""
+    from ray.cluster_utils import Cluster
+
+    import alpa_ir
+
+    alpa_ir.shutdown()
+    cluster = Cluster(
+        initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"alpa_cpu_device": 4}}
+    )
+    address = cluster.address
+    try:
+        argv = ["--cluster", "ray", "--address", address, "--devices", "4", "--steps", "1"]
+        assert main(argv) == 0
+    finally:
+        cluster.shutdown()
+    out = capsys.readouterr().out
+    assert f"ray: the cluster at {address} (host0 (127.0.0.1): 4 alpa_cpu_device)" in out
+    assert re.findall(r"stage \d: mesh @mesh\d \[1, 2\] on (host\d)", out) == ["host0", "host0"]
+    assert re.search(r"one device after 1 steps: loss \d+\.\d+ \(equal\)", out)
