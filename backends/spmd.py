@@ -218,7 +218,7 @@ class _LocalEvaluator:
             self.mesh_shape,
         )
         params = localize(op.jax_params(), ctx)
-        from alpa_ir.frontend.primitives import lookup_primitive
+        from alpa_ir.frontend.primitives import bind_primitive, lookup_primitive
 
         if name == "random_bits_rows" or (name == "random_bits" and not ctx.operand_shapes[0]):
             offsets = block_offsets(ctx, 0, self.names)
@@ -231,7 +231,7 @@ class _LocalEvaluator:
                     xs[0], params["bit_width"], global_shape, ctx.local_result(0), offsets
                 )
             ]
-        out = lookup_primitive(name).bind(*xs, **params)
+        out = bind_primitive(lookup_primitive(name), xs, params, op.dropped_params())
         if name == "iota":
             out = iota_offset(out, params, ctx, self.names)
         return [out]

@@ -185,6 +185,11 @@ class LaxOp(IRDLOperation):
         codec = self.SPEC.params[name]
         return codec.decode(self.properties.get(name))
 
+    @classmethod
+    def dropped_params(cls) -> tuple[str, ...]:
+        """The parameters JAX has that the op does not keep (bound as None)."""
+        return tuple(k for k, c in cls.SPEC.params.items() if isinstance(c, DroppedC))
+
     def jax_params(self) -> dict[str, Any]:
         """All non-region parameters as the Python values JAX binds with."""
         return {

@@ -18,7 +18,7 @@ from xdsl.ir import Block, Operation, Region, SSAValue
 
 from alpa_ir.dialects.lax import ConstantOp, LaxOp, PrimitiveOp, ReturnOp
 from alpa_ir.errors import AlpaError
-from alpa_ir.frontend.primitives import lookup_primitive
+from alpa_ir.frontend.primitives import bind_primitive, lookup_primitive
 from alpa_ir.ir.types import dtype_of, shape_of
 
 OpHandler = Callable[[Operation, list[Any]], list[Any]]
@@ -73,7 +73,8 @@ def bind_lax_op(
             )
         params.update(_rebuilt_params(op, args))
     try:
-        out = prim.bind(*args, **params)
+        dropped = op.dropped_params() if isinstance(op, LaxOp) else ()
+        out = bind_primitive(prim, args, params, dropped)
     except TypeError as exc:
         raise AlpaError(f"cannot bind primitive '{op.primitive_name}': {exc}") from exc
     return list(out) if prim.multiple_results else [out]

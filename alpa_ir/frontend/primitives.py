@@ -1,10 +1,11 @@
-"""Find a JAX primitive object by its name, for binding it again (IR -> JAX)."""
+"""Find a JAX primitive object by its name, and bind it again (IR -> JAX)."""
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from functools import cache
+from typing import Any
 
 from jax.extend.core import Primitive
 
@@ -48,6 +49,22 @@ def primitive_table() -> Mapping[str, Primitive]:
             if isinstance(value, Primitive):
                 table.setdefault(value.name, value)
     return table
+
+
+def bind_primitive(
+    primitive: Primitive, args: Sequence[Any], params: Mapping[str, Any], dropped: Iterable[str]
+) -> Any:
+    """``primitive.bind(*args, **params)``; a ``dropped`` parameter (a sharding
+    hint the IR does not keep, bound as None) that the running JAX's primitive
+    does not take is left out: JAX adds these release by release
+    (``out_sharding`` of ``reduce_max`` since 0.11), so one table binds on both."""
+    try:
+        return primitive.bind(*args, **params)
+    except TypeError as exc:
+        extra = [k for k in dropped if params.get(k, 0) is None and f"'{k}'" in str(exc)]
+        if not extra:
+            raise
+    return primitive.bind(*args, **{k: v for k, v in params.items() if k not in extra})
 
 
 def lookup_primitive(name: str) -> Primitive:
