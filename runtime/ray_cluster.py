@@ -134,7 +134,36 @@ def _init_within(ray: Any, kwargs: dict[str, Any], timeout_s: float, where: str)
         raise AlpaError(f"could not connect to {where} within {timeout_s:.0f} s")
     err = outcome[0]
     if err is not None:
-        raise AlpaError(f"could not join the Ray cluster at {where}: {_one_line(err)}") from err
+        raise AlpaError(join_error(err, where)) from err
+
+
+def join_error(err: BaseException, where: str) -> str:
+    """Why joining the cluster at ``where`` failed, in one line; a cluster that
+    asks for its token (Ray's token authentication, the default of ``ray
+    start``) says how to give it: Ray never sends one to an explicit address
+    unless ``RAY_AUTH_MODE=token``."""
+    text = "\n".join(str(e) for e in _chain(err))
+    mode = os.environ.get("RAY_AUTH_MODE", "unset")
+    if "no authentication token was found" in text:
+        return (
+            f"RAY_AUTH_MODE is {mode} but this process has no token for the Ray cluster at "
+            f"{where}: put the cluster's token in ~/.ray/auth_token or RAY_AUTH_TOKEN (for a "
+            "cluster without token authentication, unset RAY_AUTH_MODE)"
+        )
+    if "InvalidAuthToken" in text or "AuthenticationError" in text:
+        return (
+            f"the Ray cluster at {where} asks for its authentication token (RAY_AUTH_MODE is "
+            f"{mode}): set RAY_AUTH_MODE=token, with the cluster's token in ~/.ray/auth_token "
+            "or RAY_AUTH_TOKEN, as on its nodes"
+        )
+    return f"could not join the Ray cluster at {where}: {_one_line(err)}"
+
+
+def _chain(err: BaseException) -> Iterator[BaseException]:
+    cause: BaseException | None = err
+    while cause is not None:
+        yield cause
+        cause = cause.__cause__ or cause.__context__
 
 
 def stop() -> None:

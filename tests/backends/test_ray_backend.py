@@ -391,3 +391,96 @@ def test_the_driver_plans_for_the_clusters_devices_not_its_own() -> None:
             executable.close()
     finally:
         alpa_ir.shutdown()
+
+
+_JOIN = """
+import sys, alpa_ir
+from alpa_ir.errors import AlpaError
+try:
+    alpa_ir.init(cluster="ray", address=sys.argv[1])
+    from alpa_ir.runtime.ray_cluster import cluster_hosts
+    print("joined", [h.num_devices for h in cluster_hosts()])
+except AlpaError as err:
+    print(err)
+"""
+
+
+def test_a_cluster_started_with_ray_start_asks_for_its_token(tmp_path: Path) -> None:
+    """``ray start`` turns on Ray's token authentication where a token exists
+    (``ray.init()`` of a local instance writes one to ~/.ray/auth_token), and
+    Ray sends no token to an explicit address: joining says how to give it
+    (a line), and with RAY_AUTH_MODE=token the driver joins. The head node is
+    stopped with its process group (``ray stop`` would stop every Ray here)."""
+    import signal
+    import socket
+
+    psutil = pytest.importorskip("psutil")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "HOME": str(tmp_path), "JAX_PLATFORMS": "cpu"}
+    env.pop("RAY_AUTH_MODE", None)
+    subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "get-auth-token", "--generate"],
+                   env=env, check=True, capture_output=True, timeout=60)  # fmt: skip
+    assert (tmp_path / ".ray" / "auth_token").exists()
+    head = subprocess.Popen(
+        [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
+         "--node-ip-address=127.0.0.1", f"--port={port}", "--include-dashboard=false",
+         "--num-cpus=1", "--disable-usage-stats", '--resources={"alpa_cpu_device": 2}'],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        address = f"127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # until the head's GCS listens
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.5)
+
+        def join(**more: str) -> str:
+            out = subprocess.run([sys.executable, "-c", _JOIN, address], env={**env, **more},
+                                 capture_output=True, text=True, timeout=120)  # fmt: skip
+            return out.stdout.strip()
+
+        refused = join()
+        assert refused.startswith(f"the Ray cluster at {address} asks for its authentication token")
+        assert "set RAY_AUTH_MODE=token" in refused
+        assert join(RAY_AUTH_MODE="token") == "joined [2]"
+    finally:
+        os.killpg(head.pid, signal.SIGTERM)
+        head.wait(timeout=60)
+        for p in psutil.process_iter(["cmdline"]):
+            if f"--gcs-address=127.0.0.1:{port}" in " ".join(p.info["cmdline"] or ()):
+                p.kill()
+
+
+def test_a_join_without_the_clusters_token_says_how_to_give_it() -> None:
+    """Ray's two token errors (as Ray 2.60 words them, nested in its
+    ConnectionError) become one line each; other failures keep their text."""
+    from alpa_ir.runtime.ray_cluster import join_error
+
+    def nested(text: str) -> Exception:
+        try:
+            try:
+                raise RuntimeError(f"Failed to connect to GCS. Last connection error: {text}")
+            except RuntimeError as inner:
+                raise ConnectionError("Failed to connect to Ray cluster at h:1") from inner
+        except ConnectionError as err:
+            return err
+
+    missing = nested("Token authentication is enabled but no authentication token was found.")
+    assert join_error(missing, "h:1").endswith(
+        "has no token for the Ray cluster at h:1: put the cluster's token in ~/.ray/auth_token "
+        "or RAY_AUTH_TOKEN (for a cluster without token authentication, unset RAY_AUTH_MODE)"
+    )
+    wrong = nested("ray.exceptions.AuthenticationError: RPC error: InvalidAuthToken: missing")
+    assert join_error(wrong, "h:1").startswith(
+        "the Ray cluster at h:1 asks for its authentication token"
+    )
+    other = nested("Deadline Exceeded")
+    assert join_error(other, "h:1") == (
+        "could not join the Ray cluster at h:1: Failed to connect to Ray cluster at h:1 "
+        "(Failed to connect to GCS. Last connection error: Deadline Exceeded)"
+    )
