@@ -152,7 +152,13 @@ def _use_devices(devices: int) -> str:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     import jax
 
-    have = jax.device_count()
+    try:
+        have = jax.device_count()
+    except Exception as err:  # a platform that is not here (an AssertionError on JAX 0.10)
+        return (
+            f"JAX found no devices of JAX_PLATFORMS={os.environ['JAX_PLATFORMS']!r} "
+            f"({type(err).__name__}{': ' + str(err) if str(err) else ''})"
+        )
     if have != devices:
         return (
             f"--devices {devices}: JAX started with {have} {jax.default_backend()} devices "

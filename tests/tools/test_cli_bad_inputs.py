@@ -238,6 +238,8 @@ def test_enough_bad_cases_per_tool() -> None:
         ("alpa_bench", ["--micro-batches", "0"], "--micro-batches must be"),
         ("alpa_p2", ["--system", "custom-\u00b2", "--axes", "2", "--reduce", "0"], "--system"),
         ("demo", ["--devices", "0"], "--devices must be"),
+        # a platform that is not there (as JAX_PLATFORMS=cuda on a machine without a GPU)
+        ("demo", ["--steps", "1"], "JAX found no devices of JAX_PLATFORMS='nosuch'"),
     ],
 )
 def test_console_has_no_traceback(module: str, argv: list[str], pattern: str) -> None:
@@ -247,6 +249,7 @@ def test_console_has_no_traceback(module: str, argv: list[str], pattern: str) ->
         text=True,
         check=False,
         timeout=60,
+        env={**os.environ, "JAX_PLATFORMS": "nosuch"} if "JAX_PLATFORMS" in pattern else None,
     )
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and proc.stdout == ""
