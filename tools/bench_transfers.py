@@ -206,11 +206,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="each node declares one GPU and its worker runs on it (NCCL); the device-put "
         "floor stays on this process's CPU devices",
     )  # fmt: skip
+    parser.add_argument(
+        "--timeout-s", type=positive_int, default=120,
+        help="give up on the transfer after this many seconds (a refused NCCL rank's peer waits)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     # two devices in this process for the device-put floor (before jax starts)
     os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    rates = bench(args.mib, args.repeat, args.gpus)
+    rates = bench(args.mib, args.repeat, args.gpus, args.timeout_s)
     program = rates.pop("program")
     print(f"moving {args.mib} MiB from one host to another (median of {args.repeat}):")
     for way, rate in rates.items():
