@@ -2,16 +2,17 @@
 
 On two Ray nodes of this machine (``ray.cluster_utils.Cluster``, every node
 on 127.0.0.1, one device each) it times moving a ``--mib`` MiB float32
-tensor from the first host's device to the second's:
+tensor from the first host's device (the head node) to the second's:
 
 - ``xla-collective``: the two host workers (:class:`~alpa_ir.runtime.host_worker.HostWorker`)
   in one JAX world run the pipeline runtime's transfer program
   (:mod:`alpa_ir.runtime.collective_transfers`: one jitted ``shard_map``
   whose ``ppermute`` sends the first process's tile to the second; gloo on
   CPU, NCCL on GPU);
-- ``object-store``: the first worker returns the array as a Ray object and
-  the second fetches it (the path the per-mesh pipeline runtime took before
-  transfers became XLA programs);
+- ``object-store``: one worker returns the array as a Ray object and the
+  other fetches it (the path the per-mesh pipeline runtime took before
+  transfers became XLA programs), each way: from the head node's store and
+  from the other's (on one machine the two differ by an order of magnitude);
 - ``device-put``: ``jax.device_put`` between two devices of one process (no
   host boundary: the floor).
 
@@ -139,7 +140,8 @@ def bench(mib: int, repeat: int, gpus: bool = False, timeout_s: float = 120.0) -
     cluster.add_node(**node)
     ray.init(address=cluster.address, log_to_driver=False)
     try:
-        nodes = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
+        head = cluster.head_node.node_id  # host0: the head node, host1 the other
+        nodes = sorted((n["NodeID"] for n in ray.nodes() if n["Alive"]), key=lambda n: n != head)
         env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=1", "JAX_PLATFORMS": "cpu"}
         if gpus:
             env = {"JAX_PLATFORMS": "cuda"}
@@ -168,15 +170,17 @@ def bench(mib: int, repeat: int, gpus: bool = False, timeout_s: float = 120.0) -
         def consume(worker: Any, x: np.ndarray) -> int:
             return int(x.shape[0])
 
-        def fetch_seconds() -> float:
-            ref = workers[0].__ray_call__.remote(produce)
-            ray.wait([ref])  # made and stored on the first host: not timed
+        def fetch_seconds(src: Any, dst: Any) -> float:
+            ref = src.__ray_call__.remote(produce)
+            ray.wait([ref])  # made and stored on the source host: not timed
             start = time.perf_counter()
-            ray.get(workers[1].__ray_call__.remote(consume, ref))
+            ray.get(dst.__ray_call__.remote(consume, ref))
             return time.perf_counter() - start
 
-        fetch_seconds()  # warm-up
-        store = statistics.median(fetch_seconds() for _ in range(repeat))
+        stores = {}  # two local nodes differ by direction (the head's store serves slowly)
+        for name, (src, dst) in {"head->worker": workers, "worker->head": workers[::-1]}.items():
+            fetch_seconds(src, dst)  # warm-up
+            stores[name] = statistics.median(fetch_seconds(src, dst) for _ in range(repeat))
     finally:
         ray.shutdown()
         cluster.shutdown()
@@ -190,7 +194,7 @@ def bench(mib: int, repeat: int, gpus: bool = False, timeout_s: float = 120.0) -
     )
     return {
         "xla-collective": None if collective is None else nbytes / collective,
-        "object-store": nbytes / store,
+        **{f"object-store {k}": nbytes / v for k, v in stores.items()},
         "device-put": nbytes / put,
         "program": program,
     }
@@ -219,7 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"moving {args.mib} MiB from one host to another (median of {args.repeat}):")
     for way, rate in rates.items():
         shown = f"{rate / 2**30:8.2f} GiB/s" if rate is not None else "     n/a"
-        print(f"  {way:15s} {shown}" + (f"   ({program})" if way == "xla-collective" else ""))
+        print(f"  {way:26s} {shown}" + (f"   ({program})" if way == "xla-collective" else ""))
     return 0
 
 
