@@ -11,7 +11,7 @@ submesh's logical mesh, and compile each as one SPMD program; then
 ``emit-instructions`` writes each mesh's instruction list. The resulting
 :class:`PipeshardExecutable` runs those lists with the instruction
 interpreter (:mod:`alpa_ir.runtime.interpreter`): in this process on the
-xla backend, on one Ray actor per mesh on the ray backend.
+xla backend, on one Ray actor per host on the ray backend.
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ class PipeshardParallel:
     pipeline_schedule: Literal["1f1b", "gpipe"] = "1f1b"
     backend: Literal["xla", "ray"] = "xla"
     """``xla``: the stages run in this process on the local devices; ``ray``:
-    one Ray actor per mesh (after ``alpa_ir.init(cluster="ray")``)."""
+    one Ray actor per host, a mesh may span hosts (after ``alpa_ir.init(cluster="ray")``)."""
     auto_sharding_option: AutoShardingOption = field(
         default_factory=lambda: AutoShardingOption(reduce_scatter="none")
     )

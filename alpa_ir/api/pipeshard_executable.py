@@ -52,7 +52,7 @@ class PipeshardExecutable:
     per-mesh instruction lists. A backend runs it (``runner``): on xla, one
     :class:`~alpa_ir.runtime.interpreter.MeshInterpreter` per mesh in this
     process (:mod:`alpa_ir.backends.xla_pipeline`); on ray, one actor per
-    mesh (:mod:`alpa_ir.backends.ray`).
+    host, a mesh may span hosts (:mod:`alpa_ir.backends.ray_host_pipeline`).
     """
 
     def __init__(

@@ -101,12 +101,14 @@ def test_automatic_stages_plan_on_the_ray_hosts(two_hosts: Any) -> None:
         executable.close()
 
 
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
 def test_a_pipeline_stage_spanning_two_hosts_equals_one_device(
-    two_hosts: Any, tmp_path: Path
+    two_hosts: Any, tmp_path: Path, schedule: str
 ) -> None:
     """Stage 0 on devices 0-1 (host0), stage 1 on a (2, 2) mesh of devices
-    2-5 (two on each host), stage 2 on devices 6-7 (host1); 2 micro-batches,
-    1F1B, 3 steps; then checkpoints across hosts. (Runs before the ShardParallel tests, whose executable
+    2-5 (two on each host), stage 2 on devices 6-7 (host1); 2 micro-batches
+    (gradients accumulated), 1F1B or GPipe, 3 steps; then (1F1B) checkpoints
+    across hosts. (Runs before the ShardParallel tests, whose executable
     holds both hosts' devices until the module ends.)"""
     from pipeshard_fixtures import _example, _step
 
@@ -114,6 +116,7 @@ def test_a_pipeline_stage_spanning_two_hosts_equals_one_device(
     method = alpa_ir.PipeshardParallel(
         num_micro_batches=2,
         stage_option=alpa_ir.ManualStageOption([[0], [1], [2]], [(1, 2), (2, 2), (1, 2)]),
+        pipeline_schedule=schedule,  # type: ignore[arg-type]
         backend="ray",
     )
     parallel = alpa_ir.parallelize(_step, method=method, donate_argnums=())
@@ -141,7 +144,27 @@ def test_a_pipeline_stage_spanning_two_hosts_equals_one_device(
             theirs, loss = jax.jit(_step)(theirs, batch)
             assert abs(float(our_loss) - float(loss)) <= 1e-5 * max(1.0, abs(float(loss)))
             assert max_abs_diff(ours, theirs) <= 1e-5
-        _checkpoints_across_hosts(parallel, executable, ours, batch, tmp_path)
+        if schedule == "1f1b":
+            _checkpoints_across_hosts(parallel, executable, ours, batch, tmp_path)
+    finally:
+        executable.close()
+
+
+def test_gradient_accumulation_on_a_mesh_spanning_two_hosts(two_hosts: Any) -> None:
+    """ShardParallel with 2 micro-batches on a (2, 4) mesh over both hosts:
+    the accumulated step equals one device's whole-batch step."""
+    fn, (state, batch) = tiny_step("mlp-tiny")
+    method = alpa_ir.ShardParallel(
+        alpa_ir.LogicalDeviceMesh((2, 4)), num_micro_batches=2, backend="ray"
+    )
+    parallel = alpa_ir.parallelize(fn, method=method, donate_argnums=())
+    executable = parallel.get_executable(state, batch)
+    try:
+        ours = theirs = state
+        for _ in range(STEPS):
+            got, want = parallel(ours, batch), jax.jit(fn)(theirs, batch)
+            assert max_abs_diff(got, want) <= 1e-5
+            ours, theirs = got[0], want[0]
     finally:
         executable.close()
 
