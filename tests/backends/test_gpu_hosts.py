@@ -19,6 +19,7 @@ from typing import Any
 
 import jax
 import pytest
+from ray_cluster_fixture import joined_cluster
 from zoo_fixtures import max_abs_diff, tiny_step
 
 import alpa_ir
@@ -34,18 +35,10 @@ STEPS = 3
 
 @pytest.fixture(scope="module")
 def gpu_node() -> Iterator[Any]:
-    from ray.cluster_utils import Cluster
-
     os.environ["JAX_DEFAULT_MATMUL_PRECISION"] = "highest"
     os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
-    alpa_ir.shutdown()
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": GPUS})
-    alpa_ir.init(cluster="ray", address=cluster.address)
-    try:
+    with joined_cluster({"num_cpus": 2, "num_gpus": GPUS}) as cluster:
         yield cluster
-    finally:
-        alpa_ir.shutdown()
-        cluster.shutdown()
 
 
 def _platforms(executable: Any) -> set[str]:

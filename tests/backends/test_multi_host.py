@@ -19,6 +19,7 @@ from typing import Any
 
 import jax
 import pytest
+from ray_cluster_fixture import joined_cluster
 from zoo_fixtures import max_abs_diff, tiny_step
 
 import alpa_ir
@@ -27,25 +28,15 @@ from alpa_ir.errors import AlpaError
 pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("multi_host")]
 
 ray = pytest.importorskip("ray")
-cluster_utils = pytest.importorskip("ray.cluster_utils")
 
 STEPS = 3
 
 
 @pytest.fixture(scope="module")
 def two_hosts() -> Iterator[Any]:
-    alpa_ir.shutdown()  # a Ray instance of another test module
-    cluster = cluster_utils.Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 1, "resources": {"alpa_cpu_device": 4}},
-    )
-    cluster.add_node(num_cpus=1, resources={"alpa_cpu_device": 4})
-    alpa_ir.init(cluster="ray", address=cluster.address)
-    try:
+    node = {"num_cpus": 1, "resources": {"alpa_cpu_device": 4}}
+    with joined_cluster(node, node) as cluster:
         yield cluster
-    finally:
-        alpa_ir.shutdown()
-        cluster.shutdown()
 
 
 def _one_device_steps(name: str) -> list[Any]:
