@@ -1,5 +1,6 @@
 """Shared helpers for tests over the model zoo: cached train steps, their
-imported modules, hand-written sharding rules, and tree comparison."""
+imported modules, hand-written sharding rules, tree comparison, and a
+parallel step stepped beside one device's."""
 
 from __future__ import annotations
 
@@ -65,3 +66,25 @@ def data_parallel_rule(name: str, shape: tuple[int, ...]) -> ShardingSpec | None
 def megatron_rule(name: str, shape: tuple[int, ...]) -> ShardingSpec | None:
     """Megatron-style on a (2, 4) mesh (``alpa_ir.models.megatron``)."""
     return megatron_spec(name, shape, (2, 4))
+
+
+def same_steps(
+    parallel: Any,
+    step: Any,
+    state: Any,
+    batch: Any,
+    steps: int,
+    rtol: float = 1e-5,
+    state_tol: float | None = None,
+) -> tuple[Any, Any]:
+    """``steps`` steps of ``parallel`` and of ``step`` on one device, side by
+    side: the losses equal (``rtol``) at each and, with ``state_tol``, the
+    states' largest difference at most that; both final states."""
+    ours, theirs = state, state
+    for _ in range(steps):
+        ours, our_loss = parallel(ours, batch)
+        theirs, loss = jax.jit(step)(theirs, batch)
+        np.testing.assert_allclose(our_loss, loss, rtol=rtol)
+        if state_tol is not None:
+            assert max_abs_diff(ours, theirs) <= state_tol
+    return ours, theirs

@@ -20,7 +20,7 @@ from typing import Any
 import jax
 import pytest
 from ray_cluster_fixture import joined_cluster
-from zoo_fixtures import max_abs_diff, tiny_step
+from zoo_fixtures import max_abs_diff, same_steps, tiny_step
 
 import alpa_ir
 
@@ -81,12 +81,7 @@ def test_a_pipeline_on_the_gpus_equals_one_device(gpu_node: Any, tmp_path: Path)
     executable = parallel.get_executable(state, batch)
     try:
         assert _platforms(executable) == {"gpu"}
-        ours, theirs = state, state
-        for _ in range(STEPS):
-            ours, our_loss = parallel(ours, batch)
-            theirs, loss = jax.jit(_step)(theirs, batch)
-            assert abs(float(our_loss) - float(loss)) <= 1e-5 * max(1.0, abs(float(loss)))
-            assert max_abs_diff(ours, theirs) <= 1e-5
+        ours, _ = same_steps(parallel, _step, state, batch, STEPS, state_tol=1e-5)
         saved = alpa_ir.save_checkpoint(tmp_path / "gpu", ours, step=STEPS, on=executable)
         assert max_abs_diff(alpa_ir.restore_checkpoint(saved, target=ours), ours) == 0
     finally:

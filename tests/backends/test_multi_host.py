@@ -20,7 +20,7 @@ from typing import Any
 import jax
 import pytest
 from ray_cluster_fixture import joined_cluster
-from zoo_fixtures import max_abs_diff, tiny_step
+from zoo_fixtures import max_abs_diff, same_steps, tiny_step
 
 import alpa_ir
 from alpa_ir.errors import AlpaError
@@ -84,10 +84,7 @@ def test_automatic_stages_plan_on_the_ray_hosts(two_hosts: Any) -> None:
             spans = {d // 4 for d in info.device_ids}
             assert len(spans) == 1 or len(info.device_ids) == 4 * len(spans)
             assert len(hosts_of[info.name]) == len(spans)
-        ours, our_loss = parallel(state, batch)
-        theirs, loss = jax.jit(_step)(state, batch)
-        assert abs(float(our_loss) - float(loss)) <= 1e-5 * max(1.0, abs(float(loss)))
-        assert max_abs_diff(ours, theirs) <= 1e-5
+        same_steps(parallel, _step, state, batch, 1, state_tol=1e-5)
     finally:
         executable.close()
 
@@ -129,12 +126,7 @@ def test_a_pipeline_stage_spanning_two_hosts_equals_one_device(
                 if host in hosts_of[t.src_mesh] + hosts_of[t.dst_mesh]
             ]  # fmt: skip
             assert got == want
-        ours, theirs = state, state
-        for _ in range(STEPS):
-            ours, our_loss = parallel(ours, batch)
-            theirs, loss = jax.jit(_step)(theirs, batch)
-            assert abs(float(our_loss) - float(loss)) <= 1e-5 * max(1.0, abs(float(loss)))
-            assert max_abs_diff(ours, theirs) <= 1e-5
+        ours, _ = same_steps(parallel, _step, state, batch, STEPS, state_tol=1e-5)
         if schedule == "1f1b":
             _checkpoints_across_hosts(parallel, executable, ours, batch, tmp_path)
     finally:
@@ -176,7 +168,7 @@ def _checkpoints_across_hosts(
     alpa_ir.save_checkpoint(tmp_path / "one", state, step=3)
     placed = alpa_ir.restore_checkpoint(tmp_path / "one", target=executable)
     assert max_abs_diff(placed, state) == 0
-    ours, our_loss = parallel(placed, batch)
+    ours, our_loss = parallel(placed, batch)  # placed as the stages read it
     theirs, loss = jax.jit(_step)(state, batch)
     assert abs(float(our_loss) - float(loss)) <= 1e-5 * max(1.0, abs(float(loss)))
     assert max_abs_diff(ours, theirs) <= 1e-5

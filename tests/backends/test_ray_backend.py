@@ -19,6 +19,7 @@ import numpy as np
 import optax
 import pytest
 from two_mesh_fixture import example_inputs, reference, two_mesh_module
+from zoo_fixtures import same_steps
 
 import alpa_ir
 from alpa_ir.errors import AlpaError
@@ -140,7 +141,7 @@ def test_tiny_gpt_with_two_stages_of_four_devices_on_ray(cluster: None, tmp_path
     parallel = alpa_ir.parallelize(step, method=method, donate_argnums=())
     executable = parallel.get_executable(state, batch)
     try:
-        ours, theirs = _same_steps(parallel, step, state, batch, 3, rtol=1e-4)
+        ours, theirs = same_steps(parallel, step, state, batch, 3, rtol=1e-4)
         for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs), strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
         # the workers time every instruction: a measured bar per RUN executed
@@ -153,19 +154,6 @@ def test_tiny_gpt_with_two_stages_of_four_devices_on_ray(cluster: None, tmp_path
         assert picture.measured_runs == runs
     finally:
         executable.close()
-
-
-def _same_steps(
-    parallel: Any, step: Any, state: Any, batch: Any, steps: int, rtol: float
-) -> tuple[Any, Any]:
-    """``steps`` steps of ``parallel`` and of ``step`` on one device, the
-    losses equal at each; both final states."""
-    ours, theirs = state, state
-    for _ in range(steps):
-        ours, our_loss = parallel(ours, batch)
-        theirs, loss = jax.jit(step)(theirs, batch)
-        np.testing.assert_allclose(our_loss, loss, rtol=rtol)
-    return ours, theirs
 
 
 def test_a_dead_worker_fails_the_step_within_30_s(cluster: None) -> None:
@@ -355,7 +343,7 @@ def test_prng_keys_cross_into_and_out_of_the_hosts(cluster: None) -> None:
     parallel = alpa_ir.parallelize(_dropout_step, method=method, donate_argnums=())
     executable = parallel.get_executable(state, batch)
     try:
-        ours, theirs = _same_steps(parallel, _dropout_step, state, batch, 2, rtol=1e-5)
+        ours, theirs = same_steps(parallel, _dropout_step, state, batch, 2, rtol=1e-5)
         assert ours["key"].dtype == state["key"].dtype
         np.testing.assert_array_equal(
             jax.random.key_data(ours["key"]), jax.random.key_data(theirs["key"])
