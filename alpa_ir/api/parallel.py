@@ -162,22 +162,19 @@ class ShardedExecutable:
         """Flat inputs whose buffers the program reuses for their new values
         (the donated state: ``donate_argnums``, default the state, argument 0)."""
         self._propagate, self._out_specs = propagate, out_specs
-        self._local: tuple[Mesh, Any, Sequence[Any], list[Any] | None] | None = None
+        self._local: tuple[Any, Sequence[Any], list[Any] | None] | None = None
         if compile_locally:  # on the ray backend only when asked for (its mesh
             self._compile_local()  # may hold more devices than this process)
 
-    def _compile_local(self) -> tuple[Mesh, Any, Sequence[Any], list[Any] | None]:
-        """The program on this process's devices: (mesh, program, input
-        shardings, output shardings), compiled once."""
+    def _compile_local(self) -> tuple[Any, Sequence[Any], list[Any] | None]:
+        """The program on this process's devices (:attr:`jax_mesh`): (program,
+        input shardings, output shardings), compiled once."""
         if self._local is not None:
             return self._local
         from alpa_ir.backends.spmd import compile_spmd
-        from alpa_ir.runtime.devices import local_devices_for
 
-        mesh = self.mesh
-        assert mesh.devices is not None and mesh.axis_names is not None
-        devices = np.array(local_devices_for(mesh.devices), dtype=object).reshape(mesh.shape)
-        jax_mesh = Mesh(devices, mesh.axis_names)
+        mesh, jax_mesh = self.mesh, self.jax_mesh
+        assert mesh.axis_names is not None
         out_specs = self._out_specs
         out_shardings = (
             None
@@ -198,19 +195,17 @@ class ShardedExecutable:
                 num_micro_batches=self.num_micro_batches,
                 batch_args=self.batch_leaves,
             )
-        self._local = (jax_mesh, run, in_shardings, out_shardings)
+        self._local = (run, in_shardings, out_shardings)
         return self._local
 
-    @property
+    @functools.cached_property
     def jax_mesh(self) -> Mesh:
-        """The plan's mesh of JAX devices (for the ray backend: the driver's
-        own devices, as many as the mesh needs; the hosts hold theirs)."""
-        if self._local is not None:
-            return self._local[0]
-        mesh = self.mesh
-        assert mesh.devices is not None and mesh.axis_names is not None
+        """The plan's mesh of this process's JAX devices (for the ray backend:
+        the driver's own, as many as the mesh needs; the hosts hold theirs)."""
         from alpa_ir.runtime.devices import local_devices_for
 
+        mesh = self.mesh
+        assert mesh.devices is not None and mesh.axis_names is not None
         devices = np.array(local_devices_for(mesh.devices), dtype=object).reshape(mesh.shape)
         return Mesh(devices, mesh.axis_names)
 
@@ -253,7 +248,7 @@ class ShardedExecutable:
             self.remote.close()
 
     def _flat_inputs(self, args: tuple[Any, ...]) -> list[Any]:
-        in_shardings = self._compile_local()[2]
+        in_shardings = self._compile_local()[1]
         return jax.device_put(self._host_inputs(args), list(in_shardings))
 
     def _host_inputs(self, args: tuple[Any, ...]) -> list[Any]:
@@ -280,7 +275,7 @@ class ShardedExecutable:
         if self.remote is not None:
             outs = self.remote.run_flat(self._host_inputs(args))
             return self.signature.unflatten_outputs(outs)
-        _, run, _, out_shardings = self._compile_local()
+        run, _, out_shardings = self._compile_local()
         outs = list(run(*self._flat_inputs(args)))
         if out_shardings is not None:  # delivered in the user's output specs
             outs = [
@@ -293,7 +288,7 @@ class ShardedExecutable:
         """The compiled HLO of the SPMD program (after XLA's passes)."""
         if not args:
             args = self._example_args
-        run = self._compile_local()[1]
+        run = self._compile_local()[0]
         return run.lower(*self._flat_inputs(args)).compile().as_text()  # type: ignore[attr-defined]
 
     input_module: ModuleOp | None = None

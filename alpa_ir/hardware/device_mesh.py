@@ -270,15 +270,14 @@ def resolve_mesh(devices: Devices, cluster_devices: int | None = None) -> Logica
         ids = device_indices(devices)
         mesh = LogicalDeviceMesh((1, len(ids)), devices=ids)
     assert mesh.devices is not None
-    if max(mesh.devices) >= available and cluster_devices is not None:
-        raise AlpaError(
-            f"the mesh needs {max(mesh.devices) + 1} devices (shape {list(mesh.shape)}) but the "
-            f"Ray cluster's hosts have {available}"
-        )
     if max(mesh.devices) >= available:
-        raise AlpaError(
-            f"the mesh needs {max(mesh.devices) + 1} devices (shape {list(mesh.shape)}) but only "
-            f"{available} local devices exist (more CPU devices: "
+        have = (
+            f"only {available} local devices exist (more CPU devices: "
             "XLA_FLAGS=--xla_force_host_platform_device_count=N before jax is imported)"
+            if cluster_devices is None
+            else f"the Ray cluster's hosts have {available}"
+        )
+        raise AlpaError(
+            f"the mesh needs {max(mesh.devices) + 1} devices (shape {list(mesh.shape)}) but {have}"
         )
     return mesh

@@ -406,7 +406,7 @@ def test_input_avals_of_a_micro_batched_executable() -> None:
         assert (aval.shape, aval.dtype) == (arg.shape, arg.dtype)  # whole batch
     state_leaves = len(jax.tree.leaves(args[0]))
     shardings = jax.tree.leaves(executable.get_input_shardings())
-    assert shardings[:state_leaves] == list(executable._compile_local()[2][:state_leaves])
+    assert shardings[:state_leaves] == list(executable._compile_local()[1][:state_leaves])
 
 
 def test_deleted_state_is_refused_and_nothing_is_written(tmp_path: Path) -> None:
