@@ -91,35 +91,29 @@ def _collective_step(worker: Any) -> int:
     return 0
 
 
-def _within(ray: Any, refs: list[Any], timeout_s: float, what: str) -> list[Any]:
-    """``ray.get`` that gives up after ``timeout_s`` (a refused NCCL rank can
-    leave its peer waiting)."""
-    done, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
-    if len(done) < len(refs):
-        raise AlpaError(f"{what} did not finish within {timeout_s:.0f} s")
-    return list(ray.get(refs))
-
-
 def _collective_seconds(
-    ray: Any, workers: list[Any], elements: int, repeat: int, timeout_s: float
+    group: Any, elements: int, repeat: int, timeout_s: float
 ) -> tuple[float | None, str]:
-    """Median seconds of the transfer program, and its platform and
-    collectives (or why it did not run)."""
+    """Median seconds of the transfer program on the group's two host
+    workers, and its platform and collectives, or why it did not run (a
+    failure or a deadline stops the workers: ``RayWorkerGroup.wait``)."""
+    workers = dict(group.workers)
     try:
-        coordinator = _within(ray, [workers[0].coordinator_address.remote()], timeout_s,
-                              "starting the workers")[0]  # fmt: skip
-        joins = [w.connect.remote(coordinator, 2, k) for k, w in enumerate(workers)]
-        _within(ray, joins, timeout_s, "joining the JAX world")
-        programs = [w.__ray_call__.remote(_collective_program, elements) for w in workers]
-        what = _within(ray, programs, timeout_s, "compiling the transfer")[0]
-        steps = lambda: _within(  # noqa: E731
-            ray, [w.__ray_call__.remote(_collective_step) for w in workers], timeout_s,
-            "the transfer",
-        )  # fmt: skip
-        return _median_seconds(steps, repeat), what
-    except Exception as err:
-        text = str(err).strip().splitlines()
-        return None, f"failed: {text[-1] if text else type(err).__name__}"
+        first = group.wait({"host0": workers["host0"].coordinator_address.remote()},
+                           timeout_s, "start")["host0"]  # fmt: skip
+        joins = {k: w.connect.remote(first, 2, i) for i, (k, w) in enumerate(workers.items())}
+        group.wait(joins, timeout_s, "join the JAX world")
+        programs = {k: w.__ray_call__.remote(_collective_program, elements)
+                    for k, w in workers.items()}  # fmt: skip
+        what = group.wait(programs, timeout_s, "compile the transfer")["host0"]
+
+        def step() -> None:
+            refs = {k: w.__ray_call__.remote(_collective_step) for k, w in workers.items()}
+            group.wait(refs, timeout_s, "run the transfer")
+
+        return _median_seconds(step, repeat), what
+    except AlpaError as err:
+        return None, f"failed: {err}"
 
 
 def bench(mib: int, repeat: int, gpus: bool = False, timeout_s: float = 120.0) -> dict[str, Any]:
@@ -131,6 +125,7 @@ def bench(mib: int, repeat: int, gpus: bool = False, timeout_s: float = 120.0) -
     from ray.cluster_utils import Cluster
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+    from alpa_ir.backends.ray_workers import RayWorkerGroup
     from alpa_ir.runtime.host_worker import HostWorker
 
     nbytes = mib * 2**20
@@ -146,23 +141,22 @@ def bench(mib: int, repeat: int, gpus: bool = False, timeout_s: float = 120.0) -
         if gpus:
             env = {"JAX_PLATFORMS": "cuda"}
         actor = ray.remote(HostWorker)
-        workers = [
-            actor.options(
-                runtime_env={"env_vars": env}, num_cpus=1, num_gpus=1 if gpus else 0,
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
-            ).remote(f"host{k}", 1)
-            for k, node in enumerate(nodes)
-        ]  # fmt: skip
-        collective, program = _collective_seconds(ray, workers, elements, repeat, timeout_s)
-        if collective is None:  # its workers may be stuck in a refused collective
-            for worker in workers:
-                ray.kill(worker)
-            workers = [
-                actor.options(
-                    num_cpus=1, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
+
+        def start_workers() -> dict[str, Any]:
+            return {
+                f"host{k}": actor.options(
+                    runtime_env={"env_vars": env}, num_cpus=1, num_gpus=1 if gpus else 0,
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
                 ).remote(f"host{k}", 1)
                 for k, node in enumerate(nodes)
-            ]  # fmt: skip
+            }  # fmt: skip
+
+        group = RayWorkerGroup(ray)
+        group.workers = start_workers()
+        collective, program = _collective_seconds(group, elements, repeat, timeout_s)
+        if collective is None:  # the failure stopped the workers: new ones for the store
+            group.workers = start_workers()
+        workers = list(group.workers.values())
 
         def produce(worker: Any) -> np.ndarray:
             return np.ones(elements, np.float32)
