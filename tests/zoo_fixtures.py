@@ -88,3 +88,16 @@ def same_steps(
         if state_tol is not None:
             assert max_abs_diff(ours, theirs) <= state_tol
     return ours, theirs
+
+
+def one_device_steps(name: str, steps: int) -> list[Any]:
+    """The outputs of ``steps`` steps of the zoo's tiny ``name`` on one device,
+    each step on the state the last one returned."""
+    fn, (state, batch) = tiny_step(name)
+    step = jax.jit(fn)
+    outs = []
+    for _ in range(steps):
+        out = step(state, batch)
+        state = out[0]
+        outs.append(out)
+    return outs

@@ -20,7 +20,7 @@ from typing import Any
 import jax
 import pytest
 from ray_cluster_fixture import joined_cluster
-from zoo_fixtures import max_abs_diff, same_steps, tiny_step
+from zoo_fixtures import max_abs_diff, one_device_steps, same_steps, tiny_step
 
 import alpa_ir
 from alpa_ir.errors import AlpaError
@@ -37,17 +37,6 @@ def two_hosts() -> Iterator[Any]:
     node = {"num_cpus": 1, "resources": {"alpa_cpu_device": 4}}
     with joined_cluster(node, node) as cluster:
         yield cluster
-
-
-def _one_device_steps(name: str) -> list[Any]:
-    fn, (state, batch) = tiny_step(name)
-    step = jax.jit(fn)
-    outs = []
-    for _ in range(STEPS):
-        out = step(state, batch)
-        state = out[0]
-        outs.append(out)
-    return outs
 
 
 def test_the_probe_measures_the_link_between_hosts(two_hosts: Any) -> None:
@@ -143,11 +132,10 @@ def test_gradient_accumulation_on_a_mesh_spanning_two_hosts(two_hosts: Any) -> N
     parallel = alpa_ir.parallelize(fn, method=method, donate_argnums=())
     executable = parallel.get_executable(state, batch)
     try:
-        ours = theirs = state
-        for _ in range(STEPS):
-            got, want = parallel(ours, batch), jax.jit(fn)(theirs, batch)
+        for want in one_device_steps("mlp-tiny", STEPS):
+            got = parallel(state, batch)
             assert max_abs_diff(got, want) <= 1e-5
-            ours, theirs = got[0], want[0]
+            state = got[0]
     finally:
         executable.close()
 
@@ -191,7 +179,7 @@ def test_a_mesh_spanning_two_hosts_equals_one_device(shard_on_two_hosts: Any) ->
     pids = ray.get([w.pid.remote() for w in executable.remote.workers.values()])
     assert len(set(pids)) == 2 and os.getpid() not in pids
     _, (state, batch) = tiny_step("mlp-tiny")
-    for want in _one_device_steps("mlp-tiny"):
+    for want in one_device_steps("mlp-tiny", STEPS):
         got = executable(state, batch)
         assert max_abs_diff(got, want) <= 1e-5
         state = got[0]
