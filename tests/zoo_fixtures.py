@@ -90,14 +90,13 @@ def same_steps(
     return ours, theirs
 
 
-def one_device_steps(name: str, steps: int) -> list[Any]:
-    """The outputs of ``steps`` steps of the zoo's tiny ``name`` on one device,
-    each step on the state the last one returned."""
+def check_tiny_steps(run: Any, name: str, steps: int, tol: float = 1e-5) -> None:
+    """``run`` (a parallel step of the zoo's tiny ``name``) over ``steps``
+    steps equals one device's at each, each step on the state it returned."""
     fn, (state, batch) = tiny_step(name)
-    step = jax.jit(fn)
-    outs = []
+    one_device, theirs = jax.jit(fn), state
     for _ in range(steps):
-        out = step(state, batch)
-        state = out[0]
-        outs.append(out)
-    return outs
+        want = one_device(theirs, batch)  # before ``run``, which may donate the state
+        got = run(state, batch)
+        assert max_abs_diff(got, want) <= tol
+        state, theirs = got[0], want[0]

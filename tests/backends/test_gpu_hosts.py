@@ -20,7 +20,7 @@ from typing import Any
 import jax
 import pytest
 from ray_cluster_fixture import joined_cluster
-from zoo_fixtures import max_abs_diff, one_device_steps, same_steps, tiny_step
+from zoo_fixtures import check_tiny_steps, max_abs_diff, same_steps, tiny_step
 
 import alpa_ir
 
@@ -57,10 +57,7 @@ def test_a_mesh_of_the_gpus_equals_one_device(gpu_node: Any) -> None:
     executable = parallel.get_executable(state, batch)
     try:
         assert _platforms(executable) == {"gpu"}
-        for want in one_device_steps("mlp-tiny", STEPS):
-            got = parallel(state, batch)
-            assert max_abs_diff(got, want) <= 1e-5
-            state = got[0]
+        check_tiny_steps(parallel, "mlp-tiny", STEPS)
     finally:
         executable.close()
 

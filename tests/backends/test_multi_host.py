@@ -20,7 +20,7 @@ from typing import Any
 import jax
 import pytest
 from ray_cluster_fixture import joined_cluster
-from zoo_fixtures import max_abs_diff, one_device_steps, same_steps, tiny_step
+from zoo_fixtures import check_tiny_steps, max_abs_diff, same_steps, tiny_step
 
 import alpa_ir
 from alpa_ir.errors import AlpaError
@@ -132,10 +132,7 @@ def test_gradient_accumulation_on_a_mesh_spanning_two_hosts(two_hosts: Any) -> N
     parallel = alpa_ir.parallelize(fn, method=method, donate_argnums=())
     executable = parallel.get_executable(state, batch)
     try:
-        for want in one_device_steps("mlp-tiny", STEPS):
-            got = parallel(state, batch)
-            assert max_abs_diff(got, want) <= 1e-5
-            state = got[0]
+        check_tiny_steps(parallel, "mlp-tiny", STEPS)
     finally:
         executable.close()
 
@@ -178,11 +175,7 @@ def test_a_mesh_spanning_two_hosts_equals_one_device(shard_on_two_hosts: Any) ->
     assert {h.address for h in hosts} == {"127.0.0.1"}  # loopback only (tests/conftest.py)
     pids = ray.get([w.pid.remote() for w in executable.remote.workers.values()])
     assert len(set(pids)) == 2 and os.getpid() not in pids
-    _, (state, batch) = tiny_step("mlp-tiny")
-    for want in one_device_steps("mlp-tiny", STEPS):
-        got = executable(state, batch)
-        assert max_abs_diff(got, want) <= 1e-5
-        state = got[0]
+    check_tiny_steps(executable, "mlp-tiny", STEPS)
 
 
 def test_a_killed_host_fails_the_step_naming_the_host(shard_on_two_hosts: Any) -> None:
