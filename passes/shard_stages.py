@@ -3,8 +3,9 @@
 Each function ``@main`` calls (forward, backward and apply-grad of every
 stage, in call order) becomes ``@main`` of a module of its own with a copy of
 its ``mesh.logical_mesh``, and a nested pass manager runs ``stage-pipeline``
-on it (so verification, timing, IR dumps, statistics and crash reproducers
-apply to each stage function as to any module); the sharded function then
+on it (so verification, once after its pipeline, timing, IR dumps,
+statistics and crash reproducers apply to each stage function as to any
+module); the sharded function then
 replaces the original. A value's layout is carried from function to function
 on one mesh (:func:`alpa_ir.pipeline.stage_specs.shard_in_call_order`): an argument
 already laid out there by an earlier function is given that spec.
@@ -80,7 +81,8 @@ class ShardStages(ModulePass):
         def shard(name: str) -> None:
             single = function_module(op, name)
             batch = BATCH_ATTR in main_function(single).attributes
-            PassManager(registry, passes if batch else without_batch).run(single, ctx)
+            stage_passes = passes if batch else without_batch
+            PassManager(registry, stage_passes, verify_each="end").run(single, ctx)
             original = symbol_op(op, name, func.FuncOp)
             assert isinstance(original, func.FuncOp)
             planned = main_function(single).clone()

@@ -131,6 +131,73 @@ def test_verify_each_names_the_pass_that_broke_the_module(
     unchecked.run(_module(ctx), ctx)  # no verification, no error
 
 
+def test_verify_at_end_names_the_pass_that_broke_the_module(
+    registry: PluginRegistry, ctx: Context, tmp_path: Path
+) -> None:
+    manager = PassManager(
+        registry,
+        "count-ops,test-break-verify,count-ops",
+        verify_each="end",
+        reproducer_dir=tmp_path,
+    )
+    with pytest.raises(IRVerifyError) as info:
+        manager.run(_module(ctx), ctx)
+    # verified once at the end, then replayed pass by pass to find the culprit
+    assert str(info.value).startswith(
+        "module does not verify after pass 'test-break-verify': input.mlir:3:5: "
+    )
+    [reproducer] = tmp_path.iterdir()
+    assert "--pass-pipeline='builtin.module(test-break-verify)'" in reproducer.read_text()
+    rows = PassManager(registry, "count-ops,count-ops", verify_each="end").execute(_module(ctx))
+    assert [r.name for r in rows.timings] == ["count-ops", "count-ops", VERIFIER_ROW]
+    with pytest.raises(PipelineError, match="verify_each must be True, False or 'end'"):
+        PassManager(registry, "count-ops", verify_each="each")  # type: ignore[arg-type]
+
+
+def test_the_module_is_copied_once_per_run_not_per_pass(
+    registry: PluginRegistry, ctx: Context, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    copies = []
+    original = ModuleOp.clone
+
+    def counted(self: ModuleOp, *args: object, **kwargs: object) -> ModuleOp:
+        copies.append(self)
+        return original(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ModuleOp, "clone", counted)
+    PassManager(registry, "count-ops,append-trace,count-ops,append-trace").run(_module(ctx), ctx)
+    assert len(copies) == 1
+
+
+@dataclass(frozen=True)
+class PassOnce(ModulePass):
+    """Passes the first time it runs and fails after (a non-deterministic pass)."""
+
+    name: ClassVar[str] = "pass-once"
+    runs: ClassVar[list[int]] = []
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        self.runs.append(1)
+        if len(self.runs) > 1:
+            raise KeyError("second run")
+
+
+def test_a_replay_that_fails_gives_the_pipeline_level_reproducer(
+    registry: PluginRegistry, ctx: Context, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(PassOnce, "runs", [])
+    manager = PassManager(
+        registry, [PassOnce(), CountOps(), RenameThenFail()], reproducer_dir=tmp_path
+    )
+    with pytest.raises(PassFailure, match="rename-then-fail") as info:
+        manager.run(_module(ctx), ctx)
+    text = Path(str(info.value.reproducer)).read_text()
+    # replaying the passes before rename-then-fail fails in pass-once: the
+    # run's input and every pass up to the failing one reproduce it instead
+    assert "--pass-pipeline='builtin.module(pass-once,count-ops,rename-then-fail)'" in text
+    assert "count = " not in text
+
+
 def test_timing_reports_each_pass_and_the_total(registry: PluginRegistry, ctx: Context) -> None:
     stream = io.StringIO()
     manager = PassManager(registry, "count-ops,append-trace", timing=True, timing_stream=stream)
