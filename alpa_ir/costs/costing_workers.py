@@ -5,9 +5,13 @@ A cost table prices a few distinct functions (the layer ranges; identical
 ones once) on many logical meshes, each pair independently: an ILP per pair
 for the analytical model. The pairs are spread over ``workers`` processes:
 
-* every worker is a fresh interpreter (``spawn``: no state of the parent,
-  whose JAX runtime is multithreaded and must not be forked), started with
-  the cluster, a fresh copy of the stage cost model
+* every worker is a fresh interpreter running this module
+  (``python -m alpa_ir.costs.costing_workers FD``: no state of the parent,
+  whose JAX runtime is multithreaded and must not be forked, and, unlike
+  multiprocessing's ``spawn``, no re-import of the user's ``__main__``, so a
+  script that plans with workers needs no ``if __name__ == "__main__":``
+  guard), joined to the parent by a socket pair, and sent the cluster, a
+  fresh copy of the stage cost model
   (:class:`~alpa_ir.costs.stage_cost.ParallelStageCostModel`) and the functions as
   IR text, which it parses once;
 * work goes out in *tasks*, one per logical mesh: all functions on that mesh,
@@ -25,10 +29,11 @@ from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.connection
+import subprocess
+import sys
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
@@ -67,27 +72,20 @@ def cost_in_workers(
     after each task with the number of jobs done so far."""
     copy = model.worker_copy
     texts = [function_text(f) for f in functions]
-    ctx = multiprocessing.get_context("spawn")
     results: list[list[StageCost] | None] = [None] * len(tasks)
     pending = list(range(len(tasks)))
     pending.reverse()  # pop() takes the tasks in the order given
-    processes = []
+    processes: list[subprocess.Popen[bytes]] = []
     connections: list[multiprocessing.connection.Connection] = []
     busy: dict[multiprocessing.connection.Connection, int] = {}
     done_jobs = 0
     try:
-        for k in range(min(workers, len(tasks))):
-            parent_end, child_end = ctx.Pipe()
-            process = ctx.Process(
-                target=_worker_main,
-                args=(child_end, copy(), cluster, texts),
-                name=f"alpa-costing-{k}",
-                daemon=True,
-            )
-            process.start()
-            child_end.close()
+        for _ in range(min(workers, len(tasks))):
+            process, parent_end = _start_worker()
             processes.append(process)
             connections.append(parent_end)
+            parent_end.send(sys.path)  # before anything that unpickles by module
+            parent_end.send((copy(), cluster, texts))
         for conn in connections:
             _send_next(conn, tasks, pending, busy)
         while busy:
@@ -97,10 +95,10 @@ def cost_in_workers(
                 try:
                     kind, payload = conn.recv()
                 except EOFError:
-                    worker = processes[connections.index(conn)]
-                    worker.join(timeout=5)
+                    k = connections.index(conn)
+                    code = _wait(processes[k], 5)
                     raise AlpaError(
-                        f"costing worker {worker.name} died (exit code {worker.exitcode}) "
+                        f"costing worker {k} died (exit code {code}) "
                         f"while costing {len(tasks[index])} pairs on mesh "
                         f"{list(tasks[index][0].mesh.shape)}"
                     ) from None
@@ -119,11 +117,31 @@ def cost_in_workers(
                 pass
             conn.close()
         for process in processes:
-            process.join(timeout=5)
-            if process.is_alive():
+            if _wait(process, 5) is None:
                 process.terminate()
-                process.join()
+                process.wait()
     return [r for r in results if r is not None]
+
+
+def _start_worker() -> tuple[subprocess.Popen[bytes], multiprocessing.connection.Connection]:
+    """A worker interpreter (module docstring) and the parent's end of its socket pair."""
+    parent_end, child_end = multiprocessing.Pipe()
+    fd = child_end.fileno()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "alpa_ir.costs.costing_workers", str(fd)],
+        pass_fds=(fd,),
+        stdin=subprocess.DEVNULL,
+    )
+    child_end.close()
+    return process, parent_end
+
+
+def _wait(process: subprocess.Popen[bytes], seconds: float) -> int | None:
+    """The worker's exit code, or None if it is still running after ``seconds``."""
+    try:
+        return process.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        return None
 
 
 def _send_next(
@@ -138,17 +156,17 @@ def _send_next(
         busy[conn] = index
 
 
-def _worker_main(
-    conn: multiprocessing.connection.Connection,
-    model: Any,
-    cluster: Cluster,
-    texts: Sequence[str],
-) -> None:
-    """A worker's loop: parse the functions, then cost each task it receives
-    until it receives ``None``."""
+def _worker_main(conn: multiprocessing.connection.Connection) -> None:
+    """A worker's loop: receive the model, cluster and functions, parse the
+    functions, then cost each task it receives until it receives ``None``."""
     from alpa_ir.ir.module_utils import main_function
     from alpa_ir.ir.text import parse_module
 
+    try:
+        sys.path[:] = conn.recv()  # the parent's: its models may live in its own modules
+        model, cluster, texts = conn.recv()
+    except EOFError:
+        return
     try:
         functions = [main_function(parse_module(text)) for text in texts]
     except Exception as error:  # the parent reports it; nothing is costed
@@ -176,3 +194,6 @@ def _worker_main(
 
 
 __all__ = ["CostJob", "cost_in_workers", "function_text"]
+
+if __name__ == "__main__":  # a worker (module docstring): its socket's descriptor
+    _worker_main(multiprocessing.connection.Connection(int(sys.argv[1])))
