@@ -13,6 +13,7 @@ from stage_fixtures import BATCH, HIDDEN, _cluster, _stage
 from xdsl.dialects import func
 
 import alpa_ir
+import alpa_ir.costs.stage_cost as stage_cost
 from alpa_ir.autosharding.cost_model import collective_bytes_on_wire
 from alpa_ir.autosharding.plan_bytes import predicted_collectives
 from alpa_ir.costs.flops import function_flops
@@ -70,6 +71,25 @@ def test_single_device_cost_parts() -> None:
     assert cost.memory.gradients == params and cost.memory.optimizer_state == 2 * params
     # Activations: at least the input batch and one hidden layer's output, at most all values.
     assert 2 * BATCH * HIDDEN * 4 <= cost.memory.activations < 40 * BATCH * HIDDEN * 4
+
+
+def test_one_device_is_priced_without_the_ilp_and_as_the_ilp_would(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    c = _cluster()
+    mesh = c.logical_mesh((1, 1))
+    for options in (StageCostOptions(), StageCostOptions(remat=True, fusion=True, zero=True)):
+        ilp = AnalyticalStageCostModel(options)._plan_and_price(
+            plan_function(_stage(0), mesh, options), mesh, c, (0, 1), options
+        )  # the function already planned on the one-device mesh: priced as it is
+        with monkeypatch.context() as patch:
+            patch.setattr(stage_cost, "plan_function", _no_ilp)
+            direct = AnalyticalStageCostModel(options).stage_cost(_stage(0), mesh, c, (0, 1))
+        assert direct == ilp
+
+
+def _no_ilp(*args: Any, **kwargs: Any) -> Any:
+    raise AssertionError("a one-device mesh needs no ILP")
 
 
 def test_communication_is_the_plans_collectives_priced_with_alpha_beta() -> None:

@@ -4,6 +4,9 @@ the cross-stage communication option."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -160,6 +163,30 @@ def test_workers_give_the_same_table_as_one_process() -> None:
     # each distinct pair once; the parent's model keeps what the workers costed
     assert model.stats.misses == len(model._cache)
     assert model.stats.hits + model.stats.misses == parallel.pairs_costed
+
+
+def test_a_script_without_a_main_guard_costs_in_workers(tmp_path: Path) -> None:
+    """The workers do not re-import the user's script (multiprocessing's
+    spawn would run it again, and fail, without ``if __name__ == "__main__"``)."""
+    script = tmp_path / "plan.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).parents[1])!r})\n"
+        "from stage_fixtures import _deep_module, _small_cluster\n"
+        "from alpa_ir.costs.stage_cost import AnalyticalStageCostModel\n"
+        "from alpa_ir.ir.module_utils import main_function\n"
+        "from alpa_ir.passes.construct_stages import cost_table\n"
+        "from alpa_ir.pipeline.stage_outline import LayerRanges\n"
+        "ranges = LayerRanges(main_function(_deep_module()))\n"
+        "table = cost_table(ranges, _small_cluster(4), AnalyticalStageCostModel(),\n"
+        "                   progress=False, workers=2)\n"
+        "print('RAN', table.pairs_costed)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("RAN") == 1  # the script ran once, in the parent only
 
 
 class _FailingModel(AnalyticalStageCostModel):
