@@ -93,6 +93,11 @@ def _user_location(eqn: Any) -> tuple[str, int, int] | None:
     return (frame.file_name, frame.start_line, frame.start_column) if frame else None
 
 
+def where_text(location: tuple[str, int, int] | None) -> str:
+    """``file:line`` of a location, for error messages."""
+    return f"{location[0]}:{location[1]}" if location else "<unknown location>"
+
+
 @dataclass
 class _BlockEmitter:
     """Emits the eqns of one jaxpr into one block."""
@@ -114,8 +119,7 @@ class _BlockEmitter:
         return _user_location(eqn) or self.fallback_location
 
     def where(self, eqn: Any) -> str:
-        loc = self.location(eqn)
-        return f"{loc[0]}:{loc[1]}" if loc else "<unknown location>"
+        return where_text(self.location(eqn))
 
     def add(self, op: Operation) -> Operation:
         self.block.add_op(op)
@@ -275,13 +279,30 @@ class JaxprImporter:
         """Unroll a ``scan`` whose body differentiates (a user's own gradient
         accumulation over chunks of the batch), so that a pipeline can cut its
         forward and backward passes (see :mod:`alpa_ir.pipeline.layer_mirroring`)."""
+        self._types: dict[tuple[tuple[int, ...], Any], TensorType] = {}
+        """The tensor type of each (shape, dtype) met so far: a large model's
+        values have few distinct types, and building (verifying) an xDSL type
+        took a tenth of an import."""
+
+    def value_type(self, aval: Any, where: Callable[[], str]) -> TensorType:
+        """``aval``'s tensor type; ``where()`` names the value in an error."""
+        shape, dtype = getattr(aval, "shape", None), getattr(aval, "dtype", None)
+        try:
+            key = (tuple(shape), dtype)  # type: ignore[arg-type]
+            hash(key)
+        except TypeError:  # not an array value: _aval_type says so
+            return _aval_type(aval, where())
+        found = self._types.get(key)
+        if found is None:
+            found = self._types[key] = _aval_type(aval, where())
+        return found
 
     def region_of(self, closed: Any, location: tuple[str, int, int] | None, where: str) -> Region:
         if isinstance(closed, ClosedJaxpr):
             jaxpr, consts = closed.jaxpr, closed.consts
         else:
             jaxpr, consts = closed, ()
-        block = Block(arg_types=[_aval_type(v.aval, where) for v in jaxpr.invars])
+        block = Block(arg_types=[self.value_type(v.aval, lambda: where) for v in jaxpr.invars])
         emitter = _BlockEmitter(self, block, fallback_location=location)
         outs = emitter.emit_jaxpr(jaxpr, consts, list(block.args))
         block.add_op(ReturnOp.create(operands=outs))
@@ -289,14 +310,17 @@ class JaxprImporter:
 
     def make_op(self, emitter: _BlockEmitter, eqn: Any, inputs: list[SSAValue]) -> list[SSAValue]:
         name = eqn.primitive.name
-        where = emitter.where(eqn)
-        result_types = [_aval_type(v.aval, f"{where}: primitive '{name}'") for v in eqn.outvars]
+        loc = emitter.location(eqn)
+        where = where_text(loc)
+        result_types = [
+            self.value_type(v.aval, lambda: f"{where}: primitive '{name}'") for v in eqn.outvars
+        ]
         spec = PRIMITIVES.get(name)
         if spec is not None:
             op = self._table_op(spec, eqn, inputs, result_types, emitter)
         else:
             op = self._generic_op(eqn, inputs, result_types, where)
-        if self.locations and (loc := emitter.location(eqn)) is not None:
+        if self.locations and loc is not None:
             op.location = FileLineColLoc(StringAttr(loc[0]), IntAttr(loc[1]), IntAttr(loc[2]))
         emitter.add(op)
         return list(op.results)
