@@ -120,13 +120,25 @@ def _fitted(
 ) -> ClusteringResult:
     """``fit-delta``: the clustering at the least δ (doubling from the one
     used) whose largest received bytes are those at FIT_DELTA_MAX."""
-    tried = [result]
+    deltas = []
     delta = result.delta
     while delta < FIT_DELTA_MAX:
         delta = min(max(2 * delta, 0.5), FIT_DELTA_MAX)
-        tried.append(cluster_operators(flops, edges, layers, delta, relax_delta=True))
-    least = tried[-1].objective
-    return next(r for r in tried if r.objective <= least)
+        deltas.append(delta)
+    if not deltas:
+        return result
+    widest = cluster_operators(flops, edges, layers, deltas[-1], relax_delta=True)
+    # the least δ that reaches the widest one's bytes, trying the least first:
+    # each clustering solved costs a DP over the whole step
+    for delta in (result.delta, *deltas[:-1]):
+        tried = (
+            result
+            if delta == result.delta
+            else cluster_operators(flops, edges, layers, delta, relax_delta=True)
+        )
+        if tried.objective <= widest.objective:
+            return tried
+    return widest
 
 
 def _insert_marker(last_op: Operation, layer: int, layer_of: dict[Operation, int]) -> None:
