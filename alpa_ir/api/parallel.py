@@ -42,6 +42,7 @@ from alpa_ir.frontend.arguments import (
     trace_arguments,
 )
 from alpa_ir.hardware.device_mesh import Devices, LogicalDeviceMesh, resolve_mesh
+from alpa_ir.hardware.memory_budget import check_memory_option
 from alpa_ir.passmanager.pass_manager import PassManager
 from alpa_ir.pipeline.step_partition import batch_leaves_of, warn_micro_batch_statistics
 from alpa_ir.plugins.registry import PluginRegistry, default_registry
@@ -60,10 +61,16 @@ class ShardParallel:
     backend: Literal["xla", "ray"] = "xla"
     """``xla``: the step runs in this process on the local devices; ``ray``: one
     Ray actor per host, the mesh may span hosts (after ``alpa_ir.init(cluster="ray")``)."""
+    device_memory: float | str | None = None
+    """Bytes each device may hold (a number, or a size such as ``"6GiB"``); None:
+    ``ALPA_DEVICE_MEMORY``, else what the local devices have
+    (:mod:`alpa_ir.hardware.memory_budget`). A plan that needs more is refused
+    before it compiles."""
 
     def __post_init__(self) -> None:
         if self.backend not in ("xla", "ray"):
             raise AlpaError(f"backend must be 'xla' or 'ray', got {self.backend!r}")
+        check_memory_option(self.device_memory, "ShardParallel(device_memory=...)")
 
 
 def DataParallel(devices: Devices = None, num_micro_batches: int | None = None) -> ShardParallel:
@@ -117,6 +124,11 @@ class ManualShardParallel:
     auto_sharding_option: AutoShardingOption = field(
         default_factory=lambda: AutoShardingOption(reduce_scatter="none")
     )
+    device_memory: float | str | None = None
+    """Bytes each device may hold (see :attr:`ShardParallel.device_memory`)."""
+
+    def __post_init__(self) -> None:
+        check_memory_option(self.device_memory, "ManualShardParallel(device_memory=...)")
 
 
 Method = ShardParallel | ManualShardParallel
@@ -488,7 +500,7 @@ def compile_step(
     passes = [] if propagate else [option.pipeline(b).removeprefix("builtin.module(")[:-1]]
     if b > 1:  # micro-batches draw the one-device random rows
         passes.insert(0, f"draw-micro-batch-rows{{num-micro-batches={b}}}")
-    manager = PassManager(registry, f"builtin.module({','.join(passes)})")
+    manager = PassManager(registry, f"builtin.module({','.join(passes)})", verify_each="end")
     pass_pipeline = manager.pipeline
     statistics = manager.execute(module).statistics
     rows = len(main_function(module).args) > num_inputs
@@ -498,6 +510,8 @@ def compile_step(
         signature = replace(signature, micro_batch_rows=_batch_size(signature, batch_leaves))
         batch_leaves.append(len(signature.avals))
     on_ray = getattr(method, "backend", "xla") == "ray"
+    if not (propagate or on_ray):  # XLA lays out what is only propagated
+        _check_memory(main_function(module), mesh, batch_leaves, b, method)
     executable = ShardedExecutable(
         module, mesh, signature, batch_leaves, b, propagate=propagate, out_specs=out_specs,
         compile_locally=not on_ray,
@@ -510,6 +524,29 @@ def compile_step(
     executable.input_module, executable.pass_pipeline = input_module, pass_pipeline
     executable.pass_statistics = statistics
     return executable
+
+
+def _check_memory(
+    function: func.FuncOp,
+    mesh: LogicalDeviceMesh,
+    batch_leaves: Sequence[int],
+    num_micro_batches: int,
+    method: Method,
+) -> None:
+    """Refuse the plan before it compiles if it needs more memory per device than
+    the local devices have (:mod:`alpa_ir.api.memory_check`)."""
+    from alpa_ir.api.memory_check import check_program_memory, plan_memory_budget
+
+    budget = plan_memory_budget(method.device_memory, "xla", mesh.size)
+    check_program_memory(
+        function,
+        mesh.shape,
+        budget,
+        donated=donated_leaves(function),
+        batch_args=batch_leaves,
+        num_micro_batches=num_micro_batches,
+        where=type(method).__name__,
+    )
 
 
 def _batch_size(signature: CompiledSignature, batch_leaves: Sequence[int]) -> int:

@@ -17,6 +17,7 @@ xla backend, on one Ray actor per host on the ray backend.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -24,6 +25,7 @@ from typing import Literal
 from alpa_ir.api.sharding_options import AutoShardingOption
 from alpa_ir.errors import AlpaError
 from alpa_ir.hardware.device_mesh import Devices, LogicalDeviceMesh
+from alpa_ir.hardware.memory_budget import check_memory_option
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,30 @@ class AutoStageOption:
     """A registered stage cost model: ``analytical`` (predicted from the
     plan) or ``profile`` (each stage-mesh pair compiled and timed on the
     local devices, as Alpa does)."""
+    cost_mode: Literal["layer-sum", "range"] = "layer-sum"
+    """``layer-sum``: a stage costs the sum of its layers, each layer planned
+    once per logical mesh (identical layers once); ``range``: every range of
+    layers planned as one function (Alpa's profiling; L(L+1)/2 functions,
+    exact at the boundaries between a stage's layers)."""
+    workers: int | None = None
+    """Processes that cost the stage-mesh pairs (``construct-stages``
+    ``workers``); None: one per CPU core."""
+
+    def __post_init__(self) -> None:
+        if self.cost_mode not in ("layer-sum", "range"):
+            raise AlpaError(
+                f"AutoStageOption: cost_mode must be 'layer-sum' or 'range', got {self.cost_mode!r}"
+            )
+        if self.workers is not None and (
+            isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1
+        ):
+            raise AlpaError(
+                f"AutoStageOption: workers must be a positive integer, got {self.workers!r}"
+            )
+
+    def worker_count(self) -> int:
+        """``workers``, or one per CPU core."""
+        return self.workers if self.workers is not None else max(1, os.cpu_count() or 1)
 
 
 StageOption = UniformStageOption | ManualStageOption | AutoStageOption
@@ -106,6 +132,11 @@ class PipeshardParallel:
         default_factory=lambda: AutoShardingOption(reduce_scatter="none")
     )
     default_auto_sharding_option: AutoShardingOption | None = None
+    device_memory: float | str | None = None
+    """Bytes each device may hold (a number, or a size such as ``"6GiB"``); None:
+    ``ALPA_DEVICE_MEMORY``, else what the local devices have
+    (:mod:`alpa_ir.hardware.memory_budget`). Automatic stages are planned to
+    fit it; any plan that needs more is refused before it compiles."""
 
     def __post_init__(self) -> None:
         layer = self.layer_option
@@ -133,6 +164,7 @@ class PipeshardParallel:
             )
         if self.backend not in ("xla", "ray"):
             raise AlpaError(f"backend must be 'xla' or 'ray', got {self.backend!r}")
+        check_memory_option(self.device_memory, "PipeshardParallel(device_memory=...)")
 
     @property
     def remat_layer(self) -> bool:

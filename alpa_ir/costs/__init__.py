@@ -1,1 +1,1 @@
-"""Cost models: FLOPs, fusion, HLO collectives, the stage cost model and its workers (import alpa_ir.costs)."""
+"""Cost models: FLOPs, fusion, HLO collectives, the stage cost model and its workers, a planned module's memory (import alpa_ir.costs)."""

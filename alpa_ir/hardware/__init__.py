@@ -1,1 +1,1 @@
-"""The cluster model (levels, alpha/beta), presets and device meshes (import alpa_ir.hardware)."""
+"""The cluster model (levels, alpha/beta), presets, device meshes and the local devices' memory budget (import alpa_ir.hardware)."""

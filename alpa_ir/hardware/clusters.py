@@ -40,10 +40,14 @@ from xdsl.dialects.builtin import ArrayAttr, FloatAttr, ModuleOp, StringAttr, f6
 from alpa_ir.dialects.mesh import ClusterOp, LevelAttr
 from alpa_ir.errors import AlpaError
 from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
+from alpa_ir.hardware.memory_budget import MemoryBudget, local_device_budget
 from alpa_ir.ir.module_utils import top_level_ops
 
 HBM_BANDWIDTH_ATTR = "mesh.hbm_bandwidth"
 """Discardable attribute of ``mesh.cluster``: device memory bandwidth in bytes/s."""
+MEMORY_SOURCE_ATTR = "mesh.memory_source"
+"""Discardable attribute of ``mesh.cluster``: where ``device_memory`` comes from
+(e.g. the shared host memory of the local CPU devices, or a figure given by hand)."""
 
 GB = 1e9
 GiB = 1024**3
@@ -82,7 +86,9 @@ class Cluster:
     """A cluster: hierarchy levels (outermost first) and each device's capabilities.
 
     ``device_memory`` in bytes, ``peak_flops`` in FLOP/s (the dense half-precision
-    tensor-core peak for GPUs), ``hbm_bandwidth`` in bytes/s (0 = unknown).
+    tensor-core peak for GPUs), ``hbm_bandwidth`` in bytes/s (0 = unknown);
+    ``memory_source`` says where ``device_memory`` comes from (empty: the
+    preset's datasheet figure), for messages about plans that do not fit.
     """
 
     name: str
@@ -91,6 +97,7 @@ class Cluster:
     peak_flops: float
     hbm_bandwidth: float = 0.0
     device_name: str = ""
+    memory_source: str = ""
     _strides: tuple[int, ...] = field(default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -271,9 +278,11 @@ class Cluster:
         }
         if self.device_name:
             props["device_name"] = StringAttr(self.device_name)
-        attrs = {}
+        attrs: dict[str, FloatAttr | StringAttr] = {}
         if self.hbm_bandwidth:
             attrs[HBM_BANDWIDTH_ATTR] = FloatAttr(float(self.hbm_bandwidth), f64)
+        if self.memory_source:
+            attrs[MEMORY_SOURCE_ATTR] = StringAttr(self.memory_source)
         return ClusterOp.create(properties=props, attributes=attrs)
 
     @staticmethod
@@ -295,6 +304,7 @@ class Cluster:
             for lv in op.levels.data
         )
         hbm = op.attributes.get(HBM_BANDWIDTH_ATTR)
+        source = op.attributes.get(MEMORY_SOURCE_ATTR)
         return Cluster(
             op.sym_name.data,
             levels,
@@ -302,6 +312,7 @@ class Cluster:
             float(op.peak_flops.value.data),
             float(hbm.value.data) if isinstance(hbm, FloatAttr) else 0.0,
             op.device_name.data if op.device_name is not None else "",
+            source.data if isinstance(source, StringAttr) else "",
         )
 
 
@@ -417,20 +428,28 @@ def _gcp(kind: str, fixed_nodes: int | None, preset: str) -> ClusterFactory:
     return make
 
 
-# The local JAX devices, with nominal figures (a CPU core: ~10^11 FLOP/s,
-# ~20 GB/s memory, copies between devices at ~10 GB/s).
-def local_cpu(num_nodes: int | None = None) -> Cluster:
+# The local JAX devices, with nominal speeds (a CPU core: ~10^11 FLOP/s,
+# ~20 GB/s memory, copies between devices at ~10 GB/s) and the memory they
+# really have (alpa_ir.hardware.memory_budget).
+def local_cpu(num_nodes: int | None = None, *, budget: MemoryBudget | None = None) -> Cluster:
+    """The local JAX devices as one node. ``device_memory`` is ``budget``, by
+    default :func:`~alpa_ir.hardware.memory_budget.local_device_budget`: a
+    figure given by hand (``ALPA_DEVICE_MEMORY``), else for CPU devices the
+    host's available memory shared among them, else the device's own."""
     import jax
 
     if num_nodes not in (None, 1):
         raise AlpaError(f"cluster preset 'local-cpu' is one node, got {num_nodes} nodes")
+    devices = jax.local_devices()
+    budget = budget or local_device_budget(devices=devices)
     return Cluster(
         "local-cpu",
-        (ClusterLevel("device", len(jax.local_devices()), 10 * GB, 10e-6),),
-        device_memory=4 * GiB,
+        (ClusterLevel("device", len(devices), 10 * GB, 10e-6),),
+        device_memory=budget.per_device,
         peak_flops=1e11,
         hbm_bandwidth=20 * GB,
-        device_name=jax.local_devices()[0].platform,
+        device_name=devices[0].platform,
+        memory_source=budget.source,
     )
 
 
@@ -491,6 +510,7 @@ def get_cluster(
 
 __all__ = [
     "HBM_BANDWIDTH_ATTR",
+    "MEMORY_SOURCE_ATTR",
     "Cluster",
     "ClusterLevel",
     "alpa_testbed",
