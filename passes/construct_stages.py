@@ -61,7 +61,7 @@ from xdsl.dialects.builtin import FloatAttr, ModuleOp, f64
 from xdsl.passes import ModulePass
 
 from alpa_ir.algorithms.stage_dp import StageDPResult, stage_dp
-from alpa_ir.costs.costing_workers import CostJob, cost_in_workers
+from alpa_ir.costs.costing_workers import CostJob, CostJobError, cost_in_workers
 from alpa_ir.costs.stage_cost import (
     AnalyticalStageCostModel,
     ParallelStageCostModel,
@@ -75,12 +75,18 @@ from alpa_ir.dialects.pipeline import PlanOp
 from alpa_ir.errors import AlpaError, PlanError
 from alpa_ir.hardware.clusters import Cluster
 from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
+from alpa_ir.hardware.memory_budget import format_gib
 from alpa_ir.ir.module_utils import main_function, top_level_ops
 from alpa_ir.passmanager.progress import ProgressBar
 from alpa_ir.pipeline.stage_outline import LayerRanges, StageSlice, fresh_mesh_names, outline_stages
 
 SUBMESH_SPACES = ("all", "single-node-model-parallel", "one-dimensional")
 COST_MODES = ("range", "layer-sum")
+WORKERS_FROM_OPS = 4000
+"""Worker processes cost a table only when its distinct pairs on meshes of
+several devices hold at least this many ops in all: a worker takes a second
+or two to start (a fresh interpreter importing the compiler), which a tiny
+model's whole costing does not."""
 LATENCY_ATTR = "construct_stages.latency"
 
 
@@ -368,9 +374,11 @@ def cost_table(
     cost_mode: str = "range",
     progress: bool = True,
     workers: int = 1,
+    workers_from_ops: int = WORKERS_FROM_OPS,
 ) -> StageCostTable:
     """Price every layer range on every view (module docstring, step 1), in
-    ``workers`` processes if the model allows it (:mod:`alpa_ir.costs.costing_workers`)."""
+    ``workers`` processes if the model allows it (:mod:`alpa_ir.costs.costing_workers`)
+    and the work is worth starting them (``workers_from_ops``, :data:`WORKERS_FROM_OPS`)."""
     if cost_mode not in COST_MODES:
         raise AlpaError(f"construct-stages: unknown cost mode '{cost_mode}'; expected {COST_MODES}")
     if workers < 1:
@@ -388,12 +396,19 @@ def cost_table(
     report = _Progress(progress, total)
     with report.bar:
         if workers > 1 and isinstance(model, ParallelStageCostModel):
-            _cost_in_workers(table, ranges, spans, all_views, model, workers, report)
+            _cost_in_workers(
+                table, ranges, spans, all_views, model, workers, report, workers_from_ops
+            )
         else:
             for first, last in spans:
                 extracted = ranges.function(first, last)
                 for view in all_views:
-                    cost = model.stage_cost(extracted.function, view, cluster, extracted.param_args)
+                    try:
+                        cost = model.stage_cost(
+                            extracted.function, view, cluster, extracted.param_args
+                        )
+                    except AlpaError as error:
+                        raise _pair_error(error, first, last, view.shape) from error
                     table.costs[(first, last, view.shape)] = _view_cost(
                         cost, extracted.cross_bytes, extracted.backward_bytes
                     )
@@ -427,9 +442,12 @@ def _cost_in_workers(
     model: ParallelStageCostModel,
     workers: int,
     report: _Progress,
+    workers_from_ops: int = 0,
 ) -> None:
     """The pairs of ``spans`` x ``views``, each distinct one (by the model's
-    cache key) costed once in a worker; one task per view."""
+    cache key) costed once in a worker, one task per view; in this process
+    when the distinct pairs on meshes of several devices hold fewer than
+    ``workers_from_ops`` ops."""
     cluster = table.cluster
     functions: list[func.FuncOp] = []  # the functions the workers need
     crossing: dict[tuple[int, int], tuple[float, float]] = {}
@@ -446,6 +464,9 @@ def _cost_in_workers(
                 if not functions or functions[-1] is not stage.function:
                     functions.append(stage.function)
                 jobs[key] = CostJob(len(functions) - 1, view, stage.param_args)
+    work = sum(_num_ops(functions[j.function]) for j in jobs.values() if j.mesh.size > 1)
+    if work < workers_from_ops:
+        workers = 1  # the same jobs, in this process (cost_in_workers with one worker)
     by_view: dict[tuple[int, ...], list[tuple[Hashable, CostJob]]] = {}
     for key, job in jobs.items():
         by_view.setdefault(job.mesh.shape, []).append((key, job))
@@ -458,14 +479,22 @@ def _cost_in_workers(
         done=0,
         total=len(jobs),
     )
-    costs = cost_in_workers(
-        functions,
-        [[job for _, job in task] for task in order],
-        cluster,
-        model,
-        workers,
-        lambda n: report(f"costing distinct stage-mesh pairs in {workers} workers", done=n),
-    )
+    try:
+        costs = cost_in_workers(
+            functions,
+            [[job for _, job in task] for task in order],
+            cluster,
+            model,
+            workers,
+            lambda n: report(f"costing distinct stage-mesh pairs in {workers} workers", done=n),
+        )
+    except CostJobError as error:
+        if error.job is None:
+            raise
+        first, last, shape = next(
+            (i, j, v) for (i, j, v), (key, _) in pairs.items() if jobs[key] is error.job
+        )
+        raise _pair_error(error, first, last, shape) from error
     by_key: dict[Hashable, StageCost] = {}
     for task, task_costs in zip(order, costs, strict=True):
         for (key, _), cost in zip(task, task_costs, strict=True):
@@ -478,6 +507,17 @@ def _cost_in_workers(
     model_stats = getattr(model, "stats", None)
     if model_stats is not None:
         model_stats.hits += len(pairs) - len(jobs)
+
+
+def _pair_error(error: AlpaError, first: int, last: int, shape: Sequence[int]) -> AlpaError:
+    """``error`` of the stage cost model, naming the layer range and the mesh."""
+    layers = f"layer {first}" if first == last else f"layers {first}-{last}"
+    kind = PlanError if isinstance(error, PlanError) else AlpaError
+    return kind(f"construct-stages: costing {layers} on the logical mesh {list(shape)}: {error}")
+
+
+def _num_ops(function: func.FuncOp) -> int:
+    return sum(1 for _ in function.body.block.ops)
 
 
 @dataclass(frozen=True)
@@ -547,10 +587,11 @@ def solve_stages(
         if not whole:
             raise
         one_stage = min(picks[m].peak[0, num - 1] for m in whole)
+        source = f" ({cluster.memory_source})" if cluster.memory_source else ""
         raise PlanError(
-            f"construct-stages: no pipeline plan fits in {cluster.device_memory / 2**30:.1f} GiB "
-            f"per device; the best one-stage plan on all {devices} devices needs "
-            f"{one_stage / 2**30:.1f} GiB"
+            f"construct-stages: no pipeline plan fits in {format_gib(cluster.device_memory)} "
+            f"per device{source}; the best one-stage plan on all {devices} devices needs "
+            f"{format_gib(one_stage)}"
         ) from error
     stages = _place(cluster, [(i, j, chosen[m]) for i, j, m in result.stages])
     out = []

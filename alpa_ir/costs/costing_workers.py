@@ -34,6 +34,7 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
@@ -42,6 +43,14 @@ from alpa_ir.costs.stage_cost import ParallelStageCostModel, StageCost
 from alpa_ir.errors import AlpaError
 from alpa_ir.hardware.clusters import Cluster
 from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
+
+
+class CostJobError(AlpaError):
+    """A pair that could not be costed: the model's message and the job."""
+
+    def __init__(self, message: str, job: CostJob | None) -> None:
+        super().__init__(message)
+        self.job = job
 
 
 @dataclass(frozen=True)
@@ -71,6 +80,14 @@ def cost_in_workers(
     task (in task order), computed by ``workers`` processes; ``on_done(n)``
     after each task with the number of jobs done so far."""
     copy = model.worker_copy
+    if workers <= 1:  # no process to start: a fresh copy of the model, here
+        local = copy()
+        out: list[list[StageCost]] = []
+        for task in tasks:
+            out.append([_keyed_cost(local, functions, cluster, j) for j in task])
+            if on_done is not None:
+                on_done(sum(len(t) for t in out))
+        return out
     texts = [function_text(f) for f in functions]
     results: list[list[StageCost] | None] = [None] * len(tasks)
     pending = list(range(len(tasks)))
@@ -103,7 +120,9 @@ def cost_in_workers(
                         f"{list(tasks[index][0].mesh.shape)}"
                     ) from None
                 if kind == "error":
-                    raise AlpaError(payload)
+                    message, position = payload
+                    job = tasks[index][position] if position is not None else None
+                    raise CostJobError(message, job)
                 results[index] = payload
                 done_jobs += len(tasks[index])
                 if on_done is not None:
@@ -170,7 +189,7 @@ def _worker_main(conn: multiprocessing.connection.Connection) -> None:
     try:
         functions = [main_function(parse_module(text)) for text in texts]
     except Exception as error:  # the parent reports it; nothing is costed
-        conn.send(("error", f"costing worker: cannot read a function: {error}"))
+        conn.send(("error", (f"costing worker: cannot read a function: {error}", None)))
         return
     while True:
         try:
@@ -180,20 +199,27 @@ def _worker_main(conn: multiprocessing.connection.Connection) -> None:
         if task is None:
             return
         try:
-            costs = [
-                model.keyed_cost(functions[job.function], job.mesh, cluster, job.param_args)
-                for job in task
-            ]
-        except AlpaError as error:
-            conn.send(("error", str(error)))
+            costs = [_keyed_cost(model, functions, cluster, job) for job in task]
+        except CostJobError as error:
+            conn.send(("error", (str(error), task.index(error.job))))
             continue
         except Exception:
-            conn.send(("error", "costing worker failed:\n" + traceback.format_exc()))
+            conn.send(("error", ("costing worker failed:\n" + traceback.format_exc(), None)))
             continue
         conn.send(("ok", costs))
 
 
-__all__ = ["CostJob", "cost_in_workers", "function_text"]
+def _keyed_cost(
+    model: Any, functions: Sequence[func.FuncOp], cluster: Cluster, job: CostJob
+) -> StageCost:
+    """The model's cost of one job; its :class:`AlpaError` as a :class:`CostJobError`."""
+    try:
+        return model.keyed_cost(functions[job.function], job.mesh, cluster, job.param_args)
+    except AlpaError as error:
+        raise CostJobError(str(error), job) from error
+
+
+__all__ = ["CostJob", "CostJobError", "cost_in_workers", "function_text"]
 
 if __name__ == "__main__":  # a worker (module docstring): its socket's descriptor
     _worker_main(multiprocessing.connection.Connection(int(sys.argv[1])))

@@ -157,7 +157,7 @@ def test_workers_give_the_same_table_as_one_process() -> None:
     ranges = LayerRanges(main_function(_deep_module()))
     serial = cost_table(ranges, _cluster(4), AnalyticalStageCostModel(), progress=False)
     model = AnalyticalStageCostModel()
-    parallel = cost_table(ranges, _cluster(4), model, progress=False, workers=2)
+    parallel = cost_table(ranges, _cluster(4), model, progress=False, workers=2, workers_from_ops=0)
     assert parallel.costs == serial.costs
     assert parallel.pairs_costed == serial.pairs_costed
     # each distinct pair once; the parent's model keeps what the workers costed
@@ -179,7 +179,7 @@ def test_a_script_without_a_main_guard_costs_in_workers(tmp_path: Path) -> None:
         "from alpa_ir.pipeline.stage_outline import LayerRanges\n"
         "ranges = LayerRanges(main_function(_deep_module()))\n"
         "table = cost_table(ranges, _small_cluster(4), AnalyticalStageCostModel(),\n"
-        "                   progress=False, workers=2)\n"
+        "                   progress=False, workers=2, workers_from_ops=0)\n"
         "print('RAN', table.pairs_costed)\n"
     )
     done = subprocess.run(
@@ -203,8 +203,38 @@ class _FailingWorkerModel(AnalyticalStageCostModel):
 
 def test_a_worker_error_is_raised_in_the_parent() -> None:
     ranges = LayerRanges(main_function(_deep_module()))
-    with pytest.raises(AlpaError, match="this mesh is not allowed"):
-        cost_table(ranges, _cluster(4), _FailingModel(), progress=False, workers=2)
+    names = r"construct-stages: costing layers? [0-9-]+ on the logical mesh \[\d+, \d+\]: "
+    with pytest.raises(AlpaError, match=names + "stage cost: this mesh is not allowed"):
+        cost_table(
+            ranges, _cluster(4), _FailingModel(), progress=False, workers=2, workers_from_ops=0
+        )
+
+
+def test_a_failing_pair_names_its_layers_and_mesh_in_this_process() -> None:
+    ranges = LayerRanges(main_function(_deep_module()))
+    with pytest.raises(
+        AlpaError,
+        match=r"^construct-stages: costing layer 0 on the logical mesh \[1, 1\]: stage cost: "
+        "this mesh is not allowed$",
+    ):
+        cost_table(ranges, _cluster(4), _FailingWorkerModel(), progress=False)
+
+
+def test_a_small_table_is_costed_without_starting_workers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import alpa_ir.costs.costing_workers as costing_workers
+
+    def no_process() -> None:
+        raise AssertionError("no worker should start for a tiny model")
+
+    monkeypatch.setattr(costing_workers, "_start_worker", no_process)
+    ranges = LayerRanges(main_function(_deep_module()))
+    serial = cost_table(ranges, _cluster(4), AnalyticalStageCostModel(), progress=False)
+    parallel = cost_table(
+        ranges, _cluster(4), AnalyticalStageCostModel(), progress=False, workers=2
+    )
+    assert parallel.costs == serial.costs
 
 
 def test_workers_must_be_positive() -> None:
