@@ -22,6 +22,7 @@ from jax.sharding import PartitionSpec as P
 import alpa_ir
 from alpa_ir.api.pipeshard import (
     AutoLayerOption,
+    AutoStageOption,
     ManualStageOption,
     PipeshardParallel,
     UniformStageOption,
@@ -158,6 +159,16 @@ API_CASES: list[tuple[str, Callable[[Path], Any], str]] = [
         "pipeline-stage-option-string",
         lambda t: PipeshardParallel(stage_option="best"),
         "stage_option must be 'uniform', 'auto' or a stage option, got 'best'",
+    ),
+    (
+        "auto-stage-cost-mode",
+        lambda t: AutoStageOption(cost_mode="exact"),  # type: ignore[arg-type]
+        "AutoStageOption: cost_mode must be 'layer-sum' or 'range', got 'exact'",
+    ),
+    (
+        "auto-stage-workers",
+        lambda t: AutoStageOption(workers=0),
+        "AutoStageOption: workers must be a positive integer, got 0",
     ),
     (
         "pipeline-schedule",
