@@ -705,6 +705,11 @@ class ConstructStages(ModulePass):
     parameters are replicated."""
     fusion: bool = False
     """Model XLA's fusion in the stages' activation memory and memory traffic."""
+    repeated_layers: Literal["auto", "share", "separate"] = "auto"
+    """The stage-mesh pairs' auto-sharding of repeated blocks (``auto-sharding``'s
+    option): ``share`` prices each block's copies planned alike, a smaller ILP
+    (GPT-2 small's automatic layers of four blocks: 1.7x faster costing, latencies
+    within 4 %); the stages chosen are then planned exactly by ``shard-stages``."""
     memory_fallback: bool = False
     """Also cost each stage with every parameter sharded where the first plan
     holds much of the device memory, and keep the fastest plan that fits."""
@@ -731,6 +736,7 @@ class ConstructStages(ModulePass):
             zero=self.zero,
             fusion=self.fusion,
             memory_fallback=self.memory_fallback,
+            repeated_layers=self.repeated_layers,
         )
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:

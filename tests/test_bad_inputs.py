@@ -166,6 +166,11 @@ API_CASES: list[tuple[str, Callable[[Path], Any], str]] = [
         "AutoStageOption: cost_mode must be 'layer-sum' or 'range', got 'exact'",
     ),
     (
+        "auto-stage-repeated-layers",
+        lambda t: AutoStageOption(repeated_layers="tied"),  # type: ignore[arg-type]
+        "AutoStageOption: repeated_layers must be 'auto', 'share' or 'separate', got 'tied'",
+    ),
+    (
         "auto-stage-workers",
         lambda t: AutoStageOption(workers=0),
         "AutoStageOption: workers must be a positive integer, got 0",

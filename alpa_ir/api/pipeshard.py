@@ -85,11 +85,20 @@ class AutoStageOption:
     workers: int | None = None
     """Processes that cost the stage-mesh pairs (``construct-stages``
     ``workers``); None: one per CPU core."""
+    repeated_layers: Literal["auto", "share", "separate"] = "share"
+    """How the costing plans a layer's repeated blocks (``construct-stages``
+    ``repeated-layers``): ``share`` (alike: faster, the chosen stages are then
+    planned exactly), ``separate`` or ``auto``."""
 
     def __post_init__(self) -> None:
         if self.cost_mode not in ("layer-sum", "range"):
             raise AlpaError(
                 f"AutoStageOption: cost_mode must be 'layer-sum' or 'range', got {self.cost_mode!r}"
+            )
+        if self.repeated_layers not in ("auto", "share", "separate"):
+            raise AlpaError(
+                "AutoStageOption: repeated_layers must be 'auto', 'share' or 'separate', "
+                f"got {self.repeated_layers!r}"
             )
         if self.workers is not None and (
             isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1

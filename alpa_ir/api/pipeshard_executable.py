@@ -310,7 +310,8 @@ def _stage_pass(method: PipeshardParallel, num_layers: int, devices: tuple[int, 
         return (
             f"construct-stages{{num-micro-batches={b} schedule={schedule} submesh-space={space} "
             f"stage-cost-model={option.stage_cost_model} progress=false remat={remat} "
-            f"cost-mode={option.cost_mode} workers={option.worker_count()} devices={ids}}}"
+            f"cost-mode={option.cost_mode} workers={option.worker_count()} "
+            f"repeated-layers={option.repeated_layers} devices={ids}}}"
         )
     if isinstance(option, ManualStageOption):
         placements = manual_placements(num_layers, devices, option)

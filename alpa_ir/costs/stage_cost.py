@@ -78,7 +78,7 @@ import hashlib
 import math
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -175,7 +175,7 @@ class StageCostOptions:
     fusion: bool = False
     """Model XLA's fusion (:mod:`alpa_ir.costs.fusion`) in the activation memory and
     the memory traffic: only fusion outputs are materialized."""
-    repeated_layers: str = "auto"
+    repeated_layers: Literal["auto", "share", "separate"] = "auto"
     """Passed to auto-sharding: ``share`` plans the copies of a repeated block
     alike (one ILP variable for all copies: a smaller ILP, a plan at most a few
     per cent dearer), ``separate`` plans each copy, ``auto`` shares on large graphs."""

@@ -237,6 +237,25 @@ def test_a_small_table_is_costed_without_starting_workers(
     assert parallel.costs == serial.costs
 
 
+def test_repeated_layers_reach_the_costings_auto_sharding() -> None:
+    from alpa_ir.costs.stage_cost import plan_function
+    from alpa_ir.passes.construct_stages import ConstructStages
+
+    function = LayerRanges(main_function(_deep_module())).function(0, 3).function
+    mesh = _cluster(4).logical_mesh((1, 4))
+    variables = {}
+    for mode in ("separate", "share"):
+        options = ConstructStages(repeated_layers=mode).cost_options()  # type: ignore[arg-type]
+        assert options.repeated_layers == mode
+        statistics: list[Any] = []
+        plan_function(function, mesh, options, statistics=statistics)
+        stats = {s.name: s.value for s in statistics}
+        variables[mode] = (stats["num-nodes"], stats["num-variables"])
+    nodes, separate = variables["separate"]
+    assert separate == nodes
+    assert variables["share"][1] < nodes  # the repeated layers' copies share variables
+
+
 def test_workers_must_be_positive() -> None:
     ranges = LayerRanges(main_function(_deep_module()))
     with pytest.raises(AlpaError, match="workers must be >= 1, got 0"):
