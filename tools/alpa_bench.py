@@ -85,7 +85,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -101,6 +101,8 @@ from alpa_ir.tools.cli_args import (
 )
 
 if TYPE_CHECKING:  # imported where used: a bad option is rejected before jax loads
+    from xdsl.dialects.builtin import ModuleOp
+
     from alpa_ir.backends.simulate import SimPlan
     from alpa_ir.costs.stage_cost import AnalyticalStageCostModel, StageCostOptions
     from alpa_ir.dialects.sharding import ShardingSpec
@@ -420,7 +422,7 @@ def deepspeed(
                 cost = model.stage_cost(function, view, cluster, extracted.param_args)
                 m = cost.memory
                 layer = ViewCost(cost.latency, m.persistent, m.activations, 0.0, m.transient)
-                total = layer if total is None else _add_views(total, layer)
+                total = layer if total is None else add_views(total, layer)
         except AlpaError as error:  # no plan under these constraints on this view
             if not best.stages:
                 best = Outcome("deepspeed", error=f"view {list(view.shape)}: {error}")
@@ -445,7 +447,9 @@ def deepspeed(
     return best
 
 
-def _add_views(a: ViewCost, b: ViewCost) -> ViewCost:
+def add_views(a: ViewCost, b: ViewCost) -> ViewCost:
+    """Two layers' costs on one view as one stage (``layer-sum``: latencies and
+    memory added, the larger transient)."""
     from alpa_ir.passes.construct_stages import ViewCost
 
     return ViewCost(
@@ -473,7 +477,7 @@ def one_device(cluster: Cluster) -> Cluster:
 
 
 def inter_op(
-    name: str,
+    retrace: Callable[[int], ModuleOp] | None,
     table: StageCostTable,
     model: AnalyticalStageCostModel,
     num_micro_batches: int,
@@ -485,15 +489,16 @@ def inter_op(
     a layer per device; with fewer automatic layers than devices the step is
     traced again with one automatic layer per device (as Alpa's inter-op-only
     baseline clusters the model into as many layers as it needs) and only the
-    1x1 costs are computed."""
+    1x1 costs are computed. ``retrace(layers)``: the step imported again with
+    that many automatic layers (None: the table's layers only)."""
     from alpa_ir.ir.module_utils import main_function
     from alpa_ir.passes.construct_stages import StageChoice, StageCostTable, cost_table
     from alpa_ir.pipeline.stage_outline import LayerRanges
 
     cluster = table.cluster
-    if table.num_layers < cluster.num_devices:
+    if table.num_layers < cluster.num_devices and retrace is not None:
         try:
-            module = trace(name, num_micro_batches, cluster.num_devices)
+            module = retrace(cluster.num_devices)
         except AlpaError as error:
             return Outcome("inter-op", error=f"{cluster.num_devices} layers: {error}")
         ranges = LayerRanges(main_function(module))
@@ -511,6 +516,11 @@ def inter_op(
         mesh = cluster.logical_mesh(view.shape, (k,))
         stages.append(StageChoice(k, k, (1, 1), mesh, cost, float(picks.latency[k, k])))
     return outcome("inter-op", table, stages, num_micro_batches, model_flops, remat)
+
+
+Baselines = Callable[["LayerRanges", "StageCostTable", "StageCostOptions"], list[Outcome]]
+"""Model-specific baselines of :func:`bench_module`: given the step's layer
+ranges, the cost table and the cost options, their outcomes."""
 
 
 def bench_model(
@@ -531,10 +541,100 @@ def bench_model(
     workers: int = 1,
     progress: bool = True,
 ) -> dict[str, Any]:
+    """:func:`bench_module` for the zoo model ``name``: traced abstractly with
+    ``layers`` automatic layers, its analytic FLOPs, its suite's baselines."""
+    from alpa_ir.models.train_step import train_step_flops
+
+    t0 = time.perf_counter()
+    module = trace(name, num_micro_batches, layers)
+    clustering = time.perf_counter() - t0
+    flops = train_step_flops(name)
+
+    def baselines(
+        ranges: LayerRanges, table: StageCostTable, options: StageCostOptions
+    ) -> list[Outcome]:
+        return zoo_baselines(name, ranges, table, options, num_micro_batches, flops)
+
+    return bench_module(
+        module,
+        cluster,
+        name=name,
+        model_flops=flops,
+        num_micro_batches=num_micro_batches,
+        cost_mode=cost_mode,
+        submesh_space=submesh_space,
+        cross_stage_comm=cross_stage_comm,
+        epsilon=epsilon,
+        time_limit=time_limit,
+        remat=remat,
+        zero=zero,
+        fusion=fusion,
+        memory_fallback=memory_fallback,
+        workers=workers,
+        progress=progress,
+        optimizer_state_factor=bench_optimizer(name)[1],
+        clustering_time=clustering,
+        retrace=lambda count: trace(name, num_micro_batches, count),
+        baselines=baselines,
+    )
+
+
+def zoo_baselines(
+    name: str,
+    ranges: LayerRanges,
+    table: StageCostTable,
+    options: StageCostOptions,
+    num_micro_batches: int,
+    flops: float,
+) -> list[Outcome]:
+    """The suite's own baseline of zoo model ``name`` (module docstring):
+    Megatron's grid for GPT, PP-DP for Wide-ResNet, DeepSpeed for MoE."""
+    if name.startswith("gpt"):
+        return [uniform_grid(table, num_micro_batches, flops, None, options.remat)]
+    if name.startswith("wresnet"):
+        return [uniform_grid(table, num_micro_batches, flops, 1, options.remat)]
+    if name.startswith("moe"):
+        from alpa_ir.models.registry import get_config
+
+        experts = get_config(name).num_experts
+        return [deepspeed(ranges, table, options, experts, num_micro_batches, flops)]
+    return []
+
+
+def bench_module(
+    module: ModuleOp,
+    cluster: Cluster,
+    *,
+    name: str,
+    model_flops: float,
+    num_micro_batches: int,
+    cost_mode: str,
+    submesh_space: str,
+    cross_stage_comm: bool,
+    epsilon: float,
+    time_limit: float,
+    remat: bool = True,
+    zero: bool = True,
+    fusion: bool = True,
+    memory_fallback: bool = True,
+    workers: int = 1,
+    progress: bool = True,
+    optimizer_state_factor: float = 2.0,
+    clustering_time: float = 0.0,
+    retrace: Callable[[int], ModuleOp] | None = None,
+    baselines: Baselines | None = None,
+) -> dict[str, Any]:
+    """Alpa's plan and the baselines of a step already imported at the
+    micro-batch shape with its automatic layers (``module``; ``name`` labels
+    the result): every layer priced on every view, the stage DP, the plans
+    simulated. ``model_flops``: FLOPs of one training step (the PFLOPS
+    figures); ``clustering_time``: seconds the import and clustering took
+    (Table 5's first column); ``retrace(layers)``: the step imported again
+    with that many automatic layers, for the inter-op baseline (None: it
+    plans on the layers ``module`` has); ``baselines``: more baselines."""
     from alpa_ir.api.why_plan import stage_reasons
     from alpa_ir.costs.stage_cost import AnalyticalStageCostModel
     from alpa_ir.ir.module_utils import main_function
-    from alpa_ir.models.train_step import train_step_flops
     from alpa_ir.passes.construct_stages import (
         ConstructStages,
         StagePlan,
@@ -545,11 +645,8 @@ def bench_model(
     from alpa_ir.passmanager.pipeline_syntax import format_pipeline
     from alpa_ir.pipeline.stage_outline import LayerRanges, count_layers
 
-    times = Breakdown()
-    t0 = time.perf_counter()
-    module = trace(name, num_micro_batches, layers)
+    times = Breakdown(clustering=clustering_time)
     t1 = time.perf_counter()
-    times.clustering = t1 - t0
     ranges = LayerRanges(main_function(module))
     t2 = time.perf_counter()
     stage_pass = ConstructStages(
@@ -566,7 +663,7 @@ def bench_model(
         zero=zero,
         fusion=fusion,
         memory_fallback=memory_fallback,
-        optimizer_state_factor=bench_optimizer(name)[1],
+        optimizer_state_factor=optimizer_state_factor,
         time_limit=time_limit,
     )
     options = stage_pass.cost_options()
@@ -582,7 +679,7 @@ def bench_model(
     )
     t3 = time.perf_counter()
     times.costing = t3 - t2
-    flops = train_step_flops(name)
+    flops = model_flops
     result: dict[str, Any] = {
         "model": name,
         "gpus": cluster.num_devices,
@@ -629,17 +726,10 @@ def bench_model(
             outcomes.append(Outcome("alpa+comm", error=str(error).split(";")[0]))
     outcomes += [
         restricted("intra-op", table, [whole], num_micro_batches, flops, remat),
-        inter_op(name, table, model, num_micro_batches, flops, cost_mode, remat),
+        inter_op(retrace, table, model, num_micro_batches, flops, cost_mode, remat),
     ]
-    if name.startswith("gpt"):
-        outcomes.append(uniform_grid(table, num_micro_batches, flops, None, remat))
-    if name.startswith("wresnet"):
-        outcomes.append(uniform_grid(table, num_micro_batches, flops, 1, remat))
-    if name.startswith("moe"):
-        from alpa_ir.models.registry import get_config
-
-        experts = get_config(name).num_experts
-        outcomes.append(deepspeed(ranges, table, options, experts, num_micro_batches, flops))
+    if baselines is not None:
+        outcomes += baselines(ranges, table, options)
     result["outcomes"] = [o.__dict__ for o in outcomes]
     result["compile_time"] = {**times.__dict__, "total": times.total}
     return result
@@ -1032,8 +1122,13 @@ def check_args(parser: OneLineParser, args: argparse.Namespace) -> list[BenchRun
             f"--max-micro-batches {args.max_micro_batches} applies only with "
             f"--micro-batches auto, got --micro-batches {args.micro_batches}"
         )
+    from alpa_ir.hardware.memory_budget import given_memory_budget
     from alpa_ir.models.registry import get_config
 
+    try:  # the local devices' budget given by hand (read by the local-cpu preset)
+        given_memory_budget()
+    except AlpaError as error:
+        parser.error(str(error))
     runs = []
     clusters: dict[int, Cluster] = {}
     for name in _model_names(parser, args):
