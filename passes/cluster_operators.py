@@ -130,12 +130,10 @@ def _fitted(
     widest = cluster_operators(flops, edges, layers, deltas[-1], relax_delta=True)
     # the least δ that reaches the widest one's bytes, trying the least first:
     # each clustering solved costs a DP over the whole step
-    for delta in (result.delta, *deltas[:-1]):
-        tried = (
-            result
-            if delta == result.delta
-            else cluster_operators(flops, edges, layers, delta, relax_delta=True)
-        )
+    if result.objective <= widest.objective:
+        return result
+    for delta in deltas[:-1]:
+        tried = cluster_operators(flops, edges, layers, delta, relax_delta=True)
         if tried.objective <= widest.objective:
             return tried
     return widest
