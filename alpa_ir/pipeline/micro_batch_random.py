@@ -12,8 +12,9 @@ per-micro-batch inputs) hands every micro-batch its slice of the row numbers,
 so every plan draws exactly the one-device mask.
 
 A draw is rewritten when its leading dimension is the micro-batch size and
-its bits meet the batch: an op that reads them also reads a value computed
-from the batch. Only threefry keys (``fry``) and draws of up to 32 bits
+its bits meet the batch row for row: an op that reads them (or values
+computed from them that keep that leading dimension) also reads a value
+computed from the batch with the same leading dimension, and keeps it. Only threefry keys (``fry``) and draws of up to 32 bits
 (JAX's partitionable counting); other draws keep drawing per micro-batch.
 The same holds for ``random_split(key, (b, ...))``, one key per example
 (``jax.random.split(key, batch_size)`` for a vmapped model): it becomes
@@ -60,14 +61,20 @@ def _draws(function: func.FuncOp, batch_args: list[int], rows: int) -> list[LaxO
         shape = shape_of(op.results[0].type)
         if not shape or shape[0] != rows:
             continue
-        if _meets_batch(op.results[0], batch_dep):
+        if _meets_batch(op.results[0], batch_dep, rows):
             draws.append(op)
     return draws
 
 
-def _meets_batch(value: SSAValue, batch_dep: set[SSAValue]) -> bool:
-    """Whether ``value`` (or a value computed from it alone) is read by an op
-    that also reads a batch-dependent value."""
+def _meets_batch(value: SSAValue, batch_dep: set[SSAValue], rows: int) -> bool:
+    """Whether ``value`` (or a value computed from it alone, row for row) is
+    read, row for row, by an op that also reads a batch-dependent value.
+
+    Row for row: only values whose leading dimension is still ``rows`` are
+    followed. A key split in two (``jax.random.split(key)`` with 2-row
+    micro-batches) whose halves are sliced out is not a per-example draw
+    although its leading dimension equals the micro-batch's.
+    """
     stack, seen = [value], set()
     while stack:
         v = stack.pop()
@@ -76,10 +83,19 @@ def _meets_batch(value: SSAValue, batch_dep: set[SSAValue]) -> bool:
         seen.add(v)
         for use in v.uses:
             user = use.operation
-            if any(o in batch_dep for o in user.operands if o is not v):
+            kept = [r for r in user.results if _leading(r) == rows]
+            if not kept:
+                continue
+            if any(o in batch_dep and _leading(o) == rows for o in user.operands if o is not v):
                 return True
-            stack.extend(user.results)
+            stack.extend(kept)
     return False
+
+
+def _leading(value: SSAValue) -> int | None:
+    """The leading dimension of ``value`` (None for a scalar or non-tensor)."""
+    shape = shape_of(value.type) if isinstance(value.type, TensorType) else ()
+    return shape[0] if shape else None
 
 
 def draw_micro_batch_rows(function: func.FuncOp, num_micro_batches: int) -> bool:
@@ -131,22 +147,17 @@ def draw_micro_batch_rows(function: func.FuncOp, num_micro_batches: int) -> bool
 
 
 def _first_row(rows: SSAValue, before: Operation) -> SSAValue:
-    """``rows[0]`` as an int32 scalar, computed before ``before``."""
+    """The micro-batch's first row number (the least of ``rows``) as an int32
+    scalar, computed before ``before``. A reduction, not a slice of
+    ``rows[0]``: under data parallelism ``rows`` is split like the batch, and
+    the least row is an all-reduce where the first one would need an
+    all-gather (which data-parallel plans do not allow)."""
     block = before.parent_block()
     assert block is not None
-    sliced = PRIMITIVE_OPS["slice"].create(
+    least = PRIMITIVE_OPS["reduce_min"].create(
         operands=[rows],
-        result_types=[TensorType(i32, [1])],
-        properties={
-            "start_indices": ints_attr([0]),
-            "limit_indices": ints_attr([1]),
-            "strides": ints_attr([1]),
-        },
-    )
-    squeezed = PRIMITIVE_OPS["squeeze"].create(
-        operands=[sliced.results[0]],
         result_types=[TensorType(i32, [])],
-        properties={"dimensions": ints_attr([0])},
+        properties={"axes": ints_attr([0])},
     )
-    block.insert_ops_before([sliced, squeezed], before)
-    return squeezed.results[0]
+    block.insert_op_before(least, before)
+    return least.results[0]

@@ -27,6 +27,7 @@ from xdsl.ir import Operation, SSAValue
 
 from alpa_ir.dialects.lax import LaxOp
 from alpa_ir.errors import AlpaError
+from alpa_ir.pipeline.micro_batch_random import ROWS_NAME
 
 
 def is_grad_marker(op: Operation) -> bool:
@@ -149,7 +150,10 @@ def micro_batch_statistics(function: func.FuncOp, batch_args: Sequence[int]) -> 
     if len(sizes) != 1:
         return []
     size = sizes.pop()
-    batch_dep: set[SSAValue] = {block.args[k] for k in batch_args}
+    # the row numbers' least element is the micro-batch's first row, not a statistic
+    batch_dep: set[SSAValue] = {
+        block.args[k] for k in batch_args if block.args[k].name_hint != ROWS_NAME
+    }
     from_stats: dict[SSAValue, Operation] = {}
     found: list[Operation] = []
     for op in block.ops:

@@ -140,3 +140,33 @@ def test_keys_are_replicated_by_every_plan() -> None:
     specs = step.get_executable(state, batch).get_input_placement_specs()
     assert specs[0]["key"] == jax.sharding.PartitionSpec()
     assert specs[1]["x"] != jax.sharding.PartitionSpec()
+
+
+@pytest.mark.parametrize("method", ["DataParallel", "PipeshardParallel"])
+def test_two_row_micro_batches_split_the_key_as_one_device(method: str) -> None:
+    """With 2-row micro-batches, ``jax.random.split(key)`` (2 keys) has the
+    micro-batch's leading dimension but is not a per-example draw: it stays
+    one split, and only the mask is drawn by rows (a regression: the split
+    was taken for rows 0..8 of an 8-key split and every mask changed)."""
+    rng = np.random.default_rng(2)
+    state = {"w": jnp.asarray(rng.normal(size=(8, 32)), jnp.float32), "key": jax.random.PRNGKey(5)}
+    batch = {
+        "x": jnp.asarray(rng.normal(size=(8, 8)), jnp.float32),
+        "y": jnp.asarray(rng.normal(size=(8,)), jnp.float32),
+    }
+
+    def step(state: dict[str, Any], batch: dict[str, jax.Array]) -> Any:
+        new_state, (value, _) = _dropout_step(state, batch)
+        return new_state, value
+
+    if method == "DataParallel":
+        parallel_method: Any = alpa_ir.DataParallel(jax.devices()[:2], num_micro_batches=4)
+    else:
+        parallel_method = alpa_ir.PipeshardParallel(
+            num_micro_batches=4, layer_option=alpa_ir.AutoLayerOption(layer_num=1)
+        )
+    want_state, want_loss = jax.jit(step)(state, batch)
+    got_state, got_loss = alpa_ir.parallelize(step, method=parallel_method)(state, batch)
+    np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5)
+    assert _same(got_state["key"], want_state["key"])
+    np.testing.assert_allclose(got_state["w"], want_state["w"], rtol=1e-5, atol=1e-6)

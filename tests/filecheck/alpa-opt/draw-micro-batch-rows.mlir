@@ -48,7 +48,7 @@ builtin.module {
 
 // CHECK:      func.func @main(%w: tensor<4x2xf32>, %x: tensor<2x4xf32>, %key: tensor<!lax.key<fry>>, %micro_batch_rows: tensor<2xi32>)
 // CHECK-SAME: alpa.batch_args = array<i64: 1, 3>
-// CHECK:      lax.slice %micro_batch_rows
+// CHECK:      lax.reduce_min %micro_batch_rows {axes = array<i64: 0>}
 // CHECK:      lax.random_bits_rows %key, %{{.*}} {bit_width = 32, shape = array<i64: 2, 2>, global_shape = array<i64: 4, 2>}
 // CHECK-NOT:  lax.random_bits %key
 
