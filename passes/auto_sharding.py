@@ -36,6 +36,12 @@ from xdsl.ir import SSAValue
 from xdsl.passes import ModulePass
 
 from alpa_ir.autosharding.apply_plan import apply_plan
+from alpa_ir.autosharding.baselines import (
+    BaselinePrice,
+    baseline_objectives,
+    heuristic_spec,
+    worse_than,
+)
 from alpa_ir.autosharding.batch_dims import batch_dims
 from alpa_ir.autosharding.graph import GraphBuilder, StrategyCache
 from alpa_ir.autosharding.problem import Aliasing, build_problem
@@ -135,6 +141,10 @@ class AutoSharding(ModulePass):
     objective is that plan's own); ``separate``: every node its own variable
     (exact); ``auto``: share from SHARE_LAYERS_FROM nodes and SHARE_PAIRS_FROM
     strategy pairs on, without a memory budget."""
+    check_baselines: bool = False
+    """After the solve, price the data-parallel and heuristic plans in the same
+    problem (:mod:`alpa_ir.autosharding.baselines`) and warn if the ILP's plan
+    costs more than either: the solver lost the optimum. Two more solves."""
     mip_gap: float = 0.0
     """Relative gap to the ILP's lower bound at which the solver may stop with
     a plan (for solvers with a ``mip_gap`` field, such as ``cbc`` and
@@ -267,6 +277,11 @@ class AutoSharding(ModulePass):
                 choice = tied.expand(shared.choice)
                 solution = replace(shared, choice=choice, objective=evaluate(problem, choice))
         variables = tied.problem.num_nodes if tied is not None else problem.num_nodes
+        if self.check_baselines and self.strategy_space == "ilp" and not self._data_parallel:
+            prices = self._price_baselines(
+                ctx, problem, graph, mesh, (batch, given), solver, tied is not None
+            )
+            _warn_if_beaten(solution.objective, prices)
         apply_plan(function, graph, solution.choice, aliases_of(function))
         function.attributes[OBJECTIVE_ATTR] = FloatAttr(
             _without_tie_breaks(solution.objective, graph, solution.choice), f64
@@ -280,6 +295,35 @@ class AutoSharding(ModulePass):
             from alpa_ir.passes.reduce_scatter_rewrite import ReduceScatterRewrite
 
             ReduceScatterRewrite(mode="zero2").apply(ctx, op)
+
+    def _price_baselines(
+        self,
+        ctx: Context,
+        problem: ILPProblem,
+        graph: object,
+        mesh: LogicalDeviceMesh,
+        args: tuple[set[int], dict[int, ShardingSpec]],
+        solver: object,
+        share: bool,
+    ) -> list[BaselinePrice]:
+        """Price the baselines in ``problem`` (solved as the plan was: shared
+        repeated layers if it was) and keep the prices as statistics."""
+
+        def solve(narrow: ILPProblem) -> Sequence[int]:
+            tied = tie_repeated(narrow) if share else None
+            if tied is None:
+                return solver.solve(narrow, time_limit=self.time_limit).choice  # type: ignore[attr-defined]
+            shared = solver.solve(tied.problem, time_limit=self.time_limit)  # type: ignore[attr-defined]
+            return tied.expand(shared.choice)
+
+        batch, given = args
+        prices = baseline_objectives(problem, graph, mesh, batch, solve, given)  # type: ignore[arg-type]
+        for price in prices:
+            record_statistic(
+                ctx, self.name, f"baseline-{price.name}", price.objective,
+                f"objective of the {price.name} plan in this problem (inf: not in its space)",
+            )  # fmt: skip
+        return prices
 
     def _solver(self, solver: object) -> object:
         """``solver`` with this pass's ``mip-gap``, if one is set."""
@@ -368,18 +412,16 @@ def _has_spec(function: func.FuncOp, index: int) -> bool:
     return attrs is not None and SPEC_ATTR in attrs.data[index].data  # type: ignore[attr-defined]
 
 
-def heuristic_spec(arg: SSAValue, mesh: LogicalDeviceMesh) -> ShardingSpec:
-    """Alpa's "Heuristic" baseline: split the largest dimension over every mesh
-    axis it divides evenly (all of them if it can, else the largest one)."""
-    shape = tuple(arg.type.get_shape())  # type: ignore[attr-defined]
-    if not shape:
-        return ShardingSpec(())
-    dim = max(range(len(shape)), key=lambda d: shape[d])
-    axes = tuple(a for a, n in enumerate(mesh.shape) if n > 1)
-    candidates = [axes] + [(a,) for a in sorted(axes, key=lambda a: -mesh.shape[a])]
-    for chosen in candidates:
-        if chosen and shape[dim] % mesh.axes_size(chosen) == 0:
-            dims = [()] * len(shape)
-            dims[dim] = chosen
-            return ShardingSpec(tuple(dims))
-    return ShardingSpec.replicated(len(shape))
+def _warn_if_beaten(objective: float, prices: Sequence[BaselinePrice]) -> None:
+    """Say loudly that a baseline beats the ILP's plan (the plan is kept)."""
+    import warnings
+
+    beaten = worse_than(objective, prices)
+    if beaten is not None:
+        warnings.warn(
+            f"auto-sharding: the ILP's plan costs {objective:,.6g} but the {beaten.name} plan "
+            f"costs {beaten.objective:,.6g} in the same problem: the solver lost the optimum "
+            "(a bug; please report it with the module and pass pipeline)",
+            UserWarning,
+            stacklevel=3,
+        )

@@ -85,7 +85,8 @@ def test_force_batch_dim_on_a_2d_mesh_keeps_the_batch_on_its_axis() -> None:
 
 
 def test_mixed_mesh_shapes_only_when_allowed() -> None:
-    """S01 (a dimension over both axes of a 2-d mesh) is off by default, as in Alpa."""
+    """S01 (a dimension over both axes of a 2-d mesh) is on by default (unlike
+    Alpa) and off when the option says so."""
     step, params, batch = _mlp()
 
     def mixed(option: alpa_ir.AutoShardingOption) -> bool:
@@ -103,8 +104,8 @@ def test_mixed_mesh_shapes_only_when_allowed() -> None:
         ]
         return any(len(axes) > 1 for spec in specs for axes in spec.dims)
 
-    assert not mixed(alpa_ir.AutoShardingOption())
-    assert mixed(alpa_ir.AutoShardingOption(allow_mixed_mesh_shape=True))
+    assert mixed(alpa_ir.AutoShardingOption())  # on by default (data parallel is S01)
+    assert not mixed(alpa_ir.AutoShardingOption(allow_mixed_mesh_shape=False))
 
 
 def test_reported_objective_has_no_tie_breaks() -> None:
