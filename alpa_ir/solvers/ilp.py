@@ -26,8 +26,10 @@ import numpy as np
 
 from alpa_ir.errors import AlpaError, PlanError
 
-BRUTE_FORCE_LIMIT = 1_000_000
+BRUTE_FORCE_LIMIT = 4**12
 """The largest number of combinations :func:`brute_force` enumerates."""
+_BRUTE_FORCE_CHUNK = 1 << 20
+"""Combinations priced at once by :func:`brute_force` (bounds its memory)."""
 
 
 @dataclass(frozen=True)
@@ -201,29 +203,38 @@ def brute_force(problem: ILPProblem) -> ILPSolution:
     total = math.prod(sizes)
     if total > BRUTE_FORCE_LIMIT:
         raise AlpaError(f"brute force: {total} combinations exceed the limit {BRUTE_FORCE_LIMIT}")
-    grid = np.indices(sizes).reshape(len(sizes), -1)  # [n, combos]
-    objective = np.zeros(grid.shape[1])
-    for v, cost in enumerate(problem.node_costs):
-        objective += cost[grid[v]]
-    for edge in problem.edges:
-        objective += edge.cost[grid[edge.u], grid[edge.v]]
-    finite = np.isfinite(objective)
-    if not finite.any():
+    best_value, best_choice, least_peak, any_finite = math.inf, None, math.inf, False
+    budget = problem.memory_budget if problem.liveness else None
+    for lo in range(0, total, _BRUTE_FORCE_CHUNK):
+        flat = np.arange(lo, min(total, lo + _BRUTE_FORCE_CHUNK))
+        grid = np.unravel_index(flat, sizes) if sizes else ()
+        objective = np.zeros(len(flat))
+        for v, cost in enumerate(problem.node_costs):
+            objective += cost[grid[v]]
+        for edge in problem.edges:
+            objective += edge.cost[grid[edge.u], grid[edge.v]]
+        finite = np.isfinite(objective)
+        any_finite = any_finite or bool(finite.any())
+        if budget is not None and finite.any():
+            assert problem.node_memory is not None
+            peak = np.zeros(len(objective))
+            for live in problem.liveness:
+                used = np.zeros(len(objective))
+                for v in live:
+                    used += problem.node_memory[v][grid[v]]
+                peak = np.maximum(peak, used)
+            least_peak = min(least_peak, float(peak[finite].min()))
+            objective = np.where(peak <= budget, objective, np.inf)
+        k = int(np.argmin(objective))
+        if objective[k] < best_value:
+            best_value = float(objective[k])
+            best_choice = tuple(int(g[k]) for g in grid)
+    if not any_finite:
         raise PlanError("brute force: no plan: every combination has an inf cost")
-    if problem.memory_budget is not None and problem.liveness:
-        assert problem.node_memory is not None
-        peak = np.zeros(grid.shape[1])
-        for live in problem.liveness:
-            used = np.zeros(grid.shape[1])
-            for v in live:
-                used += problem.node_memory[v][grid[v]]
-            peak = np.maximum(peak, used)
-        fits = finite & (peak <= problem.memory_budget)
-        if not fits.any():
-            raise memory_budget_error(problem.memory_budget, float(peak[finite].min()))
-        objective = np.where(fits, objective, np.inf)
-    best = int(np.argmin(objective))
-    choice = tuple(int(s) for s in grid[:, best])
+    if best_choice is None:
+        assert budget is not None
+        raise memory_budget_error(budget, least_peak)
+    choice = best_choice
     return ILPSolution(
         choice=choice,
         objective=evaluate(problem, choice),

@@ -33,9 +33,11 @@ from alpa_ir.solvers.ilp import (
 
 
 @st.composite
-def problems(draw: st.DrawFn, with_memory: bool = False) -> ILPProblem:
-    n = draw(st.integers(1, 6))
-    sizes = [draw(st.integers(1, 4)) for _ in range(n)]
+def problems(
+    draw: st.DrawFn, with_memory: bool = False, max_nodes: int = 6, least_strategies: int = 1
+) -> ILPProblem:
+    n = draw(st.integers(1, max_nodes))
+    sizes = [draw(st.integers(least_strategies, 4)) for _ in range(n)]
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     node_costs = []
     for s in sizes:
@@ -110,6 +112,29 @@ def test_solver_reaches_brute_force_optimum(solver: MipSolver, problem: ILPProbl
 @given(problem=problems(with_memory=True))
 def test_solver_with_memory_budget(solver: MipSolver, problem: ILPProblem) -> None:
     _check_against_reference(problem, solver)
+
+
+LARGE = settings(
+    max_examples=500,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+
+@pytest.mark.slow
+@LARGE
+@given(problem=problems(max_nodes=12, least_strategies=2))
+def test_default_solver_reaches_brute_force_on_500_graphs_of_12_nodes(problem: ILPProblem) -> None:
+    """The solver ``auto-sharding`` uses by default (presolve, elimination, LP,
+    MIP) against enumeration of every assignment (up to 4**12)."""
+    _check_against_reference(problem, MipSolver("cbc"))
+
+
+@pytest.mark.slow
+@LARGE
+@given(problem=problems(with_memory=True, max_nodes=12, least_strategies=2))
+def test_memory_constrained_solver_reaches_brute_force_on_500_graphs(problem: ILPProblem) -> None:
+    _check_against_reference(problem, MipSolver("cbc"))
 
 
 @settings(max_examples=60, deadline=None)
