@@ -3,7 +3,8 @@
 An α-β model at the granularity of links. A step runs every group of a collective at once;
 each group's algorithm (as NCCL implements it) is a set of point-to-point transfers, each
 routed over the system's interconnects (:meth:`System.route`) onto *resources*: a switch port
-per direction (a node's NIC is one port shared by all its GPUs) or a directed ring link. The
+per direction (a node's NIC is one port shared by all its GPUs) or a directed ring link, plus
+the ports of the inner interconnects it also crosses (``Interconnect.through``). The
 step takes ``max over resources (bytes through it / its bandwidth)`` plus the latency of the
 longest chain of hops of any group. A program takes the sum of its steps; each device's
 buffer size follows the real data movement (ReduceScatter divides it by the group size,
@@ -12,7 +13,9 @@ AllGather multiplies it back, Broadcast copies the root's).
 Algorithms (NCCL):
 
 * ring: members in topology order (by device id); AllReduce sends ``2(m-1)/m·S`` over every
-  ring edge, ReduceScatter / AllGather ``(m-1)/m`` of the larger buffer, Reduce / Broadcast
+  ring edge, ReduceScatter / AllGather ``(m-1)/m`` of the larger buffer, half of it each way
+  round the ring (NCCL's channels use the reverse ring too, on full-duplex links: an 8-GPU
+  NVLink ring is faster than a 2-GPU one in Appendix A, 0.28 s vs 0.32 s); Reduce / Broadcast
   pipeline ``S`` along the ring towards / from the root (m-1 edges).
 * tree (AllReduce only; NCCL runs the other collectives on rings): inside a node the members
   form a chain, across nodes the chain heads form NCCL's double binary tree; each tree carries
@@ -85,27 +88,38 @@ class Simulator:
             raise AlpaError(f"unknown algorithm {algorithm!r}; known: {', '.join(ALGORITHMS)}")
         self.system = system
         self.algorithm = algorithm
-        self._routes: dict[tuple[int, int], tuple[tuple, tuple, float, float]] = {}
+        self._routes: dict[tuple[int, int], tuple[tuple[tuple[tuple, float], ...], float]] = {}
         self._steps: dict[tuple, float] = {}
         self._gpus_per_node = system.num_devices // system.num_nodes
 
-    def _route(self, src: int, dst: int) -> tuple[tuple, tuple, float, float]:
+    def _route(self, src: int, dst: int) -> tuple[tuple[tuple[tuple, float], ...], float]:
+        """The resources a transfer ``src -> dst`` loads, each with its bandwidth, and the
+        latency of its hop."""
         key = (src, dst)
         if key not in self._routes:
             link, a, b, parent = self.system.route(src, dst)
             if link.via:  # through the ports of an outer interconnect (of the common parent)
-                outer = next(i for i in self.system.interconnects if i.name == link.via)
+                outer = self.system.interconnect(link.via)
                 port = parent[outer.level] // outer.port_span
                 tx = ("tx", outer.name, parent[: outer.level], port)
                 rx = ("rx", outer.name, parent[: outer.level], port)
-                self._routes[key] = (tx, rx, outer.bandwidth, link.latency)
+                resources = [(tx, outer.bandwidth), (rx, outer.bandwidth)]
             elif link.topology == "ring":
-                tx = rx = ("ring", link.name, parent, a, b)
-                self._routes[key] = (tx, rx, link.bandwidth, link.latency)
+                resources = [(("ring", link.name, parent, a, b), link.bandwidth)]
             else:
                 tx = ("tx", link.name, parent, a // link.port_span)
                 rx = ("rx", link.name, parent, b // link.port_span)
-                self._routes[key] = (tx, rx, link.bandwidth, link.latency)
+                resources = [(tx, link.bandwidth), (rx, link.bandwidth)]
+            # the inner interconnects the transfer also crosses at both ends (e.g. a GPU's
+            # PCIe path to host memory, where a NIC without GPUDirect RDMA picks data up)
+            ca, cb = self.system.coordinates(src), self.system.coordinates(dst)
+            for name in link.through:
+                inner = self.system.interconnect(name)
+                j = inner.level
+                up = ("tx", inner.name, ca[:j], ca[j] // inner.port_span)
+                down = ("rx", inner.name, cb[:j], cb[j] // inner.port_span)
+                resources += [(up, inner.bandwidth), (down, inner.bandwidth)]
+            self._routes[key] = (tuple(resources), link.latency)
         return self._routes[key]
 
     def _group_edges(self, coll: Collective, group: list[int], size: float) -> tuple[Edges, int]:
@@ -126,7 +140,11 @@ class Simulator:
             per_edge, hops = (m - 1) / m * size, m - 1
         else:  # AllGather: size is the gathered (output) size
             per_edge, hops = (m - 1) / m * size, m - 1
-        return [(ring[i], ring[(i + 1) % m], per_edge) for i in range(m)], hops
+        # NCCL's channels run the ring in both directions (its search takes the reverse ring
+        # for the bandwidth the forward one leaves on full-duplex links): half the data each
+        half = per_edge / 2
+        edges = [(ring[i], ring[(i + 1) % m], half) for i in range(m)]
+        return edges + [(ring[(i + 1) % m], ring[i], half) for i in range(m)], hops
 
     def _tree_edges(self, ring: list[int], size: float) -> tuple[Edges, int]:
         nodes: dict[int, list[int]] = {}
@@ -167,9 +185,9 @@ class Simulator:
             edges, hops = self._group_edges(coll, group, size)
             alpha = 0.0
             for src, dst, nbytes in edges:
-                tx, rx, bw, lat = self._route(src, dst)
+                resources, lat = self._route(src, dst)
                 alpha = max(alpha, lat)
-                for res in (tx, rx) if tx != rx else (tx,):
+                for res, bw in resources:
                     loads[res] = loads.get(res, 0.0) + nbytes
                     bandwidth[res] = bw
             latency = max(latency, hops * alpha)
@@ -193,9 +211,9 @@ class Simulator:
                 for dst in group:
                     if src == dst:
                         continue
-                    tx, rx, bw, lat = self._route(src, dst)
+                    resources, lat = self._route(src, dst)
                     latency = max(latency, lat)
-                    for res in (tx, rx) if tx != rx else (tx,):
+                    for res, bw in resources:
                         loads[res] = loads.get(res, 0.0) + nbytes / m
                         bandwidth[res] = bw
         return latency + max(loads[r] / bandwidth[r] for r in loads)

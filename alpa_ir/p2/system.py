@@ -14,15 +14,23 @@ connects the two children:
 * ``topology="switch"``: any two children are connected; every *port* has ``bandwidth`` bytes/s
   in each direction. ``port_span`` consecutive children share one port: a NIC is a port of the
   node (its GPUs share it automatically, since they are below it), an NVSwitch gives every GPU
-  its own port (``port_span=1``), a PCIe switch one port per CPU domain (``port_span=4``).
+  its own port (``port_span=1``), a CPU's PCIe uplink one port per CPU domain (``port_span=4``).
 * ``topology="ring"``: only ring-adjacent children (``c`` and ``c ± 1 mod hj``) are connected,
   each directed link with ``bandwidth`` (the V100 NVLink ring).
 
-``reach`` restricts a switch to children in the same block of ``reach`` consecutive children
-(a CPU's PCIe domain); 0 means the whole level. ``via`` names an interconnect of an outer
-level whose ports the traffic passes through instead of ports of its own: the paper models the
-link between a V100 node's two CPUs as the node's NIC (Figure 9b), so that traffic competes
-with the node's network traffic.
+``reach`` restricts a switch to children in the same block of ``reach`` consecutive children;
+0 means the whole level. ``via`` names an interconnect of an outer level whose ports the traffic
+passes through instead of ports of its own: the paper models the link between a V100 node's two
+CPUs as the node's NIC (Figure 9b, :func:`gcp_v100_paper`). ``through`` names interconnects of
+inner levels whose ports the traffic *also* crosses at both ends: without GPUDirect RDMA a
+NIC's data is staged in host memory, so it crosses the sending GPU's PCIe path to its CPU
+(that port's tx side) and the receiving GPU's (rx side) as well as the NICs.
+
+The V100 node (:func:`gcp_v100`) is modelled as measured in the paper's Appendix A rather than
+as its Figure 9b: GPUs that are not NVLink-ring neighbours exchange data through host memory
+(NCCL's shared-memory transport: in a VM the GPUs' PCIe peer-to-peer traffic is not available),
+so every such transfer, inside one CPU's PCIe domain or across the two CPUs, loads the PCIe
+uplink of the sender's CPU (up) and of the receiver's CPU (down); network traffic loads them too.
 """
 
 from __future__ import annotations
@@ -55,6 +63,7 @@ class Interconnect:
     port_span: int = 1
     reach: int = 0
     via: str = ""
+    through: tuple[str, ...] = ()
 
     def connects(self, child_a: int, child_b: int, cardinality: int) -> bool:
         """Whether this interconnect joins children ``child_a`` and ``child_b`` of its level."""
@@ -99,6 +108,13 @@ class System:
             device //= card
         return tuple(reversed(coords))
 
+    def interconnect(self, name: str) -> Interconnect:
+        """The interconnect called ``name``."""
+        for link in self.interconnects:
+            if link.name == name:
+                return link
+        raise AlpaError(f"system {self.name!r}: no interconnect {name!r}")
+
     def route(self, src: int, dst: int) -> tuple[Interconnect, int, int, tuple[int, ...]]:
         """The interconnect a transfer ``src -> dst`` uses, the two children it joins and
         the coordinates of their common parent (the levels above the first difference)."""
@@ -116,6 +132,11 @@ class System:
 def _validate(system: System) -> System:
     names = {link.name: link for link in system.interconnects}
     for link in system.interconnects:
+        for name in link.through:
+            if name not in names or names[name].level <= link.level:
+                raise AlpaError(
+                    f"system {system.name!r}: {link.name!r} goes through no inner interconnect"
+                )
         if link.via and (link.via not in names or names[link.via].level >= link.level):
             raise AlpaError(f"system {system.name!r}: {link.name!r} goes via no outer interconnect")
     for level in system.levels:
@@ -129,16 +150,31 @@ def _validate(system: System) -> System:
     return system
 
 
-# §5 assumptions: 100 Gbps NIC used at 60 % ~ 8 GB/s per node (shared by its GPUs); PCIe
-# switches 32 GB/s; V100 NVLink ring 135 GB/s per direction (90 % of 150); A100 NVSwitch
-# 270 GB/s per direction (90 % of 300). Latencies are typical NCCL per-hop values; at the
-# paper's data sizes (GBs per device) they do not matter.
+# §5 assumptions: 100 Gbps NIC used at 60 % ~ 8 GB/s per node (shared by its GPUs); V100 NVLink
+# ring 135 GB/s per direction (90 % of 150); A100 NVSwitch 270 GB/s per direction (90 % of 300).
+# Latencies are typical NCCL per-hop values; at the paper's data sizes (GBs per device) they do
+# not matter.
 NIC = Interconnect("nic", level=0, bandwidth=8 * GB, latency=10e-6)
 NVSWITCH = Interconnect("nvswitch", level=1, bandwidth=270 * GB, latency=3e-6)
 NVLINK_RING = Interconnect("nvlink", level=1, bandwidth=135 * GB, latency=3e-6, topology="ring")
-PCIE = Interconnect("pcie", level=1, bandwidth=32 * GB, latency=5e-6, port_span=4, reach=4)
-# The two CPUs of a V100 node: the paper models their link as the node's shared NIC (Fig. 9b).
-CROSS_CPU = Interconnect("cross-cpu", level=1, bandwidth=8 * GB, latency=10e-6, via="nic")
+
+# V100 node, traffic between GPUs that are not NVLink-ring neighbours, and network traffic:
+# staged through host memory (no PCIe peer-to-peer between the VM's GPUs, no GPUDirect RDMA;
+# NCCL's SHM and socket transports) over the PCIe Gen3 x16 uplink of each CPU's domain of 4
+# GPUs, 15.75 GB/s nominal per direction, of which GPU loads and stores to host memory get about
+# half. Appendix A bounds it against the 8 GB/s NIC (S = bytes per GPU): 4 cross-CPU pairs per
+# node put 4 S on a CPU uplink and take longer (tree 8.44 s) than 4 cross-node tree heads put on
+# the NIC (7.42 s), so bandwidth < 8 GB/s; two cross-CPU 4-GPU rings per node put 6 S on an
+# uplink and finish (ring 12.55 s, tree 13.01 s) before 8 cross-node pairs put 8 S on the NIC
+# (14.53 s, 14.55 s), so bandwidth > 6 GB/s. A 4-GPU ring closing over a same-CPU pair (2.96 s)
+# shows that pair is no faster than that: not a 32 GB/s PCIe switch (Figure 9b).
+V100_HOST_PCIE = Interconnect("pcie", level=1, bandwidth=7.5 * GB, latency=5e-6, port_span=4)
+V100_NIC = Interconnect("nic", level=0, bandwidth=8 * GB, latency=10e-6, through=("pcie",))
+
+# The paper's Figure 9b V100 model: PCIe switches of 32 GB/s inside each CPU's domain, the link
+# between the two CPUs modelled as the node's NIC.
+PAPER_PCIE = Interconnect("pcie", level=1, bandwidth=32 * GB, latency=5e-6, port_span=4, reach=4)
+PAPER_CROSS_CPU = Interconnect("cross-cpu", level=1, bandwidth=8 * GB, latency=10e-6, via="nic")
 
 
 def gcp_a100(nodes: int) -> System:
@@ -148,9 +184,20 @@ def gcp_a100(nodes: int) -> System:
 
 
 def gcp_v100(nodes: int) -> System:
-    """GCP V100 nodes: 8 GPUs on an NVLink ring, two CPUs of 4 GPUs on PCIe (Figure 9b)."""
+    """GCP V100 nodes: 8 GPUs on an NVLink ring, two CPUs of 4 GPUs each; the other GPU pairs
+    and the NIC reach each other through host memory over each CPU's PCIe uplink (module doc)."""
     levels = (Level("node", nodes), Level("gpu", 8))
-    return _validate(System(f"gcp-v100-8x{nodes}", levels, (NIC, NVLINK_RING, PCIE, CROSS_CPU)))
+    links = (V100_NIC, NVLINK_RING, V100_HOST_PCIE)
+    return _validate(System(f"gcp-v100-8x{nodes}", levels, links))
+
+
+def gcp_v100_paper(nodes: int) -> System:
+    """The paper's model of the GCP V100 nodes (Figure 9b): NVLink ring, a 32 GB/s PCIe switch
+    per CPU, the link between the CPUs as the node's NIC. Ranks the Appendix A AllReduce times
+    worse than :func:`gcp_v100`; kept for comparison."""
+    levels = (Level("node", nodes), Level("gpu", 8))
+    links = (NIC, NVLINK_RING, PAPER_PCIE, PAPER_CROSS_CPU)
+    return _validate(System(f"gcp-v100-8x{nodes}", levels, links))
 
 
 PRESETS = {

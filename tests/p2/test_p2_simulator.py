@@ -7,7 +7,7 @@ from alpa_ir.errors import AlpaError
 from alpa_ir.p2.explore import explore
 from alpa_ir.p2.semantics import Collective
 from alpa_ir.p2.simulator import Simulator, default_bytes, double_binary_tree, spearman
-from alpa_ir.p2.system import GB, custom_system, get_system
+from alpa_ir.p2.system import GB, custom_system, gcp_v100_paper, get_system
 
 S = 1e9  # bytes per device
 AR, RS, AG = Collective.ALL_REDUCE, Collective.REDUCE_SCATTER, Collective.ALL_GATHER
@@ -29,8 +29,10 @@ def test_routes() -> None:
     v100 = get_system("gcp-v100-8x2")
     assert v100.route(0, 1)[0].name == "nvlink" and v100.route(7, 0)[0].name == "nvlink"
     assert v100.route(0, 3)[0].name == "pcie"
-    assert v100.route(1, 5)[0].name == "cross-cpu"
+    assert v100.route(1, 5)[0].name == "pcie"  # across the two CPUs: through host memory
     assert v100.route(0, 8)[0].name == "nic"
+    assert v100.route(0, 8)[0].through == ("pcie",)
+    assert gcp_v100_paper(2).route(1, 5)[0].name == "cross-cpu"
     assert get_system("gcp-a100-16x2").route(3, 9)[0].name == "nvswitch"
 
 
@@ -105,12 +107,47 @@ def test_v100_ring_closes_over_pcie_and_tree_chains_over_nvlink() -> None:
     quads = groups([0, 1, 2, 3], [4, 5, 6, 7])
     ring = Simulator(system, "ring").allreduce_time(quads, S)
     tree = Simulator(system, "tree").allreduce_time(quads, S)
-    assert ring == pytest.approx(1.5 * S / (32 * GB), rel=1e-2)
+    # the closing edge 3 <-> 0 (both ring directions, 3/4 S each) goes up and down CPU 0's uplink
+    assert ring == pytest.approx(1.5 * S / (7.5 * GB), rel=1e-2)
     assert tree < ring / 3  # Appendix A: 2.96 s vs 0.43 s
 
 
-def test_cross_cpu_traffic_goes_through_the_nic() -> None:
+def test_ring_runs_both_directions() -> None:
+    """NCCL's channels use the reverse ring as well: on the NVLink ring an 8-GPU AllReduce
+    (7/8 S per directed link) beats a 2-GPU one (S each way), as in Appendix A (0.28 s vs
+    0.32 s); on switches the per-port load is that of a one-way ring."""
     sim = Simulator(get_system("gcp-v100-8x2"))
+    eight = sim.allreduce_time(groups(list(range(8))), S)
+    pairs = sim.allreduce_time(groups([0, 1], [2, 3], [4, 5], [6, 7]), S)
+    assert eight < pairs
+    assert eight == pytest.approx(7 / 8 * S / (135 * GB) + 14 * 3e-6, rel=1e-6)
+
+
+def test_v100_host_memory_paths() -> None:
+    """Non-NVLink and network traffic of a V100 node crosses its CPUs' PCIe uplinks."""
+    sim = Simulator(get_system("gcp-v100-8x2"))
+    # one cross-CPU pair: S up CPU 0's uplink (and S down it the other way)
+    assert sim.allreduce_time(groups([0, 4]), S) == pytest.approx(S / (7.5 * GB), rel=1e-2)
+    # a same-CPU pair goes up and down its CPU's uplink both ways (2 S each direction) and
+    # shares it with a cross-CPU pair; pairs of different CPUs do not interfere
+    assert sim.allreduce_time(groups([0, 4], [1, 3]), S) == pytest.approx(
+        3 * S / (7.5 * GB), rel=1e-2
+    )
+    assert sim.allreduce_time(groups([0, 2], [5, 7]), S) == pytest.approx(
+        2 * S / (7.5 * GB), rel=1e-2
+    )
+    # network traffic is staged in host memory too: it adds to the CPU uplink's load
+    assert sim.allreduce_time(groups([0, 8]), S) == pytest.approx(S / (7.5 * GB), rel=1e-2)
+    assert sim.allreduce_time(groups([0, 8], [1, 5]), S) == pytest.approx(
+        2 * S / (7.5 * GB), rel=1e-2
+    )
+    # the NIC binds when the node's two CPUs both send over the network
+    nic = groups(*[[g, 8 + g] for g in range(8)])
+    assert sim.allreduce_time(nic, S) == pytest.approx(8 * S / (8 * GB), rel=1e-2)
+
+
+def test_paper_v100_model_sends_cross_cpu_traffic_through_the_nic() -> None:
+    sim = Simulator(gcp_v100_paper(2))
     cross_node = sim.allreduce_time(groups([0, 8]), S)
     # both directions of a cross-CPU pair leave and re-enter the node through its NIC
     assert sim.allreduce_time(groups([0, 4]), S) == pytest.approx(2 * cross_node, rel=1e-2)
