@@ -23,6 +23,8 @@ an opaque node takes its auxiliary data from a known node of the same type.
 from __future__ import annotations
 
 import ast
+import hashlib
+import re
 import sys
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -51,10 +53,18 @@ def _literal(aux: Any) -> Any:
     return value
 
 
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
 def _describe(aux: Any) -> str:
+    """A short description of ``aux``: its repr, cut to a few words, and when
+    cut, a digest of the whole repr (addresses left out), so that two nodes
+    whose data differ only past the cut (two layers of one class with other
+    static fields) are told apart."""
     text = " ".join(repr(aux).split())
     if len(text) > _DESCRIPTION_CHARS:
-        text = text[: _DESCRIPTION_CHARS - 3] + "..."
+        digest = hashlib.sha256(_ADDRESS.sub("", text).encode()).hexdigest()[:12]
+        text = f"{text[: _DESCRIPTION_CHARS - 3]}... #{digest}"
     return _OPAQUE_PREFIX + text
 
 
@@ -176,10 +186,13 @@ class _Resolver:
         return found
 
     def opaque_aux(self, name: str, description: str) -> Any:
+        """The auxiliary data of a known node of type ``name`` described as
+        ``description`` (digest included); without such a node, that of the
+        only known node of the type. Never one of several that differ."""
         candidates = self.known.get(name, [])
         matching = [aux for _, aux in candidates if _describe(aux) == description]
         if matching:
-            return matching[0]
+            return matching[0]  # equal reprs: any of them
         distinct = {id(aux): aux for _, aux in candidates}
         if len(distinct) == 1:
             return next(iter(distinct.values()))
