@@ -58,9 +58,11 @@ class ShardParallel:
     manual_sharding_option: ManualShardingOption | None = None
     """Specs of the inputs and outputs given by hand (kept by the ILP; only
     propagated with ``AutoShardingOption(enable_auto_sharding=False)``)."""
-    backend: Literal["xla", "ray"] = "xla"
+    backend: Literal["xla", "ray"] | None = None
     """``xla``: the step runs in this process on the local devices; ``ray``: one
-    Ray actor per host, the mesh may span hosts (after ``alpa_ir.init(cluster="ray")``)."""
+    Ray actor per host, the mesh may span hosts (after ``alpa_ir.init(cluster="ray")``);
+    None: ``ray`` while connected to Ray by ``alpa_ir.init(cluster="ray")``, else
+    ``xla`` (Alpa's switch)."""
     device_memory: float | str | None = None
     """Bytes each device may hold (a number, or a size such as ``"6GiB"``); None:
     ``ALPA_DEVICE_MEMORY``, else what the local devices have
@@ -68,7 +70,7 @@ class ShardParallel:
     before it compiles."""
 
     def __post_init__(self) -> None:
-        if self.backend not in ("xla", "ray"):
+        if self.backend not in ("xla", "ray", None):
             raise AlpaError(f"backend must be 'xla' or 'ray', got {self.backend!r}")
         check_memory_option(self.device_memory, "ShardParallel(device_memory=...)")
 
@@ -440,12 +442,14 @@ def compile_step(
     registry: PluginRegistry | None = None,
 ) -> ShardedExecutable:
     """Plan and compile ``fn`` for ``args`` with ``method`` (no execution)."""
+    from alpa_ir.api.runtime_api import session_backend
     from alpa_ir.frontend.jaxpr_import import import_step
     from alpa_ir.ir.module_utils import main_function
     from alpa_ir.runtime.ray_cluster import backend_devices
 
     registry = registry or default_registry()
-    mesh = resolve_mesh(method.devices, backend_devices(getattr(method, "backend", "xla")))
+    backend = session_backend(getattr(method, "backend", None))
+    mesh = resolve_mesh(method.devices, backend_devices(backend))
     if method.auto_sharding_option.force_data_parallel and not isinstance(
         method, ManualShardParallel
     ):
@@ -509,7 +513,7 @@ def compile_step(
     if rows:
         signature = replace(signature, micro_batch_rows=_batch_size(signature, batch_leaves))
         batch_leaves.append(len(signature.avals))
-    on_ray = getattr(method, "backend", "xla") == "ray"
+    on_ray = backend == "ray"
     if not (propagate or on_ray):  # XLA lays out what is only propagated
         _check_memory(main_function(module), mesh, batch_leaves, b, method)
     executable = ShardedExecutable(

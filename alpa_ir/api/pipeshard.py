@@ -134,9 +134,10 @@ class PipeshardParallel:
         default_factory=UniformStageOption
     )
     pipeline_schedule: Literal["1f1b", "gpipe"] = "1f1b"
-    backend: Literal["xla", "ray"] = "xla"
+    backend: Literal["xla", "ray"] | None = None
     """``xla``: the stages run in this process on the local devices; ``ray``:
-    one Ray actor per host, a mesh may span hosts (after ``alpa_ir.init(cluster="ray")``)."""
+    one Ray actor per host, a mesh may span hosts (after ``alpa_ir.init(cluster="ray")``);
+    None: ``ray`` while connected to Ray by ``alpa_ir.init(cluster="ray")``, else ``xla``."""
     auto_sharding_option: AutoShardingOption = field(
         default_factory=lambda: AutoShardingOption(reduce_scatter="none")
     )
@@ -171,7 +172,7 @@ class PipeshardParallel:
             raise AlpaError(
                 f"pipeline_schedule must be '1f1b' or 'gpipe', got {self.pipeline_schedule!r}"
             )
-        if self.backend not in ("xla", "ray"):
+        if self.backend not in ("xla", "ray", None):
             raise AlpaError(f"backend must be 'xla' or 'ray', got {self.backend!r}")
         check_memory_option(self.device_memory, "PipeshardParallel(device_memory=...)")
 

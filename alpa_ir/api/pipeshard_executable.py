@@ -362,10 +362,12 @@ def compile_pipeshard(
 ) -> PipeshardExecutable:
     """Plan ``fn`` for ``args`` with ``method`` as one pass pipeline on the
     imported step, and compile the planned module for the method's backend."""
+    from alpa_ir.api.runtime_api import session_backend
     from alpa_ir.passmanager.pass_manager import PassManager
     from alpa_ir.pipeline.stage_outline import count_layers
 
     del donate_argnums  # buffers of a pipeline step are not donated yet
+    method = replace(method, backend=session_backend(method.backend))
     registry = registry or default_registry()
     devices = _device_ids(method.devices, method.backend)
     b = check_micro_batches(method.num_micro_batches)

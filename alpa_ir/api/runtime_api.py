@@ -6,12 +6,15 @@
   ``num_devices`` CPU devices (default: as many as this process's JAX sees),
   or ``init(cluster="ray", address="host:port")`` to join a running cluster.
   Modules then run with ``backend="ray"``: one Ray actor per host, a mesh
-  may span hosts. An address that does not answer is an
+  may span hosts; so do the methods (``ShardParallel``, ``PipeshardParallel``,
+  ...) whose ``backend`` is left ``None``, as after Alpa's
+  ``alpa.init(cluster="ray")`` (an explicit ``backend="xla"`` still runs here). An address that does not answer is an
   :class:`~alpa_ir.errors.AlpaError` within ``timeout_s``. With
   ``probe=True`` (a cluster of two hosts or more) the link between hosts
   is measured once (a few seconds) and automatic pipeline stages plan with
   its α/β; otherwise with a default for the hosts' devices.
-- ``shutdown()``: leave Ray; a local instance stops with all its processes.
+- ``shutdown()``: leave Ray; a local instance stops with all its processes,
+  and methods without a ``backend`` run on the local devices again.
 
 Both are idempotent.
 """
@@ -58,3 +61,15 @@ def shutdown() -> None:
     from alpa_ir.runtime.ray_cluster import stop
 
     stop()
+
+
+def session_backend(backend: str | None) -> Literal["xla", "ray"]:
+    """The backend a method runs on: ``backend`` if given, else ``ray`` while
+    this process is connected to Ray (after ``init(cluster="ray")``), else
+    ``xla``. The state is Ray's own (``ray.is_initialized()``)."""
+    if backend is not None:
+        return backend  # type: ignore[return-value]
+    import sys
+
+    ray = sys.modules.get("ray")
+    return "ray" if ray is not None and ray.is_initialized() else "xla"

@@ -161,11 +161,20 @@ def _checkpoints_across_hosts(
 
 @pytest.fixture(scope="module")
 def shard_on_two_hosts(two_hosts: Any) -> Iterator[Any]:
+    """Alpa's switch: ``alpa_ir.init(cluster="ray")`` (by ``two_hosts``) makes a
+    method without a ``backend`` run on the Ray hosts."""
     fn, args = tiny_step("mlp-tiny")
-    method = alpa_ir.ShardParallel(alpa_ir.LogicalDeviceMesh((2, 4)), backend="ray")
+    method = alpa_ir.ShardParallel(alpa_ir.LogicalDeviceMesh((2, 4)))
     executable = alpa_ir.parallelize(fn, method=method).get_executable(*args)
     yield executable
     executable.close()
+
+
+def test_an_explicit_xla_backend_stays_local_while_connected(two_hosts: Any) -> None:
+    fn, args = tiny_step("mlp-tiny")
+    method = alpa_ir.ShardParallel(alpa_ir.LogicalDeviceMesh((2, 4)), backend="xla")
+    executable = alpa_ir.parallelize(fn, method=method).get_executable(*args)
+    assert executable.remote is None
 
 
 def test_a_mesh_spanning_two_hosts_equals_one_device(shard_on_two_hosts: Any) -> None:

@@ -238,6 +238,19 @@ def test_without_init_the_backend_says_what_to_do(cluster: None) -> None:
     alpa_ir.init(cluster="ray")  # idempotent
 
 
+def test_methods_without_a_backend_follow_the_session(cluster: None) -> None:
+    """Alpa's switch: connected to Ray, a method without ``backend`` runs on
+    ray; an explicit backend is kept; after ``shutdown``, local again."""
+    from alpa_ir.api.runtime_api import session_backend
+
+    assert alpa_ir.ShardParallel().backend is None
+    assert session_backend(None) == "ray"
+    assert session_backend("xla") == "xla"
+    alpa_ir.shutdown()
+    assert session_backend(None) == "xla"
+    alpa_ir.init(cluster="ray")  # as the other tests of this module expect
+
+
 _BAD_ADDRESSES = """
 import time, alpa_ir
 from alpa_ir.errors import AlpaError
