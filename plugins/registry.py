@@ -240,6 +240,12 @@ def load_registry(
                 pm.register(plugin, name=name)
             except Exception as exc:
                 raise PluginLoadError(f"plugin '{name}' failed to register: {exc}") from exc
+            if isinstance(spec, str) and not pm.get_hookcallers(plugin):
+                hooks = ", ".join(sorted({"alpa_ir_dialects", *(h for _, h in _TABLES)}))
+                raise PluginLoadError(
+                    f"plugin '{name}' contributes nothing: it implements none of the hooks "
+                    f"({hooks})"
+                )
 
     owners: dict[tuple[str, str], str] = {}
 

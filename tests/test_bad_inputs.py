@@ -78,6 +78,16 @@ def _save_to_a_file(tmp: Path) -> None:
     alpa_ir.save_checkpoint(tmp / "file", STATE)
 
 
+def _save_under_a_file(tmp: Path) -> None:
+    (tmp / "file").write_text("x")
+    alpa_ir.save_checkpoint(tmp / "file" / "ck", STATE)
+
+
+def _restore_other_keys(tmp: Path) -> None:
+    alpa_ir.save_checkpoint(tmp / "ck", {"p": jnp.ones(2), "n": jnp.zeros(3)})
+    alpa_ir.restore_checkpoint(tmp / "ck", target={"p": jnp.ones(2), "m": jnp.zeros(3)})
+
+
 API_CASES: list[tuple[str, Callable[[Path], Any], str]] = [
     ("method-string", lambda t: _run("ShardParallel"), r"method must be a parallel method.*'Shard"),
     ("method-float", lambda t: _run(1.5), r"method must be a parallel method.*1\.5"),
@@ -364,6 +374,12 @@ API_CASES: list[tuple[str, Callable[[Path], Any], str]] = [
         "probe is an option of cluster='ray'",
     ),
     ("checkpoint-path-is-a-file", _save_to_a_file, "exists and is not a directory"),
+    ("checkpoint-path-under-a-file", _save_under_a_file, r"file is not a directory"),
+    (
+        "checkpoint-target-other-keys",
+        _restore_other_keys,
+        "the checkpoint has leaf state.n where the target has state.m",
+    ),
     (
         "checkpoint-negative-step",
         lambda t: alpa_ir.save_checkpoint(t / "ck", STATE, step=-1),
@@ -523,3 +539,15 @@ def test_user_errors_leave_no_reproducer_unless_asked(
             )
         )
     assert not list(tmp_path.glob("*.reproducer.mlir"))
+
+
+def test_a_plugin_that_contributes_nothing_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--load-plugin`` of a module that implements no hook (``json``)."""
+    source = tmp_path / "in.mlir"
+    source.write_text(_ir())
+    assert alpa_opt_main([str(source), "--load-plugin=json", "-p", "builtin.module()"]) != 0
+    err = capsys.readouterr().err
+    assert "plugin 'json' contributes nothing" in err and err.count("\n") == 1
+    assert "Traceback" not in err

@@ -180,6 +180,11 @@ def save_checkpoint(
     where = Path(path)
     if where.exists() and not where.is_dir():
         raise AlpaError(f"checkpoint path {where} exists and is not a directory")
+    for parent in where.absolute().parents:  # the nearest existing one must be a directory
+        if parent.exists():
+            if not parent.is_dir():
+                raise AlpaError(f"cannot save checkpoint {where}: {parent} is not a directory")
+            break
     latest = _latest_step(where) if where.is_dir() else None
     if latest is not None and not overwrite:
         raise AlpaError(f"checkpoint directory {where} already exists (pass overwrite=True)")
@@ -412,6 +417,8 @@ def _restore(
             f"checkpoint {where} does not match the target's structure ({len(entries)} vs "
             f"{len(targets)} leaves)"
         )
+    if tree is not None:
+        _check_leaf_paths(where, entries, tree)
     placements = _with_shardings(targets, shardings, entries, where)
     abstract: dict[str, jax.ShapeDtypeStruct] = {}
     for entry, placement in zip(entries, placements, strict=True):
@@ -434,6 +441,18 @@ def _restore(
             value = jax.random.wrap_key_data(value, impl=entry.get("impl") or "threefry2x32")
         leaves.append(value)
     return jax.tree.unflatten(treedef, leaves)
+
+
+def _check_leaf_paths(where: Path, entries: list[dict[str, Any]], tree: Any) -> None:
+    """The target's leaves must be the saved ones, path for path (a dict with
+    other keys but as many leaves would otherwise take the saved values)."""
+    paths = _leaf_paths(jax.tree.unflatten(tree, [0] * tree.num_leaves))
+    for entry, path in zip(entries, paths, strict=True):
+        if entry["path"] != path:
+            raise AlpaError(
+                f"checkpoint {where} does not match the target: the checkpoint has leaf "
+                f"{entry['path']} where the target has {path}"
+            )
 
 
 def _with_shardings(
