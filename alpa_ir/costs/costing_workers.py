@@ -88,7 +88,6 @@ def cost_in_workers(
             if on_done is not None:
                 on_done(sum(len(t) for t in out))
         return out
-    texts = [function_text(f) for f in functions]
     results: list[list[StageCost] | None] = [None] * len(tasks)
     pending = list(range(len(tasks)))
     pending.reverse()  # pop() takes the tasks in the order given
@@ -102,6 +101,8 @@ def cost_in_workers(
             processes.append(process)
             connections.append(parent_end)
             parent_end.send(sys.path)  # before anything that unpickles by module
+        texts = [function_text(f) for f in functions]  # while the workers start
+        for parent_end in connections:
             parent_end.send((copy(), cluster, texts))
         for conn in connections:
             _send_next(conn, tasks, pending, busy)
