@@ -474,7 +474,11 @@ IR_CASES: list[tuple[str, str, str]] = [
         ),
         "holds 2 specs for 1 results",
     ),
-    ("unknown-key-impl", _ir().replace("tensor<6x4xf32>)", "tensor<6x4x!lax.key<xyz>>)", 1), ""),
+    (
+        "unknown-key-impl",
+        _ir().replace("tensor<6x4xf32>)", "tensor<6x4x!lax.key<xyz>>)", 1),
+        r"unknown PRNG implementation 'xyz'; expected one of fry, rbg, urbg",
+    ),
 ]
 
 
