@@ -21,7 +21,7 @@ from alpa_ir.p2.simulator import Simulator
 from alpa_ir.p2.system import custom_system, gcp_a100, gcp_v100
 from alpa_ir.passmanager.pass_manager import PassManager
 from alpa_ir.plugins.registry import default_registry
-from tools.bench_cost_model_prices import PRESETS, axis_sets, in_microseconds, main, meshes
+from alpa_ir.tools.bench_cost_model_prices import PRESETS, axis_sets, in_microseconds, main, meshes
 
 MB = 2**20
 KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
