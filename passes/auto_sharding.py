@@ -39,6 +39,7 @@ from alpa_ir.autosharding.apply_plan import apply_plan
 from alpa_ir.autosharding.baselines import (
     BaselinePrice,
     baseline_objectives,
+    data_parallel_spec,
     heuristic_spec,
     worse_than,
 )
@@ -346,19 +347,14 @@ class AutoSharding(ModulePass):
     def _arg_cost(
         self, mesh: LogicalDeviceMesh, batch: set[int], given: dict[int, ShardingSpec]
     ) -> Callable[[int, SSAValue, ShardingSpec], float]:
-        axes = tuple(a for a, n in enumerate(mesh.shape) if n > 1)
-
         def cost(index: int, arg: SSAValue, spec: ShardingSpec) -> float:
             if index in given:  # a user's annotation (manual sharding) is kept
                 return 0.0 if spec == given[index] else INF
             if self.strategy_space == "heuristic":
                 return 0.0 if spec == heuristic_spec(arg, mesh) else INF
             is_batch = index in batch
-            if self._data_parallel:
-                if is_batch:
-                    want = ShardingSpec((axes,) + ((),) * (spec.rank - 1)) if spec.rank else spec
-                    return 0.0 if spec == want else INF  # rows divide: checked in apply
-                return 0.0 if spec.is_replicated() else INF
+            if self._data_parallel:  # rows divide: checked in apply
+                return 0.0 if spec == data_parallel_spec(arg, mesh, is_batch) else INF
             if is_batch and self.force_batch_dim_to_mesh_dim >= 0 and spec.rank:
                 return 0.0 if self.force_batch_dim_to_mesh_dim in spec.dims[0] else INF
             if not is_batch and spec.is_replicated() and spec.rank:

@@ -9,9 +9,6 @@ moe-tiny 8 %, the largest gap measured), or XLA combined collectives (fewer
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 from test_plan_baselines import _step
 
@@ -20,8 +17,6 @@ from alpa_ir.autosharding.cost_model import AlphaBetaCostModel
 from alpa_ir.costs.collective_accounting import CollectiveRecord, hlo_collectives
 from alpa_ir.costs.compiled_price import group_axes, price_compiled_collectives
 from alpa_ir.errors import AlpaError
-
-sys.path.insert(0, str(Path(__file__).parent.parent))
 
 STEPS = ("conv-attention", "mlp-tiny", "gpt-tiny", "moe-tiny", "bert-tiny", "wresnet-tiny")
 
