@@ -126,3 +126,30 @@ def test_elimination_stops_at_its_deadline() -> None:
     core = presolve(_frustrated_k4(), reduce=False).core
     assert eliminate(core) is not None
     assert eliminate(core, deadline=0.0) is None  # the clock is long past 0
+
+
+def test_elimination_after_a_fractional_lp_gets_a_few_seconds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After a fractional LP whose dive is not within the gap, exact elimination
+    may run for at most ELIMINATION_AFTER_LP seconds, with or without a time
+    limit; then the MIP answers (GPT-3 39B's memory-fallback plans spent 10 s
+    in eliminations that gave up)."""
+    import time
+
+    deadlines: list[tuple[float, float | None]] = []
+
+    def recorded(core: object, max_table: int, deadline: float | None = None) -> None:
+        deadlines.append((time.perf_counter(), deadline))
+        return None  # gave up
+
+    with monkeypatch.context() as m:
+        m.setattr(mip_solver, "ELIMINATION_FIRST_WORK", 0.0)  # LP first
+        m.setattr(mip_solver, "eliminate", recorded)
+        for limit in (None, 600.0):
+            solution = MipSolver("cbc").solve(_frustrated_k4(), time_limit=limit)
+            assert solution.optimal and solution.objective == pytest.approx(2.0)
+    assert len(deadlines) == 2
+    for called, deadline in deadlines:
+        assert deadline is not None
+        assert deadline - called <= mip_solver.ELIMINATION_AFTER_LP + 1e-3
