@@ -44,6 +44,7 @@ from alpa_ir.autosharding.baselines import (
     worse_than,
 )
 from alpa_ir.autosharding.batch_dims import batch_dims
+from alpa_ir.autosharding.cost_model import AlphaBetaCostModel, CommCostModel
 from alpa_ir.autosharding.graph import GraphBuilder, StrategyCache
 from alpa_ir.autosharding.problem import Aliasing, build_problem
 from alpa_ir.autosharding.resharding import INF, ReshardCoster, ReshardOptions
@@ -123,8 +124,10 @@ class AutoSharding(ModulePass):
     and the weight update sharded wherever that shards optimizer state."""
     force_data_parallel: bool = False
     """Split the batch arguments over all devices (data parallelism); the rest is free."""
-    cost_model: str = "alpha-beta"
-    """A registered communication cost model (``alpha-beta``, ``p2``)."""
+    cost_model: str = "auto"
+    """A registered communication cost model: ``auto`` (``calibrated`` on a mesh of
+    GPUs, ``alpha-beta`` elsewhere: :mod:`alpa_ir.p2.default_cost_model`),
+    ``alpha-beta`` (Alpa's), ``calibrated``, ``p2``."""
     system: str = ""
     """For a cost model that prices on the hardware (``p2``): the system preset (e.g.
     gcp-a100-16x4); empty: the mesh's ``p2.system`` or its cluster. Other models ignore it."""
@@ -185,9 +188,7 @@ class AutoSharding(ModulePass):
                 op, symbol_op(op, ref.root_reference.data, LogicalMeshOp), self.system
             )
         options = ReshardOptions(self.allow_all_gather, self.allow_all_to_all)
-        if cache is not None and (
-            bind is not None or not _cache_fits(cache, mesh, cost_model, options)
-        ):
+        if cache is not None and not _cache_fits(cache, mesh, cost_model, options):
             raise AlpaError(
                 "auto-sharding: the strategy cache was made for another mesh, cost model or "
                 "reshard options"
@@ -336,11 +337,17 @@ class AutoSharding(ModulePass):
             raise AlpaError(f"auto-sharding: solver '{self.solver}' has no mip-gap setting")
         return replace(solver, mip_gap=self.mip_gap)  # type: ignore[type-var]
 
-    def strategy_cache(self, ctx: Context, mesh: LogicalDeviceMesh) -> StrategyCache:
+    def strategy_cache(
+        self, ctx: Context, mesh: LogicalDeviceMesh, cost_model: CommCostModel | None = None
+    ) -> StrategyCache:
         """A cache for :meth:`plan` on modules planned on ``mesh`` with this
-        pass's cost model (not one bound to a module, such as ``p2``) and
-        reshard options."""
-        cost_model = registry_of(ctx).get("cost_models", self.cost_model)()
+        pass's reshard options and ``cost_model``: the model this pass binds
+        for those modules (``calibrated`` on their cluster, say), by default
+        its cost model as bound for modules without a cluster."""
+        if cost_model is None:
+            cost_model = registry_of(ctx).get("cost_models", self.cost_model)()
+            bind = getattr(cost_model, "for_cluster", None)
+            cost_model = bind(None) if bind is not None else cost_model
         options = ReshardOptions(self.allow_all_gather, self.allow_all_to_all)
         return StrategyCache(mesh.shape, ReshardCoster(mesh, cost_model, options))
 
@@ -383,14 +390,18 @@ def _without_tie_breaks(objective: float, graph: object, choice: Sequence[int]) 
 def _cache_fits(
     cache: StrategyCache, mesh: LogicalDeviceMesh, cost_model: object, options: ReshardOptions
 ) -> bool:
-    """Whether ``cache`` prices like a fresh coster of ``mesh`` would (the
-    devices do not matter)."""
+    """Whether ``cache`` prices like a fresh coster of ``mesh`` would: the
+    same model (a model bound to hardware, such as ``calibrated``, compares
+    equal on the same system), options, shape and α/β; the devices matter
+    only to a model bound to hardware (it prices the links between them)."""
     have = cache.coster
+    bound = not isinstance(cost_model, AlphaBetaCostModel)
     return (
         have.cost_model == cost_model
         and have.options == options
         and (have.mesh.shape, have.mesh.alpha, have.mesh.beta)
         == (mesh.shape, mesh.alpha, mesh.beta)
+        and (not bound or have.mesh.devices == mesh.devices)
     )
 
 

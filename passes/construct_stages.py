@@ -715,6 +715,10 @@ class ConstructStages(ModulePass):
     holds much of the device memory, and keep the fastest plan that fits."""
     optimizer_state_factor: float = 2.0
     """Optimizer state per parameter byte (Adam: 2, SGD: 0)."""
+    cost_model: str = "auto"
+    """The communication cost model of the stages' inner auto-sharding and their
+    communication time (``auto``: ``calibrated`` on GPU clusters, Alpa's
+    ``alpha-beta`` elsewhere)."""
     solver: str = "cbc"
     """The registered ILP solver of the stages' inner auto-sharding."""
     time_limit: float = 60.0
@@ -737,6 +741,7 @@ class ConstructStages(ModulePass):
             fusion=self.fusion,
             memory_fallback=self.memory_fallback,
             repeated_layers=self.repeated_layers,
+            cost_model=self.cost_model,
         )
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:

@@ -26,15 +26,16 @@ from xdsl.dialects.builtin import FlatSymbolRefAttr, ModuleOp, StringAttr, Symbo
 from xdsl.passes import ModulePass
 
 from alpa_ir.dialects.attrs import BATCH_ATTR
-from alpa_ir.dialects.mesh import MESH_ATTR, LogicalMeshOp
-from alpa_ir.ir.module_utils import main_function, symbol_op
+from alpa_ir.dialects.mesh import MESH_ATTR, ClusterOp, LogicalMeshOp
+from alpa_ir.ir.module_utils import main_function, symbol_op, top_level_ops
 from alpa_ir.pipeline.stage_specs import shard_in_call_order
 
 STAGE_PIPELINE = "merge-trivial-ops,auto-sharding"
 
 
 def function_module(module: ModuleOp, name: str) -> ModuleOp:
-    """A module holding a copy of ``@name`` as ``@main`` on a copy of its mesh as ``@mesh``."""
+    """A module holding a copy of ``@name`` as ``@main`` on a copy of its mesh as ``@mesh``
+    (and copies of the module's ``mesh.cluster`` ops, which a cost model may price on)."""
     function = symbol_op(module, name, func.FuncOp)
     assert isinstance(function, func.FuncOp)
     ref = function.attributes[MESH_ATTR]
@@ -46,7 +47,8 @@ def function_module(module: ModuleOp, name: str) -> ModuleOp:
     copy = function.clone()
     copy.sym_name = StringAttr("main")
     copy.attributes[MESH_ATTR] = FlatSymbolRefAttr("mesh")
-    return ModuleOp([mesh_copy, copy])
+    clusters = [c.clone() for c in top_level_ops(module, ClusterOp)]  # the hardware it prices
+    return ModuleOp([*clusters, mesh_copy, copy])
 
 
 def _without_batch_forcing(pass_: ModulePass) -> ModulePass:

@@ -62,6 +62,7 @@ def alpa_ir_cost_models() -> Mapping[str, Callable[..., Any]]:
         "alpha-beta": Lazy("alpa_ir.autosharding.cost_model", "AlphaBetaCostModel"),
         "p2": Lazy("alpa_ir.p2.cost_model", "P2CostModel"),
         "calibrated": Lazy("alpa_ir.p2.calibrated", "CalibratedCostModel"),
+        "auto": Lazy("alpa_ir.p2.default_cost_model", "DefaultCostModel"),
     }
 
 

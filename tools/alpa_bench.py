@@ -540,6 +540,7 @@ def bench_model(
     memory_fallback: bool = True,
     workers: int = 1,
     progress: bool = True,
+    cost_model: str = "auto",
 ) -> dict[str, Any]:
     """:func:`bench_module` for the zoo model ``name``: traced abstractly with
     ``layers`` automatic layers, its analytic FLOPs, its suite's baselines."""
@@ -572,6 +573,7 @@ def bench_model(
         memory_fallback=memory_fallback,
         workers=workers,
         progress=progress,
+        cost_model=cost_model,
         optimizer_state_factor=bench_optimizer(name)[1],
         clustering_time=clustering,
         retrace=lambda count: trace(name, num_micro_batches, count),
@@ -619,6 +621,7 @@ def bench_module(
     memory_fallback: bool = True,
     workers: int = 1,
     progress: bool = True,
+    cost_model: str = "auto",
     optimizer_state_factor: float = 2.0,
     clustering_time: float = 0.0,
     retrace: Callable[[int], ModuleOp] | None = None,
@@ -665,6 +668,7 @@ def bench_module(
         memory_fallback=memory_fallback,
         optimizer_state_factor=optimizer_state_factor,
         time_limit=time_limit,
+        cost_model=cost_model,
     )
     options = stage_pass.cost_options()
     model = AnalyticalStageCostModel(options)
@@ -998,6 +1002,12 @@ def build_parser() -> OneLineParser:
         default=60.0,
         help="ILP time limit in seconds (inf: none)",
     )
+    parser.add_argument(
+        "--cost-model",
+        default="auto",
+        help="the stages' communication cost model (auto: calibrated on GPU presets; "
+        "alpha-beta: Alpa's formulas; or any registered one)",
+    )
     for flag, help_text in (
         ("--remat", "rematerialize every layer (the paper's setting)"),
         ("--zero", "ZeRO-2 for replicated parameters (Alpa's prefer_reduce_scatter)"),
@@ -1172,6 +1182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "memory_fallback": args.memory_fallback,
                     "workers": args.workers,
                     "progress": not args.quiet,
+                    "cost_model": args.cost_model,
                 }
                 try:
                     if args.micro_batches == "auto":

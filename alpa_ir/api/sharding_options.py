@@ -35,7 +35,10 @@ class AutoShardingOption:
     """Alpa's "Heuristic" baseline: shard the largest dimension of every input."""
     reduce_scatter: Literal["none", "zero2", "zero3"] = "zero2"
     """The post-ILP rewrite of gradient all-reduces (ZeRO-2 by default, as Alpa does)."""
-    cost_model: str = "alpha-beta"
+    cost_model: str = "auto"
+    """The communication cost model: ``auto`` prices a mesh of GPUs with
+    ``calibrated`` and any other with Alpa's ``alpha-beta`` (by name for Alpa's
+    formulas)."""
     repeated_layers: Literal["auto", "share", "separate"] = "auto"
     """One ILP variable for the copies of a node in identical layers ("share"),
     none ("separate", exact), or "share" for large graphs only ("auto")."""

@@ -94,6 +94,7 @@ from xdsl.dialects.builtin import (
 )
 from xdsl.ir import Block, Operation, SSAValue
 
+from alpa_ir.autosharding.cost_model import AlphaBetaCostModel, CommCostModel
 from alpa_ir.autosharding.graph import StrategyCache
 from alpa_ir.autosharding.plan_bytes import op_collectives
 from alpa_ir.costs.flops import function_flops, op_bytes
@@ -175,6 +176,11 @@ class StageCostOptions:
     fusion: bool = False
     """Model XLA's fusion (:mod:`alpa_ir.costs.fusion`) in the activation memory and
     the memory traffic: only fusion outputs are materialized."""
+    cost_model: str = "auto"
+    """Passed to auto-sharding: the registered communication cost model of the
+    plans, bound to the stage's cluster if it can be (``auto``: ``calibrated``
+    on GPU clusters, ``alpha-beta`` elsewhere); the stage's communication time
+    is priced by the same model."""
     repeated_layers: Literal["auto", "share", "separate"] = "auto"
     """Passed to auto-sharding: ``share`` plans the copies of a repeated block
     alike (one ILP variable for all copies: a smaller ILP, a plan at most a few
@@ -350,6 +356,8 @@ class AnalyticalStageCostModel:
     _strategies: dict[tuple[object, ...], StrategyCache] = field(default_factory=dict, repr=False)
     """Per ILP mesh (shape, α, β) and reshard options: the strategies every
     function planned on it shares (``StrategyCache``)."""
+    _pricers: dict[tuple[str, Cluster], object] = field(default_factory=dict, repr=False)
+    """Per cost model name and cluster: the bound model that prices the collectives."""
     _fingerprint: tuple[func.FuncOp, str, frozenset[int]] | None = field(default=None, repr=False)
     """The last function, its fingerprint and its dimension sizes: a cost table
     asks for one function on every view in turn."""
@@ -490,7 +498,7 @@ class AnalyticalStageCostModel:
             # so the function as it is prices the same as its ILP plan would
             planned = function
         else:
-            planned = plan_function(function, mesh, options, self._strategies)
+            planned = plan_function(function, mesh, options, self._strategies, cluster=cluster)
         shape = mesh.shape
 
         local_shapes: dict[SSAValue, tuple[int, ...]] = {}
@@ -514,7 +522,7 @@ class AnalyticalStageCostModel:
         compute = flops / (cluster.peak_flops * options.compute_efficiency)
         hbm = cluster.hbm_bandwidth * options.memory_efficiency
         memory_time = traffic / hbm if hbm > 0 else 0.0
-        comm, count = collective_time(planned, mesh)
+        comm, count = collective_time(planned, mesh, self._pricer(cluster, options))
         memory = self._memory(planned, local, params, shape)
         objective = planned.attributes.get("sharding.objective")
         recompute = FORWARD_SHARE * (compute + memory_time) if options.remat else 0.0
@@ -529,6 +537,13 @@ class AnalyticalStageCostModel:
             num_collectives=count,
             recompute_time=recompute,
         )
+
+    def _pricer(self, cluster: Cluster, options: StageCostOptions) -> object:
+        """The communication cost model of ``options`` bound to ``cluster`` (kept)."""
+        key = (options.cost_model, cluster)
+        if key not in self._pricers:
+            self._pricers[key] = bound_cost_model(options.cost_model, cluster)
+        return self._pricers[key]
 
     def _memory(
         self,
@@ -711,9 +726,11 @@ def plan_function(
     strategy_caches: dict[tuple[object, ...], StrategyCache] | None = None,
     statistics: list[Any] | None = None,
     registry: PluginRegistry | None = None,
+    cluster: Cluster | None = None,
 ) -> func.FuncOp:
     """A copy of ``function`` auto-sharded on ``mesh`` (as ``@main`` of its own
-    module). ``strategy_caches``: where to keep (and find) the strategies of
+    module, with ``cluster``'s ``mesh.cluster`` op for the cost model to bind
+    to). ``strategy_caches``: where to keep (and find) the strategies of
     the ILP mesh, for many functions planned on the same meshes;
     ``statistics``: a list that receives the pass statistics of the plan.
     The planner is the pass ``registry`` (default: the default registry)
@@ -751,8 +768,9 @@ def plan_function(
     )
     mesh_op = ilp_mesh.to_op("mesh")
     clone.attributes[MESH_ATTR] = FlatSymbolRefAttr("mesh")
-    module = ModuleOp([mesh_op, clone])
+    module = ModuleOp([*([cluster.to_op()] if cluster is not None else []), mesh_op, clone])
     auto_sharding = AutoSharding(
+        cost_model=options.cost_model,
         solver=options.solver,
         time_limit=options.time_limit,
         memory_budget=options.memory_budget,
@@ -765,18 +783,45 @@ def plan_function(
     ctx.statistics = statistics
     cache = None
     if strategy_caches is not None:
-        key = (ilp_mesh.shape, ilp_mesh.alpha, ilp_mesh.beta, options.allow_all_gather)
+        model = bound_cost_model(options.cost_model, cluster, registry)
+        bound = not isinstance(model, AlphaBetaCostModel)
+        key = (
+            ilp_mesh.shape,
+            ilp_mesh.alpha,
+            ilp_mesh.beta,
+            options.allow_all_gather,
+            model,
+            ilp_mesh.devices if bound else (),
+        )
         cache = strategy_caches.get(key)
         if cache is None:
-            cache = strategy_caches[key] = auto_sharding.strategy_cache(ctx, ilp_mesh)
+            cache = strategy_caches[key] = auto_sharding.strategy_cache(ctx, ilp_mesh, model)
     auto_sharding.plan(ctx, module, cache)
     return main_function(module)
 
 
-def collective_time(function: func.FuncOp, mesh: LogicalDeviceMesh) -> tuple[float, int]:
-    """Seconds of the explicit collectives of a planned function with the mesh's
-    real α/β (slowest axis of each collective), and their number."""
+def bound_cost_model(
+    name: str, cluster: Cluster | None, registry: PluginRegistry | None = None
+) -> CommCostModel:
+    """The registered communication cost model ``name`` (``registry``, default
+    the default registry), bound to ``cluster`` (or to none) if it binds to
+    clusters (``for_cluster``: ``auto``, ``calibrated``)."""
+    from alpa_ir.plugins.registry import default_registry
+
+    model = (registry or default_registry()).get("cost_models", name)()
+    bind = getattr(model, "for_cluster", None)
+    return bind(cluster) if bind is not None else model
+
+
+def collective_time(
+    function: func.FuncOp, mesh: LogicalDeviceMesh, pricer: object = None
+) -> tuple[float, int]:
+    """Seconds of the explicit collectives of a planned function, and their
+    number. ``pricer``: a bound cost model with ``seconds(kind, mesh, bytes,
+    axes)`` (``calibrated``); else the mesh's real α/β (slowest axis of each
+    collective) times the bytes on the wire."""
     assert mesh.alpha is not None and mesh.beta is not None
+    seconds = getattr(pricer, "seconds", None)
     total, count = 0.0, 0
     for op in function.walk():
         if not isinstance(op, CollectiveOp):
@@ -787,7 +832,11 @@ def collective_time(function: func.FuncOp, mesh: LogicalDeviceMesh) -> tuple[flo
         alpha = max(mesh.alpha[a] for a in axes)
         beta = max(mesh.beta[a] for a in axes)
         for collective in op_collectives(op, function, mesh.shape):
-            total += alpha + beta * collective.wire_bytes
+            if seconds is not None:
+                kind = collective.kind.replace("-", "_")
+                total += seconds(kind, mesh, collective.bytes, axes)
+            else:
+                total += alpha + beta * collective.wire_bytes
             count += 1
     return total, count
 

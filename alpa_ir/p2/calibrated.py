@@ -109,9 +109,10 @@ class CalibratedCostModel:
     # -- binding ----------------------------------------------------------------
 
     @classmethod
-    def for_cluster(cls, cluster: Cluster, algorithm: str = "ring") -> CalibratedCostModel:
-        """The model on ``cluster``'s system (:func:`system_of_cluster`)."""
-        return cls(system_of_cluster(cluster), algorithm)
+    def for_cluster(cls, cluster: Cluster | None, algorithm: str = "ring") -> CalibratedCostModel:
+        """The model on ``cluster``'s system (:func:`system_of_cluster`); unbound
+        without a cluster (it then asks for a system when it prices)."""
+        return cls(system_of_cluster(cluster) if cluster is not None else None, algorithm)
 
     def for_module(self, module: ModuleOp, mesh: LogicalMeshOp, system: str) -> CalibratedCostModel:
         """This model bound to preset ``system`` if given, else to the mesh's ``p2.system``,

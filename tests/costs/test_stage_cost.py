@@ -95,7 +95,7 @@ def _no_ilp(*args: Any, **kwargs: Any) -> Any:
 def test_communication_is_the_plans_collectives_priced_with_alpha_beta() -> None:
     c = _cluster()
     mesh = c.logical_mesh((1, 4))
-    model = AnalyticalStageCostModel()
+    model = AnalyticalStageCostModel(StageCostOptions(cost_model="alpha-beta"))
     cost = model.stage_cost(_stage(0), mesh, c, param_args=(0, 1))
     planned = plan_function(_stage(0), mesh, model.options)
     collectives = predicted_collectives(planned, mesh.shape)
@@ -119,11 +119,13 @@ def test_slower_links_cost_more() -> None:
         fast.device_memory,
         fast.peak_flops,
         fast.hbm_bandwidth,
+        device_name="slow GPU",
     )
-    model = AnalyticalStageCostModel()
-    a = model.stage_cost(_stage(0), fast.logical_mesh((1, 4)), fast, param_args=(0, 1))
-    b = model.stage_cost(_stage(0), slow.logical_mesh((1, 4)), slow, param_args=(0, 1))
-    assert b.communication_time > 10 * a.communication_time
+    for cost_model in ("alpha-beta", "auto"):  # Alpa's formulas; calibrated on both GPUs
+        model = AnalyticalStageCostModel(StageCostOptions(cost_model=cost_model))
+        a = model.stage_cost(_stage(0), fast.logical_mesh((1, 4)), fast, param_args=(0, 1))
+        b = model.stage_cost(_stage(0), slow.logical_mesh((1, 4)), slow, param_args=(0, 1))
+        assert b.communication_time > 10 * a.communication_time, cost_model
 
 
 def test_views_that_differ_only_in_axis_order_share_one_plan() -> None:
