@@ -45,7 +45,8 @@ from alpa_ir.autosharding.baselines import (
 )
 from alpa_ir.autosharding.batch_dims import batch_dims
 from alpa_ir.autosharding.cost_model import AlphaBetaCostModel, CommCostModel
-from alpa_ir.autosharding.graph import GraphBuilder, StrategyCache
+from alpa_ir.autosharding.graph import GraphBuilder, StrategyCache, StrategyGraph
+from alpa_ir.autosharding.hints import HINT_COST_ATTR, hint_specs
 from alpa_ir.autosharding.problem import Aliasing, build_problem
 from alpa_ir.autosharding.resharding import INF, ReshardCoster, ReshardOptions
 from alpa_ir.dialects.attrs import BATCH_ATTR, GROUP_ATTR
@@ -60,7 +61,7 @@ from alpa_ir.passmanager.pass_statistics import record_statistic
 from alpa_ir.passmanager.progress import Spinner
 from alpa_ir.pipeline.step_partition import gradient_ops, partition_step
 from alpa_ir.plugins.registry import registry_of
-from alpa_ir.solvers.ilp import ILPProblem, evaluate
+from alpa_ir.solvers.ilp import ILPProblem, ILPSolution, evaluate
 from alpa_ir.solvers.repeated import tie_repeated
 
 OBJECTIVE_ATTR = "sharding.objective"
@@ -230,64 +231,82 @@ class AutoSharding(ModulePass):
                     batch_dims(function, sorted(batch), registry.sharding_rules.get),
                     self.force_batch_dim_to_mesh_dim,
                 )
-        graph = GraphBuilder(
-            function,
-            groups,
-            mesh.shape,
-            coster,
-            rule_lookup=registry.sharding_rules.get,  # the built-in rules and the plugins'
-            arg_filter=self._arg_cost(mesh, batch, given),
-            cache=cache if batch_axis is None and self.allow_mixed_mesh_shape else None,
-            batch_axis=batch_axis,
-            allow_mixed_mesh_shape=self.allow_mixed_mesh_shape,
-        ).build()
-        donated = set(int_list(function, DONATED_ATTR))
-        node_scale = None
-        if self.compute_grad_scale != 1.0:
-            part = partition_step(function, sorted(batch))
-            # per micro-batch, but the gradients' reduction over the mesh runs once
-            # per step (deferred_reductions): their producers are priced once
-            compute = set(part.compute) - gradient_ops(part)
-            node_scale = np.array(
-                [
-                    self.compute_grad_scale if any(o in compute for o in n.ops) else 1.0
-                    for n in graph.nodes
-                ]
+        hints = hint_specs(function, mesh)
+
+        def build(hinted: bool) -> tuple[StrategyGraph, ILPProblem]:
+            graph = GraphBuilder(
+                function,
+                groups,
+                mesh.shape,
+                coster,
+                rule_lookup=registry.sharding_rules.get,  # the built-in rules and the plugins'
+                arg_filter=self._arg_cost(mesh, batch, given),
+                cache=cache if batch_axis is None and self.allow_mixed_mesh_shape else None,
+                batch_axis=batch_axis,
+                allow_mixed_mesh_shape=self.allow_mixed_mesh_shape,
+                hints=hints if hinted else None,
+            ).build()
+            node_scale = None
+            if self.compute_grad_scale != 1.0:
+                part = partition_step(function, sorted(batch))
+                # per micro-batch, but the gradients' reduction over the mesh runs once
+                # per step (deferred_reductions): their producers are priced once
+                compute = set(part.compute) - gradient_ops(part)
+                node_scale = np.array(
+                    [
+                        self.compute_grad_scale if any(o in compute for o in n.ops) else 1.0
+                        for n in graph.nodes
+                    ]
+                )
+            problem = build_problem(
+                graph,
+                function,
+                mesh.shape,
+                memory_budget=self.memory_budget or None,
+                aliases=aliases_of(function),
+                donated=set(int_list(function, DONATED_ATTR)),
+                node_scale=node_scale,
+                coster=coster,
             )
-        problem = build_problem(
-            graph,
-            function,
-            mesh.shape,
-            memory_budget=self.memory_budget or None,
-            aliases=aliases_of(function),
-            donated=donated,
-            node_scale=node_scale,
-            coster=coster,
-        )
+            return graph, problem
+
+        graph, problem = build(hinted=True)
         solver = self._solver(registry.get("solvers", self.solver)())
         tied = None
         if self.repeated_layers == "share" or (
             self.repeated_layers == "auto" and share_automatically(problem)
         ):
             tied = tie_repeated(problem)
+
+        def solve(problem: ILPProblem, share: bool) -> ILPSolution:
+            tied = tie_repeated(problem) if share else None
+            if tied is None:
+                return solver.solve(problem, time_limit=self.time_limit)  # type: ignore[attr-defined, no-any-return]
+            shared = solver.solve(tied.problem, time_limit=self.time_limit)  # type: ignore[attr-defined]
+            choice = tied.expand(shared.choice)
+            return replace(shared, choice=choice, objective=evaluate(problem, choice))
+
         label = f"auto-sharding: solving the ILP of {problem.num_nodes} nodes ({self.solver})"
         with Spinner(label):
-            if tied is None:
-                solution = solver.solve(problem, time_limit=self.time_limit)
-            else:
-                shared = solver.solve(tied.problem, time_limit=self.time_limit)
-                choice = tied.expand(shared.choice)
-                solution = replace(shared, choice=choice, objective=evaluate(problem, choice))
+            solution = solve(problem, tied is not None)
         variables = tied.problem.num_nodes if tied is not None else problem.num_nodes
         if self.check_baselines and self.strategy_space == "ilp" and not self._data_parallel:
             prices = self._price_baselines(
                 ctx, problem, graph, mesh, (batch, given), solver, tied is not None
             )
             _warn_if_beaten(solution.objective, prices)
+        objective = _without_tie_breaks(solution.objective, graph, solution.choice)
+        if hints:  # what the user's hints cost: the plan without them, in the same problem
+            free_graph, free_problem = build(hinted=False)
+            free = solve(free_problem, tied is not None)
+            cost = objective - _without_tie_breaks(free.objective, free_graph, free.choice)
+            function.attributes[HINT_COST_ATTR] = FloatAttr(max(cost, 0.0), f64)
+            record_statistic(
+                ctx, self.name, "hint-cost", max(cost, 0.0),
+                "objective the user's sharding hints add to the plan without them",
+            )  # fmt: skip
         apply_plan(function, graph, solution.choice, aliases_of(function))
-        function.attributes[OBJECTIVE_ATTR] = FloatAttr(
-            _without_tie_breaks(solution.objective, graph, solution.choice), f64
-        )
+        function.attributes[OBJECTIVE_ATTR] = FloatAttr(objective, f64)
         record_statistic(ctx, self.name, "num-nodes", len(graph.nodes), "nodes of the ILP")
         record_statistic(ctx, self.name, "num-variables", variables, "ILP choice variables")
         record_statistic(

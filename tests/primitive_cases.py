@@ -255,7 +255,19 @@ def _control_flow() -> list[Case]:
             (X,),
         ),
         ("mul_out_dtype", lambda i: lax.mul(i, i), (IDX,)),
+        # a user's hint and, in its gradient, the seed's reshard
+        ("sharding_constraint_reshard", lambda x: jax.grad(_hinted_sum)(x), (X,)),
     ]
+
+
+def _hinted_sum(x: jax.Array) -> jax.Array:
+    from jax.sharding import AxisType, NamedSharding, PartitionSpec
+
+    mesh = jax.make_mesh(
+        (1, len(jax.devices())), ("data", "model"), axis_types=(AxisType.Auto,) * 2
+    )
+    hinted = lax.with_sharding_constraint(x * 2, NamedSharding(mesh, PartitionSpec(None, "model")))
+    return jnp.sum(hinted**2)
 
 
 def _random() -> list[Case]:

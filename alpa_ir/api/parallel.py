@@ -324,11 +324,12 @@ class ShardedExecutable:
     def why_text(self, top: int = 5) -> str:
         """Why the plan costs what it costs: its ``top`` largest communication
         terms, each with the op whose value it moves (and the user's line)."""
-        from alpa_ir.api.why_plan import sharding_terms
+        from alpa_ir.api.why_plan import hint_cost_lines, sharding_terms
 
         terms = sharding_terms(self.function, tuple(self.mesh.shape), top)
         lines = [f"largest communication of the plan on mesh {list(self.mesh.shape)}:"]
         lines += [f"  {t.text()}" for t in terms] or ["  none: the plan communicates nothing"]
+        lines += hint_cost_lines(self.function)
         return "\n".join(lines)
 
     def plot(self, kind: str, path: str | os.PathLike[str]) -> Any:

@@ -130,3 +130,25 @@ def sharding_terms(function: object, mesh_shape: tuple[int, ...], top: int = 5) 
             source = op.operands[0] if op.operands else None
             terms.append(CommTerm(c.kind, c.wire_bytes, _describe(source)))
     return sorted(terms, key=lambda t: -t.wire_bytes)[:top]
+
+
+def hint_cost_lines(function: object) -> list[str]:
+    """What the user's sharding hints cost the plan (``auto-sharding`` solves once
+    without them): one line, none for a function without hints."""
+    from xdsl.dialects import func
+    from xdsl.dialects.builtin import FloatAttr
+
+    from alpa_ir.autosharding.hints import HINT_COST_ATTR, hint_of
+
+    assert isinstance(function, func.FuncOp)
+    cost = function.attributes.get(HINT_COST_ATTR)
+    objective = function.attributes.get("sharding.objective")
+    if not isinstance(cost, FloatAttr) or not isinstance(objective, FloatAttr):
+        return []
+    count = sum(1 for op in function.body.block.ops if hint_of(op) is not None)
+    with_hints = float(objective.value.data)
+    added = float(cost.value.data)
+    return [
+        f"the user's {count} sharding hints add {added:,.6g} to the objective: "
+        f"{with_hints:,.6g} with them, {with_hints - added:,.6g} without them"
+    ]

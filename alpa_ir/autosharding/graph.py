@@ -111,7 +111,7 @@ def _keys_replicated(op: Operation, strategies: list[Strategy]) -> list[Strategy
     ]
 
 
-def _spec_options(shape: tuple[int, ...], mesh_shape: Sequence[int]) -> list[ShardingSpec]:
+def spec_options(shape: tuple[int, ...], mesh_shape: Sequence[int]) -> list[ShardingSpec]:
     """Every spec a tensor of ``shape`` can take on the mesh."""
     from alpa_ir.autosharding.factors import FactorKind, FactorRule
 
@@ -160,6 +160,7 @@ class GraphBuilder:
         cache: StrategyCache | None = None,
         batch_axis: tuple[dict[SSAValue, int], int] | None = None,
         allow_mixed_mesh_shape: bool = True,
+        hints: dict[Operation, list[ShardingSpec]] | None = None,
     ) -> None:
         self.function = function
         self.groups = groups
@@ -169,6 +170,9 @@ class GraphBuilder:
         self.arg_filter = arg_filter
         self.batch_axis = batch_axis
         self.allow_mixed_mesh_shape = allow_mixed_mesh_shape
+        self.hints = hints or {}
+        """The user's sharding hints (:mod:`alpa_ir.autosharding.hints`): the only
+        specs a hint op's value may take, its operand arriving in the same."""
         """(batch dimension of each value, mesh axis): every op must split its
         batch dimension over that axis where it can (force-batch-dim-to-mesh-dim)."""
         self.warned: set[str] = set()
@@ -184,7 +188,11 @@ class GraphBuilder:
 
     def op_strategies(self, op: Operation) -> list[Strategy]:
         """The op's strategies; identical ops (same primitive, parameters and
-        types, e.g. the same matmul in every transformer layer) share them."""
+        types, e.g. the same matmul in every transformer layer) share them.
+        A hinted op has one strategy per spec its hint allows."""
+        hinted = self.hints.get(op)
+        if hinted is not None:
+            return [Strategy(f"hint {s}", (s,), (s,)) for s in hinted]
         batch = self._batch_positions(op)
         key = (*_op_key(op), batch) if batch else _op_key(op)
         cached = self._strategy_cache.get(key)
@@ -284,7 +292,7 @@ class GraphBuilder:
     def _arg_strategies(self, index: int, arg: SSAValue) -> list[NodeStrategy]:
         shape = shape_of(arg.type)
         out = []
-        options = _spec_options(shape, self.mesh_shape)
+        options = spec_options(shape, self.mesh_shape)
         if not self.allow_mixed_mesh_shape:
             options = [s for s in options if not _mixed_spec(s, self.mesh_shape)]
         if is_key_type(arg.type):  # PRNG keys stay whole on every device

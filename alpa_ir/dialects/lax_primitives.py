@@ -40,6 +40,7 @@ from alpa_ir.dialects.lax_params import (
     PrimitiveNameC,
     StrC,
 )
+from alpa_ir.dialects.sharding_hint import HINT
 
 
 class OpKind(Enum):
@@ -286,6 +287,21 @@ def _specs() -> list[PrimitiveSpec]:
         # Markers and barriers.
         PrimitiveSpec("pipeline_marker", OpKind.MARKER, {"kind": StrC()}),
         PrimitiveSpec("optimization_barrier", OpKind.MARKER),
+        # A user's sharding hint (jax.lax.with_sharding_constraint): an identity
+        # that auto-sharding keeps as a constraint (alpa_ir.dialects.sharding_hint).
+        PrimitiveSpec(
+            "sharding_constraint",
+            OpKind.ELEMENTWISE,
+            {
+                "sharding": HINT,
+                "layout": NONE_ONLY,
+                "unconstrained_dims": DROPPED,
+                "context_mesh": DROPPED,
+            },
+        ),
+        PrimitiveSpec(
+            "reshard", OpKind.ELEMENTWISE, {"dst_sharding": HINT, "concrete_mesh": DROPPED}
+        ),
     ]
     return specs
 
@@ -298,6 +314,10 @@ def _table() -> Mapping[str, PrimitiveSpec]:
 
 PRIMITIVES: Mapping[str, PrimitiveSpec] = _table()
 """Primitive name -> spec, for every primitive with a dedicated op (read-only)."""
+
+BOUND_AS_IDENTITY = frozenset({"sharding_constraint", "reshard"})
+"""Primitives bound back to JAX as the identity: their effect is the plan's (a hint's
+spec is enforced by the planned program, and a one-device run has nothing to shard)."""
 
 # Primitives whose call is inlined on import (their body replaces them).
 INLINED_PRIMITIVES = frozenset(

@@ -17,6 +17,7 @@ from xdsl.dialects import func
 from xdsl.ir import Block, Operation, Region, SSAValue
 
 from alpa_ir.dialects.lax import ConstantOp, LaxOp, PrimitiveOp, ReturnOp
+from alpa_ir.dialects.lax_primitives import BOUND_AS_IDENTITY
 from alpa_ir.errors import AlpaError
 from alpa_ir.frontend.primitives import bind_primitive, lookup_primitive
 from alpa_ir.ir.types import dtype_of, shape_of
@@ -61,6 +62,8 @@ def bind_lax_op(
     op: LaxOp | PrimitiveOp, args: Sequence[Any], handlers: Mapping[type, OpHandler] | None = None
 ) -> list[Any]:
     """Bind the op's primitive to ``args`` and return its results as a list."""
+    if op.primitive_name in BOUND_AS_IDENTITY:
+        return list(args)
     prim = lookup_primitive(op.primitive_name)
     params = op.jax_params()
     if isinstance(op, LaxOp):

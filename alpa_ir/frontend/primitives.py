@@ -24,6 +24,7 @@ _PRIMITIVE_MODULES = (
     "jax._src.lax.special",
     "jax._src.lax.ann",
     "jax._src.lax.parallel",
+    "jax._src.pjit",
     "jax._src.lax.fft",
     "jax._src.lax.linalg",
     "jax._src.ad_util",

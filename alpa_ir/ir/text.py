@@ -184,7 +184,7 @@ def parse_module(
     return module
 
 
-def _location_text(op: Operation) -> str | None:
+def location_text(op: Operation) -> str | None:
     loc = op.location
     if isinstance(loc, FileLineColLoc):
         return f"{loc.filename.data}:{loc.line.data}:{loc.column.data}"
@@ -201,7 +201,7 @@ def _op_label(op: Operation) -> str:
 def _enclosing_location(op: Operation) -> str | None:
     current: Operation | None = op
     while current is not None:
-        if (where := _location_text(current)) is not None:
+        if (where := location_text(current)) is not None:
             return where
         current = current.parent_op()
     return None
