@@ -281,8 +281,14 @@ API_CASES: list[tuple[str, Callable[[Path], Any], str]] = [
     ("user-code-error", lambda t: _tracing_error(), r"tracing broken: .*dot_general"),
     (
         "manual-unknown-axis",
-        lambda t: _run(alpa_ir.ManualShardParallel(({"w": P("nope")}, None))),
+        lambda t: _run(alpa_ir.ManualShardParallel(({"w": P("nope")}, {"x": None, "y": None}))),
         "names a mesh axis not in",
+    ),
+    (
+        "manual-none-subtree",
+        lambda t: _run(alpa_ir.ManualShardParallel(({"w": P("m1")}, None))),
+        r"ManualShardParallel in_specs is None for the whole subtree \[1\] \(2 leaves\); "
+        "only a leaf may be None",
     ),
     (
         "manual-spec-too-long",

@@ -39,9 +39,14 @@ def _is_spec(x: object) -> bool:
     return x is None or isinstance(x, PartitionSpec)
 
 
-def expand_prefix(prefix: Any, tree: Any, what: str) -> list[PartitionSpec | None]:
+def expand_prefix(
+    prefix: Any, tree: Any, what: str, *, none_subtrees: bool = True
+) -> list[PartitionSpec | None]:
     """One spec (or None) per leaf of ``tree``, from a spec tree that is ``tree``
-    or a prefix of it."""
+    or a prefix of it. Without ``none_subtrees``, a None must stand for one leaf
+    (``ManualShardParallel``: a whole subtree left out is a mistake, not a plan)."""
+    if not none_subtrees:
+        _check_no_none_subtrees(prefix, tree, what)
     if _is_spec(prefix):
         return [prefix] * len(jax.tree.leaves(tree))
     try:
@@ -57,6 +62,30 @@ def expand_prefix(prefix: Any, tree: Any, what: str) -> list[PartitionSpec | Non
             f"{what} has {len(leaves)} leaves, the structure has {len(jax.tree.leaves(tree))}"
         )
     return leaves
+
+
+def _check_no_none_subtrees(prefix: Any, tree: Any, what: str) -> None:
+    """A one-line error for the first None of ``prefix`` that stands for a subtree."""
+    if prefix is None:
+        if len(jax.tree.leaves(tree)) != 1 or jax.tree.leaves(tree)[0] is not tree:
+            raise AlpaError(f"{what} is None for all the arguments; give a PartitionSpec per leaf")
+        return
+    found: list[str] = []
+
+    def visit(path: Any, spec: Any, sub: Any) -> None:
+        if spec is None and not found and not (jax.tree.leaves(sub) == [sub]):
+            leaves = len(jax.tree.leaves(sub))
+            found.append(f"{jax.tree_util.keystr(path)} ({leaves} leaves)")
+
+    try:
+        jax.tree_util.tree_map_with_path(visit, prefix, tree, is_leaf=_is_spec)
+    except (ValueError, TypeError):
+        return  # the structure check below names the mismatch
+    if found:
+        raise AlpaError(
+            f"{what} is None for the whole subtree {found[0]}; only a leaf may be None "
+            "(left to the planner): give a PartitionSpec for the subtree, or one per leaf"
+        )
 
 
 def spec_from_partition_spec(
@@ -108,10 +137,16 @@ def spec_entries(
 
 
 def annotate_inputs(
-    function: func.FuncOp, args: Any, in_specs: Any, names: Sequence[str], mesh_shape: Sequence[int]
+    function: func.FuncOp,
+    args: Any,
+    in_specs: Any,
+    names: Sequence[str],
+    mesh_shape: Sequence[int],
+    what: str = "in_axis_resources",
+    none_subtrees: bool = True,
 ) -> None:
     """User PartitionSpecs of the arguments become argument specs the planner keeps."""
-    specs = expand_prefix(in_specs, args, "in_axis_resources")
+    specs = expand_prefix(in_specs, args, what, none_subtrees=none_subtrees)
     shapes = [tuple(np.shape(x)) for x in jax.tree.leaves(args)]
     function.arg_attrs = spec_entries(specs, shapes, names, mesh_shape)
 

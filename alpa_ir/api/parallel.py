@@ -489,7 +489,11 @@ def compile_step(
     warn_micro_batch_statistics(function, batch_leaves_of(function), b)
     option = method.auto_sharding_option
     if isinstance(method, ManualShardParallel):
-        _annotate_manual(function, arguments.arrays, method.in_specs, mesh)
+        assert mesh.axis_names is not None
+        annotate_inputs(
+            function, arguments.arrays, method.in_specs, mesh.axis_names, mesh.shape,
+            what="ManualShardParallel in_specs", none_subtrees=False,
+        )  # fmt: skip
         option = replace(option, force_data_parallel=False)
     out_specs = None
     if manual is not None:
