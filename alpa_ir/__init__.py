@@ -64,6 +64,7 @@ _EXPORTS: dict[str, str] = {
     "shutdown": "alpa_ir.api.runtime_api",
     "save_checkpoint": "alpa_ir.api.checkpoint",
     "restore_checkpoint": "alpa_ir.api.checkpoint",
+    "HloStatus": "alpa_ir.api.hlo_status",
 }
 
 __version__ = "0.1.0"

@@ -298,12 +298,18 @@ class ShardedExecutable:
             ]
         return self.signature.unflatten_outputs(outs)
 
-    def get_hlo_text(self, *args: Any) -> str:
-        """The compiled HLO of the SPMD program (after XLA's passes)."""
+    def get_hlo_text(self, *args: Any, status: Any = None) -> str:
+        """The HLO of the SPMD program: compiled (after XLA's passes), or as
+        lowered for ``HloStatus.UNOPTIMIZED``/``SHARDING_ANNOTATED`` (Alpa's
+        ``get_hlo_text(status)``; :mod:`alpa_ir.api.hlo_status`). ``args``:
+        example arguments (default: those of the first call)."""
+        from alpa_ir.api.hlo_status import hlo_text, split_status
+
+        args, which = split_status(args, status)
         if not args:
             args = self._example_args
         run = self._compile_local()[0]
-        return run.lower(*self._flat_inputs(args)).compile().as_text()  # type: ignore[attr-defined]
+        return hlo_text(run.lower(*self._flat_inputs(args)), which)
 
     input_module: ModuleOp | None = None
     """The step's module as imported, before the pass pipeline."""

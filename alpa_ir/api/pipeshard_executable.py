@@ -191,10 +191,14 @@ class PipeshardExecutable:
             if name in run
         ]
 
-    def get_hlo_text(self) -> list[str]:
+    def get_hlo_text(self, status: Any = None) -> list[str]:
         """The HLO XLA compiled for each stage program, in stage order (see
-        :meth:`stage_function_names`)."""
+        :meth:`stage_function_names`); as lowered for ``HloStatus.UNOPTIMIZED``
+        and ``SHARDING_ANNOTATED`` (Alpa's ``get_hlo_text(status)``)."""
+        from alpa_ir.api.hlo_status import hlo_text, split_status
         from alpa_ir.ir.types import dtype_of, shape_of
+
+        _, which = split_status((), status)
 
         texts = []
         for name in self.stage_function_names():
@@ -207,7 +211,7 @@ class PipeshardExecutable:
                     function.function_type.inputs.data, compiled.in_shardings, strict=True
                 )
             ]
-            texts.append(compiled.run.lower(*avals).compile().as_text())  # type: ignore[attr-defined]
+            texts.append(hlo_text(compiled.run.lower(*avals), which))  # type: ignore[attr-defined]
         return texts
 
     def dump_debug_info(self, folder: str) -> Any:

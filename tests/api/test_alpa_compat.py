@@ -193,3 +193,25 @@ def test_bert_layer_with_dropout(method: str) -> None:
     actual, loss = parallel(state, batch, rng)  # donates the state, as in Alpa
     np.testing.assert_allclose(loss, want, rtol=1e-5)
     _assert_allclose(expected.params, actual.params, atol=1e-5)
+
+
+def test_get_hlo_text_takes_alpas_status() -> None:
+    """Alpa's ``executable.get_hlo_text(HloStatus.FULLY_OPTIMIZED)``: the compiled
+    per-device program with its all-reduces; as lowered (before XLA's passes) for
+    ``UNOPTIMIZED`` and ``SHARDING_ANNOTATED``."""
+    state, batch = _quickstart_state()
+    parallel = alpa.parallelize(train_step, method=alpa.DataParallel())
+    executable = parallel.get_executable(state, batch)
+    optimized = executable.get_hlo_text(alpa.HloStatus.FULLY_OPTIMIZED)
+    assert (
+        optimized
+        == executable.get_hlo_text()
+        == executable.get_hlo_text(status=alpa.HloStatus.SPMD_PARTITIONED)
+    )
+    assert "all-reduce" in optimized
+    lowered = executable.get_hlo_text(alpa.HloStatus.UNOPTIMIZED)
+    assert lowered == executable.get_hlo_text(alpa.HloStatus.SHARDING_ANNOTATED)
+    assert "sharding=" in lowered and lowered != optimized
+    assert "is_scheduled=true" in optimized and "is_scheduled" not in lowered  # XLA's passes
+    with pytest.raises(alpa.AlpaError, match=r"status must be an alpa_ir\.HloStatus"):
+        executable.get_hlo_text(status="optimized")
