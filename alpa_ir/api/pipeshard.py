@@ -46,6 +46,18 @@ class AutoLayerOption:
     eps: float = 0.5
     remat_layer: bool = False
     """Each stage's backward recomputes its forward activations (Alpa's option)."""
+    remat_mode: str = "none"
+    """Alpa's name for it: ``coarse_grained_remat`` is ``remat_layer=True``;
+    ``none`` leaves ``remat_layer`` as given."""
+
+    def __post_init__(self) -> None:
+        if self.remat_mode not in ("none", "coarse_grained_remat"):
+            raise AlpaError(
+                f"AutoLayerOption: remat_mode {self.remat_mode!r} is not supported; known: "
+                "'none', 'coarse_grained_remat' (Alpa's fine_grained_remat is not implemented)"
+            )
+        if self.remat_mode == "coarse_grained_remat":
+            object.__setattr__(self, "remat_layer", True)
 
 
 @dataclass(frozen=True)

@@ -128,7 +128,10 @@ def test_layer_remat_recomputes_the_forward_in_each_stage() -> None:
     for remat in (False, True):
         method = PipeshardParallel(
             num_micro_batches=2,
-            layer_option=AutoLayerOption(layer_num=2, remat_layer=remat),
+            # Alpa's name for layer remat: remat_mode="coarse_grained_remat"
+            layer_option=AutoLayerOption(
+                layer_num=2, remat_mode="coarse_grained_remat" if remat else "none"
+            ),
             stage_option=UniformStageOption(num_stages=2),
         )
         parallel = alpa_ir.parallelize(step, method=method)
@@ -145,3 +148,6 @@ def test_layer_remat_recomputes_the_forward_in_each_stage() -> None:
 
     assert tanh(functions[False]) == 0 and tanh(functions[True]) > 0
     assert len(functions[True].args) < len(functions[False].args)
+    assert AutoLayerOption(layer_num=2, remat_mode="coarse_grained_remat").remat_layer
+    with pytest.raises(alpa_ir.AlpaError, match="remat_mode 'fine_grained_remat' is not supported"):
+        AutoLayerOption(layer_num=2, remat_mode="fine_grained_remat")
