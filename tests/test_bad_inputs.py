@@ -73,6 +73,21 @@ def _tracing_error() -> None:
     alpa_ir.parallelize(broken, method=alpa_ir.DataParallel())(STATE, BATCH)
 
 
+def _shard_map_step() -> None:
+    from jax.sharding import AxisType
+
+    mesh = jax.make_mesh((8,), ("d",), axis_types=(AxisType.Auto,))
+
+    def step(state: Any, batch: Any) -> Any:
+        def local(x: jax.Array) -> jax.Array:
+            return jax.lax.psum(jnp.sum(x), "d")
+
+        total = jax.shard_map(local, mesh=mesh, in_specs=P("d"), out_specs=P())(batch["x"])
+        return state["w"] * total
+
+    alpa_ir.parallelize(step, method=alpa_ir.ShardParallel())(STATE, BATCH)
+
+
 def _save_to_a_file(tmp: Path) -> None:
     (tmp / "file").write_text("x")
     alpa_ir.save_checkpoint(tmp / "file", STATE)
@@ -279,6 +294,11 @@ API_CASES: list[tuple[str, Callable[[Path], Any], str]] = [
     ("call-other-arity", lambda t: _compiled()(STATE), "compiled for 2 arguments, got 1"),
     ("donated-twice", lambda t: _donated_again(), r"w was donated to an earlier call"),
     ("user-code-error", lambda t: _tracing_error(), r"tracing broken: .*dot_general"),
+    (
+        "shard-map-region",
+        lambda t: _shard_map_step(),
+        r"test_bad_inputs\.py:\d+: jax\.shard_map regions .* are not supported",
+    ),
     (
         "manual-unknown-axis",
         lambda t: _run(alpa_ir.ManualShardParallel(({"w": P("nope")}, {"x": None, "y": None}))),

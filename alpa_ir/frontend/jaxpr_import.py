@@ -268,6 +268,16 @@ def _is_remat(eqn: Any) -> bool:
     )
 
 
+REFUSED_PRIMITIVES = {
+    "shard_map": (
+        "jax.shard_map regions (hand-written per-device code and collectives) are not "
+        "supported: the planner would have to keep them as written on its own mesh; write "
+        "the step without shard_map (the plan inserts the collectives), or run it with jax.jit"
+    ),
+}
+"""Primitives the importer refuses, with the reason (never silently replicated)."""
+
+
 class JaxprImporter:
     """Builds ops from jaxpr eqns; one instance per import."""
 
@@ -316,6 +326,8 @@ class JaxprImporter:
             self.value_type(v.aval, lambda: f"{where}: primitive '{name}'") for v in eqn.outvars
         ]
         spec = PRIMITIVES.get(name)
+        if name in REFUSED_PRIMITIVES:
+            raise UnsupportedPrimitiveError(f"{where}: {REFUSED_PRIMITIVES[name]}")
         if spec is not None:
             op = self._table_op(spec, eqn, inputs, result_types, emitter)
         else:
