@@ -65,12 +65,25 @@ class ClusterOperators(ModulePass):
     it in one layer within δ = 0.5: the clustering then cuts through the
     logits, and every layer may receive as much."""
 
+    replace_markers: bool = False
+    """Drop the step's own layer markers (``mark_pipeline_boundary``) and cut
+    anew, as Alpa's automatic layers do; otherwise they are an error."""
+
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         del ctx
         function = main_function(op)
         block = function.body.block
-        if any(is_layer_marker(o) for o in block.ops):
-            raise AlpaError("cluster-operators: @main already has layer markers")
+        markers = [o for o in block.ops if is_layer_marker(o)]
+        if markers and not self.replace_markers:
+            raise AlpaError(
+                "cluster-operators: @main already has layer markers (mark_pipeline_boundary); "
+                "keep them (ManualLayerOption, no cluster-operators) or drop them with "
+                "cluster-operators{replace-markers=true}"
+            )
+        for marker in markers:  # identities: their results are their operands
+            for result, operand in zip(marker.results, marker.operands, strict=True):
+                result.replace_by(operand)
+            block.erase_op(marker)
         regions = step_regions(function)
         if regions is None:
             candidates = list(block.ops)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -295,11 +296,20 @@ def _layer_passes(module: ModuleOp, method: PipeshardParallel) -> list[str]:
     passes = [f"draw-micro-batch-rows{{num-micro-batches={b}}}"] if b > 1 else []
     passes += ["merge-backward-runs", "split-conditionals"]
     option = method.layer_option
+    marked = any(is_layer_marker(op) for op in main_function(module).body.block.ops)
     if option is None:  # the step's own boundaries, else Alpa's default
-        marked = any(is_layer_marker(op) for op in main_function(module).body.block.ops)
         option = ManualLayerOption() if marked else AutoLayerOption(layer_num=2)
     if isinstance(option, AutoLayerOption):
-        passes.append(f"cluster-operators{{layers={option.layer_num} delta={option.eps}}}")
+        if marked:  # Alpa's automatic layers ignore the step's own boundaries too
+            warnings.warn(
+                "PipeshardParallel: the step marks its own layer boundaries "
+                "(mark_pipeline_boundary) but asks for AutoLayerOption: they are replaced by "
+                f"{option.layer_num} automatic layers; use ManualLayerOption to keep them",
+                UserWarning,
+                stacklevel=4,
+            )
+        replace = " replace-markers=true" if marked else ""
+        passes.append(f"cluster-operators{{layers={option.layer_num} delta={option.eps}{replace}}}")
     return [*passes, "mirror-layers"]
 
 

@@ -215,3 +215,32 @@ def test_get_hlo_text_takes_alpas_status() -> None:
     assert "is_scheduled=true" in optimized and "is_scheduled" not in lowered  # XLA's passes
     with pytest.raises(alpa.AlpaError, match=r"status must be an alpa_ir\.HloStatus"):
         executable.get_hlo_text(status="optimized")
+
+
+def test_own_boundaries_with_automatic_layers() -> None:
+    """A step that marks its own boundary and asks for ``AutoLayerOption(layer_num=4)``:
+    as in Alpa the automatic layers replace the step's (with a warning here); the
+    pipeline equals one device."""
+    rngkey = jax.random.PRNGKey(0)
+    k1, k2 = random.split(rngkey)
+    batch = {"x": random.normal(k1, (BATCH, DIM)), "y": random.normal(k2, (BATCH, DIM))}
+    model = ManualPipelineMLPModel(hidden_dim=DIM)
+    params = model.init(rngkey, batch["x"])
+    state = TrainState.create(apply_fn=model.apply, params=params, tx=optax.adam(1e-3))
+    method = alpa.PipeshardParallel(
+        num_micro_batches=2,
+        layer_option=alpa.AutoLayerOption(layer_num=4),
+        stage_option=alpa.UniformStageOption(num_stages=4, submesh_logical_shape=(1, 2)),
+    )
+
+    def step(state: TrainState, batch: dict[str, jax.Array]) -> TrainState:
+        def loss_func(params: Any) -> jax.Array:
+            return jnp.mean((state.apply_fn(params, batch["x"]) - batch["y"]) ** 2)
+
+        return state.apply_gradients(grads=alpa.grad(loss_func)(state.params))
+
+    parallel = alpa.parallelize(step, method=method)
+    with pytest.warns(UserWarning, match="marks its own layer boundaries .* replaced by 4"):
+        executable = parallel.get_executable(state, batch)
+    assert len(executable.placements) == 4  # the automatic layers, not the step's two
+    _assert_allclose(train_step(state, batch).params, parallel(state, batch).params, atol=5e-3)
