@@ -381,8 +381,10 @@ class AutoSharding(ModulePass):
             is_batch = index in batch
             if self._data_parallel:  # rows divide: checked in apply
                 return 0.0 if spec == data_parallel_spec(arg, mesh, is_batch) else INF
-            if is_batch and self.force_batch_dim_to_mesh_dim >= 0 and spec.rank:
-                return 0.0 if self.force_batch_dim_to_mesh_dim in spec.dims[0] else INF
+            forced = self.force_batch_dim_to_mesh_dim
+            if is_batch and forced >= 0 and spec.rank and mesh.shape[forced] > 1:
+                # (an axis of size 1 splits nothing: the batch is whole along it)
+                return 0.0 if forced in spec.dims[0] else INF
             if not is_batch and spec.is_replicated() and spec.rank:
                 if not self.allow_replicated_parameters:
                     return INF

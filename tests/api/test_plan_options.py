@@ -84,6 +84,18 @@ def test_force_batch_dim_on_a_2d_mesh_keeps_the_batch_on_its_axis() -> None:
             assert 0 in spec_of_value(op.results[0], function).dims[0]
 
 
+def test_force_batch_dim_onto_an_axis_of_size_one_splits_nothing_there() -> None:
+    """Alpa's tests force the batch onto axis 0 of a (1, 8) mesh too: an axis of
+    size 1 splits nothing, so the batch is whole along it and the ILP plans the
+    rest (it had no plan: every spec of the batch was forbidden)."""
+    step, params, batch = _mlp()
+    option = alpa_ir.AutoShardingOption(force_batch_dim_to_mesh_dim=0)
+    method = alpa_ir.ShardParallel(alpa_ir.LogicalDeviceMesh((1, 8)), auto_sharding_option=option)
+    executable = alpa_ir.parallelize(step, method=method).get_executable(params, batch)
+    want = jax.jit(step)(params, batch)
+    _close(executable(params, batch), want)
+
+
 def test_mixed_mesh_shapes_only_when_allowed() -> None:
     """S01 (a dimension over both axes of a 2-d mesh) is on by default (unlike
     Alpa) and off when the option says so."""
