@@ -50,6 +50,7 @@ _EXPORTS: dict[str, str] = {
     "AutoShardingOption": "alpa_ir.api.parallel",
     "get_3d_parallel_method": "alpa_ir.api.three_d",
     "PipeshardParallel": "alpa_ir.api.pipeshard",
+    "LocalPipelineParallel": "alpa_ir.api.pipeshard",
     "ManualLayerOption": "alpa_ir.api.pipeshard",
     "AutoLayerOption": "alpa_ir.api.pipeshard",
     "UniformStageOption": "alpa_ir.api.pipeshard",

@@ -68,6 +68,9 @@ class UniformStageOption:
 
     num_stages: int | None = None
     submesh_logical_shape: tuple[int, int] | None = None
+    devices_per_stage: int | None = None
+    """Devices of each stage (the first ``stages × devices_per_stage`` of the
+    method's devices); None: all of them, split evenly."""
 
 
 @dataclass(frozen=True)
@@ -194,6 +197,18 @@ class PipeshardParallel:
         return bool(getattr(layer, "remat_layer", False))
 
 
+def LocalPipelineParallel(num_micro_batches: int = 1) -> PipeshardParallel:
+    """Alpa's single-process pipeline runner, for debugging a pipelined step: the
+    step's own layers (``mark_pipeline_boundary``), one stage per layer, each on
+    one local device, all run in this process."""
+    return PipeshardParallel(
+        num_micro_batches=num_micro_batches,
+        layer_option=ManualLayerOption(),
+        stage_option=UniformStageOption(submesh_logical_shape=(1, 1), devices_per_stage=1),
+        backend="xla",
+    )
+
+
 @dataclass(frozen=True)
 class StagePlacement:
     """Layers ``first..last`` on ``mesh``."""
@@ -220,9 +235,17 @@ def uniform_placements(
     stages = option.num_stages or num_layers
     if stages > num_layers:
         raise AlpaError(f"{stages} stages requested but the step has only {num_layers} layers")
-    if len(devices) % stages:
+    if option.devices_per_stage is not None:
+        per_stage = option.devices_per_stage
+        if per_stage < 1 or stages * per_stage > len(devices):
+            raise AlpaError(
+                f"{stages} stages of {per_stage} devices need {stages * per_stage} devices; "
+                f"there are {len(devices)}"
+            )
+    elif len(devices) % stages:
         raise AlpaError(f"{len(devices)} devices cannot be split evenly into {stages} stages")
-    per_stage = len(devices) // stages
+    else:
+        per_stage = len(devices) // stages
     shape = option.submesh_logical_shape or (1, per_stage)
     if math.prod(shape) != per_stage:
         raise AlpaError(

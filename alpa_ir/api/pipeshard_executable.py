@@ -333,6 +333,7 @@ def _stage_pass(method: PipeshardParallel, num_layers: int, devices: tuple[int, 
         placements = uniform_placements(num_layers, devices, option)
     layers = ",".join(f"{p.first}-{p.last}" for p in placements)
     meshes = ",".join("x".join(str(n) for n in p.mesh.shape) for p in placements)
+    ids = ",".join(str(d) for p in placements for d in p.mesh.devices or ())  # those used
     return (
         f"outline-stages{{layers={layers} meshes={meshes} devices={ids} "
         f"num-micro-batches={b} schedule={schedule} remat={remat}}}"

@@ -244,3 +244,26 @@ def test_own_boundaries_with_automatic_layers() -> None:
         executable = parallel.get_executable(state, batch)
     assert len(executable.placements) == 4  # the automatic layers, not the step's two
     _assert_allclose(train_step(state, batch).params, parallel(state, batch).params, atol=5e-3)
+
+
+def test_local_pipeline_parallel_runs_the_steps_own_layers_one_device_each() -> None:
+    rngkey = jax.random.PRNGKey(0)
+    k1, k2 = random.split(rngkey)
+    batch = {"x": random.normal(k1, (BATCH, DIM)), "y": random.normal(k2, (BATCH, DIM))}
+    model = ManualPipelineMLPModel(hidden_dim=DIM)
+    params = model.init(rngkey, batch["x"])
+    state = TrainState.create(apply_fn=model.apply, params=params, tx=optax.adam(1e-3))
+
+    @alpa.parallelize(method=alpa.LocalPipelineParallel())
+    def step(state: TrainState, batch: dict[str, jax.Array]) -> TrainState:
+        def loss_func(params: Any) -> jax.Array:
+            return jnp.mean((state.apply_fn(params, batch["x"]) - batch["y"]) ** 2)
+
+        return state.apply_gradients(grads=alpa.grad(loss_func)(state.params))
+
+    expected = train_step(state, batch)
+    executable = step.get_executable(state, batch)
+    meshes = [p.mesh for p in executable.placements]
+    assert [m.size for m in meshes] == [1, 1]  # the step's two layers, a device each
+    assert meshes[0].devices != meshes[1].devices
+    _assert_allclose(expected.params, step(state, batch).params, atol=5e-3)
