@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax._src import source_info_util
-from jax.extend.core import ClosedJaxpr, Jaxpr, Literal, Var
+from jax.extend.core import Literal, Var
 from xdsl.dialects import func
 from xdsl.dialects.builtin import (
     ArrayAttr,
@@ -45,6 +45,7 @@ from alpa_ir.frontend.arguments import (
     step_arguments,
 )
 from alpa_ir.frontend.differentiation import mark_differentiation
+from alpa_ir.frontend.jax_versions import is_jaxpr, jaxpr_and_consts
 from alpa_ir.frontend.pytree_codec import encode_treedef
 from alpa_ir.ir.types import dtype_of, shape_of, tensor_type
 
@@ -139,7 +140,7 @@ class _BlockEmitter:
         return self.env[atom]
 
     def emit_jaxpr(
-        self, jaxpr: Jaxpr, consts: Sequence[Any], inputs: Sequence[SSAValue]
+        self, jaxpr: Any, consts: Sequence[Any], inputs: Sequence[SSAValue]
     ) -> list[SSAValue]:
         for var, const in zip(jaxpr.constvars, consts, strict=True):
             self.env[var] = self.constant(const, var.aval)
@@ -178,10 +179,7 @@ class _BlockEmitter:
             raise UnsupportedPrimitiveError(
                 f"{self.where(eqn)}: cannot inline primitive '{eqn.primitive.name}' (no sub-jaxpr)"
             )
-        if isinstance(sub, ClosedJaxpr):
-            jaxpr, consts = sub.jaxpr, sub.consts
-        else:
-            jaxpr, consts = sub, ()
+        jaxpr, consts = jaxpr_and_consts(sub)
         if _is_remat(eqn) and inputs:
             inputs = self._barrier(eqn, inputs, backward)
         return self._nested(eqn, backward).emit_jaxpr(jaxpr, consts, inputs)
@@ -204,12 +202,12 @@ class _BlockEmitter:
             *[jax.ShapeDtypeStruct(shape_of(v.type), dtype_of(v.type)) for v in inputs]
         )
         nested = _BlockEmitter(self.importer, self.block, constants=self.constants)
-        return nested.emit_jaxpr(closed.jaxpr, closed.consts, inputs)
+        return nested.emit_jaxpr(*jaxpr_and_consts(closed), inputs)
 
     def unroll_scan(self, eqn: Any, inputs: list[SSAValue], backward: bool) -> list[SSAValue]:
         """A ``scan`` as its iterations one after the other."""
         params = eqn.params
-        body: ClosedJaxpr = params["jaxpr"]
+        body, body_consts = jaxpr_and_consts(params["jaxpr"])
         num_consts, num_carry, length = params["num_consts"], params["num_carry"], params["length"]
         consts = inputs[:num_consts]
         carry = inputs[num_consts : num_consts + num_carry]
@@ -219,7 +217,7 @@ class _BlockEmitter:
         for i in order:
             x_i = [self.traced(lambda a, i=i: a[i], [x])[0] for x in xs]
             outs = self._nested(eqn, backward).emit_jaxpr(
-                body.jaxpr, body.consts, [*consts, *carry, *x_i]
+                body, body_consts, [*consts, *carry, *x_i]
             )
             carry, ys[i] = outs[:num_carry], outs[num_carry:]
         stacked = [
@@ -245,14 +243,14 @@ class _BlockEmitter:
 
 def _differentiates(closed: Any) -> bool:
     """Whether a jaxpr (or one nested in it) holds a backward pass."""
-    jaxpr = closed.jaxpr if isinstance(closed, ClosedJaxpr) else closed
+    jaxpr = jaxpr_and_consts(closed)[0]
     for eqn in jaxpr.eqns:
         if "transpose(" in str(eqn.source_info.name_stack):
             return True
         for value in eqn.params.values():
             subs = value if isinstance(value, tuple | list) else (value,)
             for sub in subs:
-                if isinstance(sub, ClosedJaxpr | Jaxpr) and _differentiates(sub):
+                if is_jaxpr(sub) and _differentiates(sub):
                     return True
     return False
 
@@ -308,10 +306,7 @@ class JaxprImporter:
         return found
 
     def region_of(self, closed: Any, location: tuple[str, int, int] | None, where: str) -> Region:
-        if isinstance(closed, ClosedJaxpr):
-            jaxpr, consts = closed.jaxpr, closed.consts
-        else:
-            jaxpr, consts = closed, ()
+        jaxpr, consts = jaxpr_and_consts(closed)
         block = Block(arg_types=[self.value_type(v.aval, lambda: where) for v in jaxpr.invars])
         emitter = _BlockEmitter(self, block, fallback_location=location)
         outs = emitter.emit_jaxpr(jaxpr, consts, list(block.args))
@@ -437,7 +432,7 @@ def import_step(
         ) from exc
     in_tree = jax.tree.structure(abstract)
     out_tree = jax.tree.structure(out_shape)
-    jaxpr = closed.jaxpr
+    jaxpr, consts = jaxpr_and_consts(closed)
 
     importer = JaxprImporter(
         locations=locations, unroll_differentiated_loops=unroll_differentiated_loops
@@ -449,7 +444,7 @@ def import_step(
         arg.name_hint = _sanitize(name)
     backward_ops: set[Operation] = set()
     emitter = _BlockEmitter(importer, block, backward_ops=backward_ops)
-    outs = emitter.emit_jaxpr(jaxpr, closed.consts, list(block.args))
+    outs = emitter.emit_jaxpr(jaxpr, consts, list(block.args))
     block.add_op(func.ReturnOp(*outs))
     mark_differentiation(block, backward_ops)
 

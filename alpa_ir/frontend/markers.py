@@ -138,6 +138,7 @@ def _layered(fun: Callable[..., Any]) -> Callable[..., Any]:
         from xdsl.context import Context
 
         from alpa_ir.frontend.jax_export import eval_block
+        from alpa_ir.frontend.jax_versions import eval_jaxpr, jaxpr_and_consts
         from alpa_ir.frontend.jaxpr_import import import_jax
         from alpa_ir.ir.module_utils import main_function
         from alpa_ir.passes.cluster_operators import ClusterOperators
@@ -146,13 +147,15 @@ def _layered(fun: Callable[..., Any]) -> Callable[..., Any]:
         # make them explicit arguments so that the forward computation imports.
         closed, out_shape = jax.make_jaxpr(lambda *args: fun(*args, **k), return_shape=True)(*a)
 
+        open_jaxpr, closed_consts = jaxpr_and_consts(closed)
+
         def explicit(consts: list[Any], *args: Any) -> list[Any]:
-            return jax.core.eval_jaxpr(closed.jaxpr, consts, *jax.tree.leaves(args))
+            return eval_jaxpr(open_jaxpr, consts, *jax.tree.leaves(args))
 
         def shape_of(x: Any) -> jax.ShapeDtypeStruct:
             return jax.ShapeDtypeStruct(jax.numpy.shape(x), jax.numpy.result_type(x))
 
-        consts = list(closed.consts)
+        consts = list(closed_consts)
         module = import_jax(explicit, [shape_of(c) for c in consts], *jax.tree.map(shape_of, a))
         ClusterOperators(
             layers=option.layers, delta=option.delta, fit_delta=option.fit_delta

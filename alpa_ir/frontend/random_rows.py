@@ -36,11 +36,11 @@ def _impl(
 def _abstract_eval(
     key: Any, start: Any, *, bit_width: int, shape: Sequence[int], global_shape: Sequence[int]
 ) -> Any:
-    from jax.core import ShapedArray
+    from alpa_ir.frontend.jax_versions import shaped_array
 
     del key, start, global_shape
     dtype = {8: np.uint8, 16: np.uint16, 32: np.uint32}[bit_width]
-    return ShapedArray(tuple(shape), np.dtype(dtype))
+    return shaped_array(tuple(shape), np.dtype(dtype))
 
 
 random_bits_rows_p.def_impl(_impl)
@@ -72,10 +72,10 @@ def _split_impl(key: Any, start: Any, *, shape: Sequence[int], global_shape: Seq
 def _split_abstract_eval(
     key: Any, start: Any, *, shape: Sequence[int], global_shape: Sequence[int]
 ) -> Any:
-    from jax.core import ShapedArray
+    from alpa_ir.frontend.jax_versions import shaped_array
 
     del start, global_shape
-    return ShapedArray(tuple(shape), key.dtype)
+    return shaped_array(tuple(shape), key.dtype)
 
 
 random_split_rows_p.def_impl(_split_impl)
