@@ -62,7 +62,7 @@ from alpa_ir.passmanager.progress import Spinner
 from alpa_ir.pipeline.step_partition import gradient_ops, partition_step
 from alpa_ir.plugins.registry import registry_of
 from alpa_ir.solvers.ilp import ILPProblem, ILPSolution, evaluate
-from alpa_ir.solvers.repeated import tie_repeated
+from alpa_ir.solvers.repeated import TiedProblem, tie_repeated
 
 OBJECTIVE_ATTR = "sharding.objective"
 SHARE_LAYERS_FROM = 1500
@@ -278,8 +278,7 @@ class AutoSharding(ModulePass):
         ):
             tied = tie_repeated(problem)
 
-        def solve(problem: ILPProblem, share: bool) -> ILPSolution:
-            tied = tie_repeated(problem) if share else None
+        def solve(problem: ILPProblem, tied: TiedProblem | None) -> ILPSolution:
             if tied is None:
                 return solver.solve(problem, time_limit=self.time_limit)  # type: ignore[attr-defined, no-any-return]
             shared = solver.solve(tied.problem, time_limit=self.time_limit)  # type: ignore[attr-defined]
@@ -288,7 +287,7 @@ class AutoSharding(ModulePass):
 
         label = f"auto-sharding: solving the ILP of {problem.num_nodes} nodes ({self.solver})"
         with Spinner(label):
-            solution = solve(problem, tied is not None)
+            solution = solve(problem, tied)
         variables = tied.problem.num_nodes if tied is not None else problem.num_nodes
         if self.check_baselines and self.strategy_space == "ilp" and not self._data_parallel:
             prices = self._price_baselines(
@@ -298,7 +297,7 @@ class AutoSharding(ModulePass):
         objective = _without_tie_breaks(solution.objective, graph, solution.choice)
         if hints:  # what the user's hints cost: the plan without them, in the same problem
             free_graph, free_problem = build(hinted=False)
-            free = solve(free_problem, tied is not None)
+            free = solve(free_problem, tie_repeated(free_problem) if tied is not None else None)
             cost = objective - _without_tie_breaks(free.objective, free_graph, free.choice)
             function.attributes[HINT_COST_ATTR] = FloatAttr(max(cost, 0.0), f64)
             record_statistic(
