@@ -43,7 +43,8 @@ def test_a_named_pipeline_is_the_methods_pipeline(capsys: pytest.CaptureFixture[
     assert alpa_opt(["-p", "zero3-parallel,cluster-operators", "--print-pipeline"]) == 0
     out = capsys.readouterr().out
     assert "reduce-scatter-rewrite{mode=zero3}" in out and out.rstrip().endswith(
-        "cluster-operators{layers=2 delta=0.5 relax-delta=true fit-delta=false})"
+        "cluster-operators{layers=2 delta=0.5 relax-delta=true fit-delta=false "
+        "replace-markers=false})"
     )
     assert alpa_opt(["-p", "data-parallel{solver=highs}", "--print-pipeline"]) == 1
     err = capsys.readouterr().err
