@@ -3,8 +3,10 @@
 :class:`ManualShardingOption` (Alpa's) names the mesh axes and gives the
 specs of the inputs (``in_axis_resources``) and outputs
 (``out_axis_resources``) of a step: each a pytree like the arguments (or the
-outputs) whose leaves are ``PartitionSpec`` or ``None`` (left to the
-planner), or a prefix of it (a ``PartitionSpec`` for a whole argument). With
+outputs) whose leaves are ``PartitionSpec``, ``NamedSharding`` (as ``jax.jit``'s
+``in_shardings``; its mesh axes map onto the plan's by name, else by position)
+or ``None`` (left to the planner), or a prefix of it (a spec for a whole
+argument). With
 auto-sharding the ILP keeps the given input specs and the outputs are
 delivered in the given ones; with ``AutoShardingOption(enable_auto_sharding=False)``
 no ILP runs and XLA's SPMD partitioner propagates the given specs.
@@ -18,7 +20,7 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import PartitionSpec
+from jax.sharding import NamedSharding, PartitionSpec
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr
 
@@ -36,7 +38,37 @@ class ManualShardingOption:
 
 
 def _is_spec(x: object) -> bool:
-    return x is None or isinstance(x, PartitionSpec)
+    return x is None or isinstance(x, PartitionSpec | NamedSharding)
+
+
+def as_partition_spec(spec: Any, names: Sequence[str]) -> PartitionSpec | None:
+    """A spec leaf as a PartitionSpec over the plan's mesh axis ``names``: a
+    ``NamedSharding`` (``jax.jit``-style ``in_shardings``) gives its spec, its
+    mesh's axes mapped by name when the plan's mesh has them all, else by
+    position when both meshes have as many axes."""
+    if not isinstance(spec, NamedSharding):
+        return spec  # type: ignore[no-any-return]
+    theirs = tuple(str(a) for a in spec.mesh.axis_names)
+    used = {a for entry in spec.spec if entry is not None for a in _axes(entry)}
+    if used <= set(names):
+        return spec.spec
+    if len(theirs) != len(names):
+        raise AlpaError(
+            f"NamedSharding {spec.spec} names mesh axes {', '.join(sorted(used - set(names)))} "
+            f"that the plan's mesh does not have (its axes: {', '.join(names)})"
+        )
+    rename = dict(zip(theirs, names, strict=True))
+    return PartitionSpec(
+        *(
+            None if e is None else tuple(rename[a] for a in _axes(e)) if isinstance(e, tuple)
+            else rename[e]
+            for e in spec.spec
+        )
+    )  # fmt: skip
+
+
+def _axes(entry: Any) -> tuple[str, ...]:
+    return tuple(entry) if isinstance(entry, tuple) else (entry,)
 
 
 def expand_prefix(
@@ -146,7 +178,10 @@ def annotate_inputs(
     none_subtrees: bool = True,
 ) -> None:
     """User PartitionSpecs of the arguments become argument specs the planner keeps."""
-    specs = expand_prefix(in_specs, args, what, none_subtrees=none_subtrees)
+    specs = [
+        as_partition_spec(s, names)
+        for s in expand_prefix(in_specs, args, what, none_subtrees=none_subtrees)
+    ]
     shapes = [tuple(np.shape(x)) for x in jax.tree.leaves(args)]
     function.arg_attrs = spec_entries(specs, shapes, names, mesh_shape)
 
@@ -160,7 +195,10 @@ def annotate_outputs(
 ) -> list[PartitionSpec | None]:
     """User PartitionSpecs of the outputs as result specs of ``function``; returns them per leaf."""
     template = jax.tree.unflatten(out_tree, [0] * out_tree.num_leaves)
-    specs = expand_prefix(out_specs, template, "out_axis_resources")
+    specs = [
+        as_partition_spec(s, names)
+        for s in expand_prefix(out_specs, template, "out_axis_resources")
+    ]
     shapes = [tuple(t.get_shape()) for t in function.function_type.outputs.data]  # type: ignore[attr-defined]
     function.res_attrs = spec_entries(specs, shapes, names, mesh_shape)
     return specs

@@ -197,3 +197,20 @@ def test_contradictory_hints_on_one_value_are_one_line() -> None:
         AlpaError, match=r"contradicts the hint P\('data', None\) on the same value"
     ):
         _plan(fn, jnp.ones((8, 8)))
+
+
+def test_argument_shardings_as_jax_jit_in_shardings() -> None:
+    """Shardings of the step's arguments, given as ``jax.jit`` gives ``in_shardings``
+    (``NamedSharding`` leaves in Alpa's ``in_axis_resources``): the planned arguments
+    carry them, the JAX mesh's axes mapped by position onto a mesh named m0, m1."""
+    step, state, batch = _setup()
+    weights = jax.tree.map(lambda _: None, state)
+    weights["params"]["params"]["Dense_0"]["kernel"] = NamedSharding(MESH, P(None, "model"))
+    rows = NamedSharding(MESH, P("data"))
+    option = alpa_ir.ManualShardingOption(in_axis_resources=(weights, (rows, rows)))
+    method = alpa_ir.ShardParallel(devices=LogicalDeviceMesh((2, 4)), manual_sharding_option=option)
+    parallel = alpa_ir.parallelize(step, method=method, batch_argnums=(1,))
+    _close(_three_steps(parallel, state, batch), _three_steps(jax.jit(step), state, batch))
+    placed = parallel.get_executable(state, batch).get_input_placement_specs()
+    assert placed[0]["params"]["params"]["Dense_0"]["kernel"] == P(None, "m1")
+    assert placed[1][0] == placed[1][1] == P("m0", None)
