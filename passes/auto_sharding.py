@@ -44,7 +44,11 @@ from alpa_ir.autosharding.baselines import (
     worse_than,
 )
 from alpa_ir.autosharding.batch_dims import batch_dims
-from alpa_ir.autosharding.cost_model import AlphaBetaCostModel, CommCostModel
+from alpa_ir.autosharding.cost_model import (
+    CommCostModel,
+    bound_to_cluster,
+    prices_by_devices,
+)
 from alpa_ir.autosharding.graph import GraphBuilder, StrategyCache, StrategyGraph
 from alpa_ir.autosharding.hints import HINT_COST_ATTR, hint_specs
 from alpa_ir.autosharding.problem import Aliasing, build_problem
@@ -363,9 +367,8 @@ class AutoSharding(ModulePass):
         for those modules (``calibrated`` on their cluster, say), by default
         its cost model as bound for modules without a cluster."""
         if cost_model is None:
-            cost_model = registry_of(ctx).get("cost_models", self.cost_model)()
-            bind = getattr(cost_model, "for_cluster", None)
-            cost_model = bind(None) if bind is not None else cost_model
+            model = registry_of(ctx).get("cost_models", self.cost_model)()
+            cost_model = bound_to_cluster(model, None)
         options = ReshardOptions(self.allow_all_gather, self.allow_all_to_all)
         return StrategyCache(mesh.shape, ReshardCoster(mesh, cost_model, options))
 
@@ -415,7 +418,7 @@ def _cache_fits(
     equal on the same system), options, shape and α/β; the devices matter
     only to a model bound to hardware (it prices the links between them)."""
     have = cache.coster
-    bound = not isinstance(cost_model, AlphaBetaCostModel)
+    bound = prices_by_devices(cost_model)
     return (
         have.cost_model == cost_model
         and have.options == options

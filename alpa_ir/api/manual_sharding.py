@@ -48,20 +48,20 @@ def as_partition_spec(spec: Any, names: Sequence[str]) -> PartitionSpec | None:
     position when both meshes have as many axes."""
     if not isinstance(spec, NamedSharding):
         return spec  # type: ignore[no-any-return]
+    from alpa_ir.autosharding.hints import axis_map
+
     theirs = tuple(str(a) for a in spec.mesh.axis_names)
     used = {a for entry in spec.spec if entry is not None for a in _axes(entry)}
-    if used <= set(names):
-        return spec.spec
-    if len(theirs) != len(names):
+    found = axis_map(used, theirs, names)
+    if found is None:
         raise AlpaError(
             f"NamedSharding {spec.spec} names mesh axes {', '.join(sorted(used - set(names)))} "
             f"that the plan's mesh does not have (its axes: {', '.join(names)})"
         )
-    rename = dict(zip(theirs, names, strict=True))
     return PartitionSpec(
         *(
-            None if e is None else tuple(rename[a] for a in _axes(e)) if isinstance(e, tuple)
-            else rename[e]
+            None if e is None else tuple(names[found[a]] for a in e) if isinstance(e, tuple)
+            else names[found[e]]
             for e in spec.spec
         )
     )  # fmt: skip

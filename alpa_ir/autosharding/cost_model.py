@@ -85,6 +85,20 @@ class AlphaBetaCostModel:
         return 0.0 if n == 1 else alpha + beta * (n - 1) / (n * n) * nbytes * (n / 2) + 0.001
 
 
+def bound_to_cluster(model: CommCostModel, cluster: object | None) -> CommCostModel:
+    """``model`` bound to ``cluster`` (or to none) if it binds to clusters (a
+    ``for_cluster`` method: ``auto``, ``calibrated``), else ``model`` itself."""
+    bind = getattr(model, "for_cluster", None)
+    return bind(cluster) if bind is not None else model  # type: ignore[no-any-return]
+
+
+def prices_by_devices(model: CommCostModel) -> bool:
+    """Whether ``model``'s prices depend on which devices form the mesh, not only on
+    its shape and α/β: every model but Alpa's α-β (a strategy cache is then kept per
+    device set)."""
+    return not isinstance(model, AlphaBetaCostModel)
+
+
 def collective_bytes_on_wire(kind: str, nbytes: float, n: int) -> float:
     """Bytes one device sends for a collective in a ring (what HLO accounting
     and the 'predicted bytes' figure use): all-gather and reduce-scatter

@@ -16,6 +16,7 @@ dimension, or two hints on one value that no spec satisfies.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from xdsl.dialects import func
 from xdsl.ir import Operation, SSAValue
@@ -49,13 +50,24 @@ def _where(op: Operation) -> str:
     return location_text(op) or f"'{op.name}'"
 
 
+def axis_map(used: set[str], theirs: Sequence[str], names: Sequence[str]) -> dict[str, int] | None:
+    """Which axis of a mesh with axis ``names`` each JAX mesh axis stands for (a hint's,
+    or a ``NamedSharding``'s mesh, of axes ``theirs``, of which the spec uses ``used``):
+    by name when the mesh has every used name, else by position when both meshes have
+    as many axes; None when neither."""
+    if used <= set(names):
+        return {n: list(names).index(n) for n in used}
+    if len(theirs) == len(names):
+        return {n: k for k, n in enumerate(theirs)}
+    return None
+
+
 def _axis_map(hint: ShardingHint, mesh: LogicalDeviceMesh, op: Operation) -> dict[str, int]:
     names = tuple(mesh.axis_names or ())
     used = {a for d in hint.dims for a in d if a != FREE}
-    if used <= set(names):
-        return {n: names.index(n) for n in used}
-    if len(hint.mesh_axes) == mesh.rank:
-        return {n: k for k, n in enumerate(hint.mesh_axes)}
+    found = axis_map(used, hint.mesh_axes, names)
+    if found is not None:
+        return found
     have = ", ".join(f"{n} ({s})" for n, s in zip(names, mesh.shape, strict=True))
     raise AlpaError(
         f"{_where(op)}: sharding hint {hint.text()} names mesh axes "

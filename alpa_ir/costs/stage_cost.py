@@ -94,7 +94,7 @@ from xdsl.dialects.builtin import (
 )
 from xdsl.ir import Block, Operation, SSAValue
 
-from alpa_ir.autosharding.cost_model import AlphaBetaCostModel, CommCostModel
+from alpa_ir.autosharding.cost_model import CommCostModel, bound_to_cluster, prices_by_devices
 from alpa_ir.autosharding.graph import StrategyCache
 from alpa_ir.autosharding.plan_bytes import op_collectives
 from alpa_ir.costs.flops import function_flops, op_bytes
@@ -784,14 +784,13 @@ def plan_function(
     cache = None
     if strategy_caches is not None:
         model = bound_cost_model(options.cost_model, cluster, registry)
-        bound = not isinstance(model, AlphaBetaCostModel)
         key = (
             ilp_mesh.shape,
             ilp_mesh.alpha,
             ilp_mesh.beta,
             options.allow_all_gather,
             model,
-            ilp_mesh.devices if bound else (),
+            ilp_mesh.devices if prices_by_devices(model) else (),
         )
         cache = strategy_caches.get(key)
         if cache is None:
@@ -808,9 +807,7 @@ def bound_cost_model(
     clusters (``for_cluster``: ``auto``, ``calibrated``)."""
     from alpa_ir.plugins.registry import default_registry
 
-    model = (registry or default_registry()).get("cost_models", name)()
-    bind = getattr(model, "for_cluster", None)
-    return bind(cluster) if bind is not None else model
+    return bound_to_cluster((registry or default_registry()).get("cost_models", name)(), cluster)
 
 
 def collective_time(

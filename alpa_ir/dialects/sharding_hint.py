@@ -38,8 +38,8 @@ class ShardingHint:
     dims: tuple[tuple[str, ...], ...]
 
     @staticmethod
-    def of(sharding: Any, rank: int) -> ShardingHint:
-        """The hint of a ``NamedSharding`` on a value of ``rank`` dimensions."""
+    def of(sharding: Any) -> ShardingHint:
+        """The hint of a ``NamedSharding`` (dimensions past its spec's are whole)."""
         mesh, spec = getattr(sharding, "mesh", None), getattr(sharding, "spec", None)
         if mesh is None or spec is None:
             raise AlpaError(
@@ -47,7 +47,7 @@ class ShardingHint:
                 f"{type(sharding).__name__}"
             )
         dims: list[tuple[str, ...]] = []
-        for entry in tuple(spec) + (None,) * (rank - len(tuple(spec))):
+        for entry in spec:
             if entry is getattr(type(spec), "UNCONSTRAINED", object()):
                 dims.append((FREE,))
             elif entry is None:
@@ -104,9 +104,7 @@ class HintC(Codec):
     attr_type = ArrayAttr
 
     def encode(self, value: Any) -> Attribute | None:
-        spec = getattr(value, "spec", None)
-        rank = len(tuple(spec)) if spec is not None else 0
-        return ShardingHint.of(value, rank).to_attr()
+        return ShardingHint.of(value).to_attr()
 
     def decode(self, attr: Attribute | None) -> Any:
         return None

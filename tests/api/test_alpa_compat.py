@@ -101,13 +101,28 @@ class ManualPipelineMLPModel(nn.Module):
         return nn.relu(x)
 
 
-def test_manual_pipeline_with_alpa_grad() -> None:
+def _manual_pipeline_state() -> tuple[TrainState, dict[str, jax.Array]]:
+    """The state and batch of Alpa's manual pipeline example (two marked layers)."""
     rngkey = jax.random.PRNGKey(0)
     k1, k2 = random.split(rngkey)
     batch = {"x": random.normal(k1, (BATCH, DIM)), "y": random.normal(k2, (BATCH, DIM))}
     model = ManualPipelineMLPModel(hidden_dim=DIM)
     params = model.init(rngkey, batch["x"])
     state = TrainState.create(apply_fn=model.apply, params=params, tx=optax.adam(1e-3))
+    return state, batch
+
+
+def _alpa_grad_step(state: TrainState, batch: dict[str, jax.Array]) -> TrainState:
+    """The example's step, its gradient taken with ``alpa.grad``."""
+
+    def loss_func(params: Any) -> jax.Array:
+        return jnp.mean((state.apply_fn(params, batch["x"]) - batch["y"]) ** 2)
+
+    return state.apply_gradients(grads=alpa.grad(loss_func)(state.params))
+
+
+def test_manual_pipeline_with_alpa_grad() -> None:
+    state, batch = _manual_pipeline_state()
 
     @alpa.parallelize(method=alpa.PipeshardParallel(num_micro_batches=4, layer_option="manual"))
     def manual_pipeline_train_step(state: TrainState, batch: dict[str, jax.Array]) -> TrainState:
@@ -221,25 +236,14 @@ def test_own_boundaries_with_automatic_layers() -> None:
     """A step that marks its own boundary and asks for ``AutoLayerOption(layer_num=4)``:
     as in Alpa the automatic layers replace the step's (with a warning here); the
     pipeline equals one device."""
-    rngkey = jax.random.PRNGKey(0)
-    k1, k2 = random.split(rngkey)
-    batch = {"x": random.normal(k1, (BATCH, DIM)), "y": random.normal(k2, (BATCH, DIM))}
-    model = ManualPipelineMLPModel(hidden_dim=DIM)
-    params = model.init(rngkey, batch["x"])
-    state = TrainState.create(apply_fn=model.apply, params=params, tx=optax.adam(1e-3))
+    state, batch = _manual_pipeline_state()
     method = alpa.PipeshardParallel(
         num_micro_batches=2,
         layer_option=alpa.AutoLayerOption(layer_num=4),
         stage_option=alpa.UniformStageOption(num_stages=4, submesh_logical_shape=(1, 2)),
     )
 
-    def step(state: TrainState, batch: dict[str, jax.Array]) -> TrainState:
-        def loss_func(params: Any) -> jax.Array:
-            return jnp.mean((state.apply_fn(params, batch["x"]) - batch["y"]) ** 2)
-
-        return state.apply_gradients(grads=alpa.grad(loss_func)(state.params))
-
-    parallel = alpa.parallelize(step, method=method)
+    parallel = alpa.parallelize(_alpa_grad_step, method=method)
     with pytest.warns(UserWarning, match="marks its own layer boundaries .* replaced by 4"):
         executable = parallel.get_executable(state, batch)
     assert len(executable.placements) == 4  # the automatic layers, not the step's two
@@ -247,19 +251,9 @@ def test_own_boundaries_with_automatic_layers() -> None:
 
 
 def test_local_pipeline_parallel_runs_the_steps_own_layers_one_device_each() -> None:
-    rngkey = jax.random.PRNGKey(0)
-    k1, k2 = random.split(rngkey)
-    batch = {"x": random.normal(k1, (BATCH, DIM)), "y": random.normal(k2, (BATCH, DIM))}
-    model = ManualPipelineMLPModel(hidden_dim=DIM)
-    params = model.init(rngkey, batch["x"])
-    state = TrainState.create(apply_fn=model.apply, params=params, tx=optax.adam(1e-3))
+    state, batch = _manual_pipeline_state()
 
-    @alpa.parallelize(method=alpa.LocalPipelineParallel())
-    def step(state: TrainState, batch: dict[str, jax.Array]) -> TrainState:
-        def loss_func(params: Any) -> jax.Array:
-            return jnp.mean((state.apply_fn(params, batch["x"]) - batch["y"]) ** 2)
-
-        return state.apply_gradients(grads=alpa.grad(loss_func)(state.params))
+    step = alpa.parallelize(_alpa_grad_step, method=alpa.LocalPipelineParallel())
 
     expected = train_step(state, batch)
     executable = step.get_executable(state, batch)
