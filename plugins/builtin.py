@@ -131,3 +131,10 @@ def alpa_ir_pipelines() -> Mapping[str, Any]:
         name: NamedPipeline(description, option.pipeline(1))
         for name, (description, option) in options.items()
     }
+
+
+@hookimpl
+def alpa_ir_schedules() -> Mapping[str, Callable[..., Any]]:
+    from alpa_ir.pipeline.schedule_kinds import BUILTIN_SCHEDULES
+
+    return BUILTIN_SCHEDULES

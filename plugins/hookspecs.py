@@ -84,3 +84,11 @@ class AlpaIrHookSpecs:
         :class:`alpa_ir.plugins.registry.NamedPipeline` (description and the
         pipeline text it stands for); a pipeline string may name one like a pass."""
         raise NotImplementedError
+
+    @hookspec
+    def alpa_ir_schedules(self) -> Mapping[str, Callable[..., Any]]:
+        """Pipeline schedules by name: a builder ``(meshes, micro_batches,
+        virtual_stages, stage_times or None) -> TaskOrder`` (see
+        ``alpa_ir.pipeline.schedule_kinds``); ``emit-instructions{schedule=}``
+        and ``construct-stages{schedule=}`` accept the name."""
+        raise NotImplementedError

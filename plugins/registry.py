@@ -45,6 +45,8 @@ class PluginRegistry:
     cluster_presets: Mapping[str, Callable[[], Any]]
     pipelines: Mapping[str, NamedPipeline] = field(default_factory=dict)
     """Named pass pipelines (``alpa_ir_pipelines``)."""
+    schedules: Mapping[str, Any] = field(default_factory=dict)
+    """Pipeline schedule builders (``alpa_ir_schedules``)."""
     owners: Mapping[tuple[str, str], str] = field(default_factory=dict)
     plugin_names: tuple[str, ...] = ()
     load_errors: tuple[str, ...] = ()
@@ -90,6 +92,7 @@ _TABLES: tuple[tuple[str, str], ...] = (
     ("sharding_rules", "alpa_ir_sharding_rules"),
     ("cluster_presets", "alpa_ir_cluster_presets"),
     ("pipelines", "alpa_ir_pipelines"),
+    ("schedules", "alpa_ir_schedules"),
 )
 
 

@@ -36,9 +36,9 @@ from typing import Literal
 from alpa_ir.errors import AlpaError
 
 ScheduleKind = Literal["gpipe", "1f1b"]
-Phase = Literal["forward", "backward", "apply_grad"]
+Phase = Literal["forward", "backward", "backward_weight", "apply_grad"]
 SCHEDULE_KINDS: tuple[ScheduleKind, ...] = ("gpipe", "1f1b")
-PHASES: tuple[Phase, ...] = ("forward", "backward", "apply_grad")
+PHASES: tuple[Phase, ...] = ("forward", "backward", "backward_weight", "apply_grad")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,310 @@
+"""The pipeline schedules the compiler knows, each a builder of a :class:`TaskOrder`.
+
+``p`` meshes, ``m`` micro-batches, ``v`` stages (chunks) per mesh:
+
+- ``gpipe`` and ``1f1b``: one stage per mesh, the orders of
+  :func:`alpa_ir.pipeline.schedule.schedule_clocks` (the backward runs B and W
+  together).
+- ``interleaved-1f1b`` (Megatron-LM): ``v`` chunks per mesh, stage ``c·p + k``
+  on mesh ``k`` (non-adjacent chunks). Mesh ``k`` warms up with
+  ``min(2(p−k−1) + (v−1)p, m·v)`` forwards, then alternates one forward and one
+  backward, then drains the backwards. Its ``i``-th forward is chunk
+  ``(i // p) mod v`` of micro-batch ``(i // pv)·p + i mod p``; backwards walk
+  the chunks in reverse. Needs ``m`` divisible by ``p``.
+- ``zb-h1`` (Qi et al., ICLR'24): one stage per mesh, backward split into B
+  and W. Each mesh keeps 1F1B's order of forwards and B's and runs a W
+  whenever its next forward or B is not ready, or when the forward would hold
+  more than ``p`` micro-batches' activations (1F1B's peak, on every mesh).
+- ``zb-v``: two chunks per mesh in V order (stage ``k`` and stage
+  ``2p − 1 − k`` on mesh ``k``, so the last stage shares the first mesh),
+  backward split. Each mesh runs B first, then a forward (the later chunk
+  first) while it holds fewer than ``2p`` chunk activations (``p`` micro-batches
+  of the whole mesh), else a W.
+
+The zero-bubble orders are found by list scheduling with the stages' times
+(unit times when none are given): the greedy choice above at each moment a mesh
+is free. Any order is deadlock-free and checked
+(:func:`~alpa_ir.pipeline.task_order.check_task_order`); with real stage times
+the orders adapt to them. A plugin may add a schedule (hook
+``alpa_ir_schedules``: name → builder with this module's signature).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from alpa_ir.errors import AlpaError
+from alpa_ir.pipeline.schedule import Task, schedule_clocks
+from alpa_ir.pipeline.task_order import TaskOrder, check_task_order, dependencies
+
+
+@dataclass(frozen=True)
+class StageTimes:
+    """Seconds of one micro-batch on a stage: forward, B, W (W = 0: not split)."""
+
+    forward: float = 1.0
+    backward: float = 1.0
+    weight: float = 1.0
+
+
+ScheduleBuilder = Callable[[int, int, int, Sequence[StageTimes] | None], TaskOrder]
+"""``(meshes, micro_batches, virtual_stages, stage_times or None) -> TaskOrder``."""
+
+
+def _check_counts(kind: str, meshes: int, micro_batches: int, virtual: int) -> None:
+    for what, value in (("meshes", meshes), ("micro-batches", micro_batches)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise AlpaError(f"schedule '{kind}' needs a positive number of {what}, got {value!r}")
+    if isinstance(virtual, bool) or not isinstance(virtual, int) or virtual < 1:
+        raise AlpaError(f"schedule '{kind}': virtual-stages must be an int >= 1, got {virtual!r}")
+
+
+def _clock_order(kind: str) -> ScheduleBuilder:
+    def build(
+        meshes: int, micro_batches: int, virtual: int, times: Sequence[StageTimes] | None
+    ) -> TaskOrder:
+        del times
+        _check_counts(kind, meshes, micro_batches, virtual)
+        if virtual != 1:
+            raise AlpaError(
+                f"schedule '{kind}' runs one stage per mesh; virtual-stages={virtual} needs "
+                "interleaved-1f1b or zb-v"
+            )
+        orders: list[list[Task]] = [[] for _ in range(meshes)]
+        for clock in schedule_clocks(meshes, micro_batches, kind):  # type: ignore[arg-type]
+            for task in clock:
+                orders[task.stage].append(task)
+        return TaskOrder(
+            kind, micro_batches, tuple(range(meshes)), False, tuple(map(tuple, orders))
+        )
+
+    return build
+
+
+def interleaved_1f1b(
+    meshes: int, micro_batches: int, virtual: int, times: Sequence[StageTimes] | None = None
+) -> TaskOrder:
+    """Megatron-LM's interleaved 1F1B (module docstring)."""
+    del times
+    kind = "interleaved-1f1b"
+    _check_counts(kind, meshes, micro_batches, virtual)
+    if micro_batches % meshes:
+        raise AlpaError(
+            f"schedule '{kind}' needs the micro-batches ({micro_batches}) to be a multiple of "
+            f"the meshes ({meshes})"
+        )
+    p, v, total = meshes, virtual, micro_batches * virtual
+    mesh_of = tuple(s % p for s in range(p * v))
+
+    def nth(k: int, i: int, phase: str) -> Task:
+        chunk = (i // p) % v
+        if phase == "backward":
+            chunk = v - 1 - chunk
+        mb = (i // (p * v)) * p + i % p
+        return Task(chunk * p + k, mb, phase)  # type: ignore[arg-type]
+
+    orders = []
+    for k in range(p):
+        warmup = min(2 * (p - k - 1) + (v - 1) * p, total)
+        tasks = [nth(k, i, "forward") for i in range(warmup)]
+        for i in range(total - warmup):
+            tasks += [nth(k, warmup + i, "forward"), nth(k, i, "backward")]
+        tasks += [nth(k, i, "backward") for i in range(max(0, total - warmup), total)]
+        tasks += [Task(c * p + k, None, "apply_grad") for c in range(v)]
+        orders.append(tuple(tasks))
+    return TaskOrder(kind, micro_batches, mesh_of, False, tuple(orders))
+
+
+# --------------------------------------------------------------------------- list scheduling
+
+
+@dataclass
+class _Progress:
+    """Per stage: the next micro-batch of each phase (they run in micro-batch order)."""
+
+    forward: int = 0
+    backward: int = 0
+    weight: int = 0
+
+
+Policy = Callable[[int, float, Callable[[Task], bool], list[_Progress]], Task | None]
+
+
+def _list_schedule(
+    kind: str,
+    micro_batches: int,
+    mesh_of: tuple[int, ...],
+    times: Sequence[StageTimes],
+    policy: Policy,
+) -> TaskOrder:
+    """Simulate the meshes with ``times``; each free mesh runs the task ``policy``
+    picks among the ready ones (``policy(mesh, now, is_ready, progress)``)."""
+    meshes = max(mesh_of) + 1
+    order = TaskOrder(kind, micro_batches, mesh_of, True, ())
+    ends: dict[Task, float] = {}
+    progress = [_Progress() for _ in mesh_of]
+    orders: list[list[Task]] = [[] for _ in range(meshes)]
+    free = [0.0] * meshes
+    events: list[float] = [0.0]
+    remaining = 3 * micro_batches * len(mesh_of)
+    now = 0.0
+
+    def ready(task: Task) -> bool:
+        return all(ends.get(d, float("inf")) <= now for d in dependencies(task, order))
+
+    while remaining:
+        progressed = True
+        while progressed:
+            progressed = False
+            for k in range(meshes):
+                if free[k] > now:
+                    continue
+                task = policy(k, now, ready, progress)
+                if task is None:
+                    continue
+                st, state = times[task.stage], progress[task.stage]
+                duration = {
+                    "forward": st.forward,
+                    "backward": st.backward,
+                    "backward_weight": st.weight,
+                }[task.phase]
+                attr = {"forward": "forward", "backward": "backward"}.get(task.phase, "weight")
+                setattr(state, attr, getattr(state, attr) + 1)
+                ends[task] = free[k] = now + duration
+                heapq.heappush(events, now + duration)
+                orders[k].append(task)
+                remaining -= 1
+                progressed = True
+        later = [e for e in events if e > now]
+        if remaining and not later:
+            raise AlpaError(f"schedule '{kind}': the list scheduler is stuck (a policy bug)")
+        while events and events[0] <= now:
+            heapq.heappop(events)
+        if remaining:
+            now = events[0]
+    for k in range(meshes):
+        orders[k] += [Task(s, None, "apply_grad") for s, m in enumerate(mesh_of) if m == k]
+    return TaskOrder(kind, micro_batches, mesh_of, True, tuple(map(tuple, orders)))
+
+
+def _times(kind: str, times: Sequence[StageTimes] | None, stages: int) -> Sequence[StageTimes]:
+    if times is None:
+        return [StageTimes()] * stages
+    if len(times) != stages:
+        raise AlpaError(f"schedule '{kind}': {len(times)} stage times for {stages} stages")
+    return times
+
+
+def zb_h1(
+    meshes: int, micro_batches: int, virtual: int, times: Sequence[StageTimes] | None = None
+) -> TaskOrder:
+    """ZB-H1 (module docstring)."""
+    kind = "zb-h1"
+    _check_counts(kind, meshes, micro_batches, virtual)
+    if virtual != 1:
+        raise AlpaError(f"schedule '{kind}' runs one stage per mesh; got virtual-stages={virtual}")
+    p, m = meshes, micro_batches
+
+    fb_orders = [
+        [t for clock in schedule_clocks(p, m, "1f1b") for t in clock if t.stage == k]
+        for k in range(p)
+    ]
+
+    def policy(
+        k: int, now: float, ready: Callable[[Task], bool], progress: list[_Progress]
+    ) -> Task | None:
+        del now
+        state = progress[k]
+        position = state.forward + state.backward
+        pending_w = state.weight < state.backward
+        w = Task(k, state.weight, "backward_weight")
+        task = fb_orders[k][position] if position < 2 * m else None
+        if task is not None and task.phase == "forward" and state.forward - state.weight >= p:
+            return w  # the memory cap: release a micro-batch first
+        if task is not None and ready(task):
+            return task
+        return w if pending_w else None
+
+    return _list_schedule(kind, m, tuple(range(p)), _times(kind, times, p), policy)
+
+
+def zb_v(
+    meshes: int, micro_batches: int, virtual: int, times: Sequence[StageTimes] | None = None
+) -> TaskOrder:
+    """ZB-V (module docstring)."""
+    kind = "zb-v"
+    _check_counts(kind, meshes, micro_batches, virtual)
+    if virtual != 2:
+        raise AlpaError(f"schedule '{kind}' places 2 stages per mesh; got virtual-stages={virtual}")
+    p, m = meshes, micro_batches
+    mesh_of = tuple(s if s < p else 2 * p - 1 - s for s in range(2 * p))
+
+    def policy(
+        k: int, now: float, ready: Callable[[Task], bool], progress: list[_Progress]
+    ) -> Task | None:
+        del now
+        first, second = k, 2 * p - 1 - k
+        for s in (first, second):  # B first: the earlier stage completes a micro-batch
+            state = progress[s]
+            b = Task(s, state.backward, "backward")
+            if state.backward < state.forward and ready(b):
+                return b
+        held = sum(progress[s].forward - progress[s].weight for s in (first, second))
+        if held < 2 * p:
+            for s in (second, first):
+                state = progress[s]
+                f = Task(s, state.forward, "forward")
+                if state.forward < m and ready(f):
+                    return f
+        for s in (first, second):
+            state = progress[s]
+            if state.weight < state.backward:
+                return Task(s, state.weight, "backward_weight")
+        return None
+
+    return _list_schedule(kind, m, mesh_of, _times(kind, times, 2 * p), policy)
+
+
+BUILTIN_SCHEDULES: Mapping[str, ScheduleBuilder] = {
+    "gpipe": _clock_order("gpipe"),
+    "1f1b": _clock_order("1f1b"),
+    "interleaved-1f1b": interleaved_1f1b,
+    "zb-h1": zb_h1,
+    "zb-v": zb_v,
+}
+SPLIT_SCHEDULES = frozenset({"zb-h1", "zb-v"})
+"""Schedules that need the backward split into B and W (``split-backward``)."""
+
+
+def build_schedule(
+    kind: str,
+    meshes: int,
+    micro_batches: int,
+    virtual_stages: int = 1,
+    times: Sequence[StageTimes] | None = None,
+    *,
+    schedules: Mapping[str, ScheduleBuilder] | None = None,
+) -> TaskOrder:
+    """The checked task order of schedule ``kind`` (a builtin or one of ``schedules``)."""
+    table = {**BUILTIN_SCHEDULES, **(schedules or {})}
+    if kind not in table:
+        raise AlpaError(f"unknown schedule '{kind}'; known: {', '.join(table)}")
+    order = table[kind](meshes, micro_batches, virtual_stages, times)
+    if not isinstance(order, TaskOrder):
+        raise AlpaError(f"schedule '{kind}' built {type(order).__name__}, not a TaskOrder")
+    check_task_order(order)
+    return order
+
+
+__all__ = [
+    "BUILTIN_SCHEDULES",
+    "SPLIT_SCHEDULES",
+    "ScheduleBuilder",
+    "StageTimes",
+    "build_schedule",
+    "interleaved_1f1b",
+    "zb_h1",
+    "zb_v",
+]
