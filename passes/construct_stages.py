@@ -676,7 +676,7 @@ class ConstructStages(ModulePass):
     """Cluster preset; empty: the module's ``mesh.cluster``."""
     num_micro_batches: int = 1
     """Micro-batches per step (B of the pipeline latency (B - 1) max t + sum t)."""
-    schedule: Literal["1f1b", "gpipe"] = "1f1b"
+    schedule: str = "1f1b"
     """Pipeline schedule recorded in the plan (it sets the memory each stage holds)."""
     submesh_space: Literal["all", "single-node-model-parallel", "one-dimensional"] = "all"
     """Logical meshes costed per submesh: ``all`` 2-d shapes, only the one with the

@@ -5,10 +5,15 @@ stage, its functions, ``@main`` as a list of ``func.call`` ops) and the
 ``pipeline.transfer`` ops of ``cross-mesh-resharding``. Output: one
 ``pipeline.program {mesh = @meshK}`` per stage's mesh, appended to the module
 (programs from an earlier run are replaced; the plan's ``schedule`` is set to
-the one used). The schedule is the plan's, or the pass's ``schedule`` option.
+the one used). The schedule is the plan's, or the pass's ``schedule`` option:
+any of :mod:`alpa_ir.pipeline.schedule_kinds` or a plugin's.
 
-Each mesh's list follows the schedule (:mod:`alpa_ir.pipeline.schedule`)
-clock by clock; for each task of its stage whose function exists:
+Each mesh's list follows the schedule's task order
+(:class:`~alpa_ir.pipeline.task_order.TaskOrder`); for each function of each
+task of its stage (a task's functions: its phase's; a schedule that does not
+split the backward runs a stage's ``backward_weight`` function right after its
+``backward`` one, in the backward task; a zero-bubble schedule needs
+``split-backward`` first):
 
 1. ``recv`` each transfer the function's call reads that this mesh has not
    received yet for this micro-batch (per-step values: once), followed by
@@ -36,25 +41,26 @@ before the step, never freed here), and so are the buffers of values
 
 Semantics the lists are written for (and that tests simulate): ``send`` does
 not block (the runtime keeps the buffer until the send completes, also past a
-``free``), ``recv`` blocks until the matching send was issued. Every value a
-task reads is produced in an earlier clock (checked), so each ``recv``'s send
-comes earlier in its mesh's list, and by induction on clocks every list runs
-to its end: the lists are deadlock-free.
+``free``), ``recv`` blocks until the matching send was issued. The task orders
+are deadlock-free (:func:`~alpa_ir.pipeline.task_order.linear_order` orders all
+tasks consistently with every list), and every value a task reads is produced
+by a task earlier in that order, or earlier in the same task (checked), so
+each ``recv``'s send is issued before it: by induction every list runs to its
+end.
 
 Decisions (the contract is silent): every operand of a call that another
 mesh's call produces needs a ``pipeline.transfer`` of that value to this mesh
 (an error names the value and suggests ``cross-mesh-resharding`` otherwise);
 with several transfers of a value to one mesh, the one whose ``dst_spec`` is
-the consumer's argument spec is used. Stages must be on distinct meshes (the
-schedule runs one task per stage and clock), and a result of an apply-grad
+the consumer's argument spec is used. Stages must be on distinct meshes (several
+stages per mesh, as interleaved schedules place them, are not emitted yet), and a result of an apply-grad
 call may only be returned, never read by another call.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
 
 from xdsl.context import Context
 from xdsl.dialects import func
@@ -86,8 +92,11 @@ from alpa_ir.dialects.sharding import ShardingSpec, annotated_spec
 from alpa_ir.errors import AlpaError
 from alpa_ir.ir.module_utils import main_function, top_level_ops
 from alpa_ir.pipeline.instructions import Instruction
-from alpa_ir.pipeline.schedule import Phase, ScheduleKind, Task, schedule_clocks, task_clocks
+from alpa_ir.pipeline.schedule import Phase, Task
+from alpa_ir.pipeline.schedule_kinds import ScheduleBuilder, build_schedule
+from alpa_ir.pipeline.task_order import TaskOrder, linear_order
 from alpa_ir.pipeline.transfer_attrs import RECV_SPEC_ATTR
+from alpa_ir.plugins.registry import registry_of
 
 Buffer = tuple[str, int | None]
 """A buffer on a mesh: its name and micro-batch (None: per step)."""
@@ -352,8 +361,30 @@ class _ListBuilder:
         return out
 
 
-def _check_order(p: _Pipeline, at: dict[Task, int], num_micro_batches: int, kind: str) -> None:
-    """Every value a call reads is produced in an earlier clock, for every micro-batch."""
+def _task_functions(p: _Pipeline, order: TaskOrder, task: Task) -> list[str]:
+    """The functions a task runs, in order: a schedule that does not split the
+    backward runs W right after B in the backward task."""
+    phases = p.functions[task.stage]
+    if task.phase == "backward" and not order.split_backward:
+        return phases.get("backward", []) + phases.get("backward_weight", [])
+    return list(phases.get(task.phase, []))
+
+
+def _call_task(p: _Pipeline, order: TaskOrder, call: _Call, mb: int | None) -> Task:
+    phase = call.phase
+    if phase == "backward_weight" and not order.split_backward:
+        phase = "backward"
+    return Task(call.stage, mb if call.per_micro_batch else None, phase)
+
+
+def _check_order(p: _Pipeline, order: TaskOrder, at: dict[Task, int]) -> None:
+    """Every value a call reads is produced by an earlier task, or earlier in the same
+    task, for every micro-batch (``at``: a deadlock-free order of all tasks)."""
+
+    def when(call: _Call, mb: int) -> tuple[int, int]:
+        task = _call_task(p, order, call, mb)
+        return at[task], _task_functions(p, order, task).index(call.callee)
+
     for call in p.calls.values():
         for v in call.operands:
             prod = p.producer.get(v)
@@ -369,26 +400,33 @@ def _check_order(p: _Pipeline, at: dict[Task, int], num_micro_batches: int, kind
                 continue
             if not call.per_micro_batch:
                 continue
-            for b in range(num_micro_batches):
-                if at[Task(prod.stage, b, prod.phase)] >= at[Task(call.stage, b, call.phase)]:
+            for b in range(order.num_micro_batches):
+                if when(prod, b) >= when(call, b):
                     raise AlpaError(
-                        f"emit-instructions: schedule '{kind}' runs @{call.callee} no later than "
-                        f'@{prod.callee}, whose result "{v}" it reads (micro-batch {b})'
+                        f"emit-instructions: schedule '{order.kind}' runs @{call.callee} no "
+                        f'later than @{prod.callee}, whose result "{v}" it reads (micro-batch {b})'
                     )
 
 
 def emit_programs(
     module: ModuleOp,
-    schedule: ScheduleKind | None = None,
+    schedule: str | None = None,
     broadcast: BroadcastRule = needs_broadcast,
+    schedules: Mapping[str, ScheduleBuilder] | None = None,
 ) -> dict[str, list[Instruction]]:
-    """The instruction list of each mesh (in stage order), without touching the module."""
+    """The instruction list of each mesh (in stage order), without touching the
+    module. ``schedules``: the builders by name (default: the built-in ones)."""
     p = read_pipeline(module)
-    kind: ScheduleKind = schedule or p.plan.schedule.data  # type: ignore[assignment]
+    kind = schedule or p.plan.schedule.data
     num_mb = int(p.plan.num_micro_batches.value.data)
-    clocks = schedule_clocks(len(p.meshes), num_mb, kind)
-    at = task_clocks(clocks)
-    _check_order(p, at, num_mb, kind)
+    order = build_schedule(kind, len(p.meshes), num_mb, 1, schedules=schedules)
+    if order.split_backward and not any("backward_weight" in f for f in p.functions):
+        raise AlpaError(
+            f"emit-instructions: schedule '{kind}' runs the backward as two tasks (B and W), "
+            "but no stage's backward is split; run split-backward first"
+        )
+    at = linear_order(order)
+    _check_order(p, order, at)
 
     accumulated = {
         v
@@ -412,29 +450,17 @@ def emit_programs(
                 target = sends_mb if call.per_micro_batch else sends_step
                 if t not in target.setdefault(v, []):
                     target[v].append(t)
-    last_run = {
-        call.callee: max(
-            (Task(call.stage, b, call.phase) for b in range(num_mb))
-            if call.per_micro_batch
-            else [],
-            key=lambda t: at[t],
-            default=None,
-        )
-        for call in p.calls.values()
-    }
+    last_run: dict[str, Task | None] = {}
+    for call in p.calls.values():
+        runs = [_call_task(p, order, call, b) for b in range(num_mb)]
+        last_run[call.callee] = max(runs, key=lambda t: at[t]) if call.per_micro_batch else None
 
     programs: dict[str, list[Instruction]] = {}
     for s, mesh in enumerate(p.meshes):
         lb = _ListBuilder()
         received: set[Buffer] = set()
         keep: set[Buffer] = {(v, None) for v in p.returned if v in p.producer}
-        for task, fn in (
-            (t, fn)
-            for clock in clocks
-            for t in clock
-            if t.stage == s
-            for fn in p.functions[s].get(t.phase, [])
-        ):
+        for task, fn in ((t, fn) for t in order.orders[s] for fn in _task_functions(p, order, t)):
             if fn not in p.calls:
                 continue
             call = p.calls[fn]
@@ -499,13 +525,17 @@ class EmitInstructions(ModulePass):
 
     name = "emit-instructions"
 
-    schedule: Literal["gpipe", "1f1b"] | None = field(
-        default=None, metadata={"help": "pipeline schedule; none: the plan's"}
+    schedule: str | None = field(
+        default=None,
+        metadata={
+            "help": "pipeline schedule (gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-v or a "
+            "plugin's); none: the plan's"
+        },
     )
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        del ctx
-        programs = emit_programs(op, self.schedule)
+        schedules = registry_of(ctx).schedules
+        programs = emit_programs(op, self.schedule, schedules=schedules)
         for old in list(top_level_ops(op, ProgramOp)):
             old.detach()
             old.erase()

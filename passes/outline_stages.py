@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
@@ -49,8 +48,8 @@ class OutlineStages(ModulePass):
     """The device ids the meshes take, in order; empty: ``0..n-1``."""
     num_micro_batches: int = 1
     """Micro-batches per step."""
-    schedule: Literal["1f1b", "gpipe"] = "1f1b"
-    """The pipeline schedule recorded in the plan."""
+    schedule: str = "1f1b"
+    """The pipeline schedule recorded in the plan (gpipe, 1f1b, zb-h1, ...)."""
     remat: bool = False
     """Each stage's backward recomputes its forward values (Alpa's ``remat_layer``)."""
 

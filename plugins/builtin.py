@@ -40,6 +40,7 @@ PASSES = {
     "shard-stages": "shard_stages.ShardStages",
     "synthesize-placement": "synthesize_placement.SynthesizePlacement",
     "synthesize-reductions": "synthesize_reductions.SynthesizeReductions",
+    "split-backward": "split_backward.SplitBackward",
     "cross-mesh-resharding": "cross_mesh_resharding.CrossMeshResharding",
     "emit-instructions": "emit_instructions.EmitInstructions",
 }

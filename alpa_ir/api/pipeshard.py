@@ -131,6 +131,10 @@ StageOption = UniformStageOption | ManualStageOption | AutoStageOption
 LayerOption = ManualLayerOption | AutoLayerOption
 
 
+PIPESHARD_SCHEDULES = ("1f1b", "gpipe", "zb-h1")
+"""The schedules :class:`PipeshardParallel` runs (one stage per mesh)."""
+
+
 @dataclass(frozen=True)
 class PipeshardParallel:
     """Pipeline stages on submeshes, each stage auto-sharded on its submesh.
@@ -148,7 +152,9 @@ class PipeshardParallel:
     stage_option: StageOption | Literal["uniform", "auto"] = field(
         default_factory=UniformStageOption
     )
-    pipeline_schedule: Literal["1f1b", "gpipe"] = "1f1b"
+    pipeline_schedule: Literal["1f1b", "gpipe", "zb-h1"] = "1f1b"
+    """``1f1b``, ``gpipe``, or ``zb-h1`` (zero-bubble: each stage's backward is
+    split into B and W by ``split-backward`` and W fills the bubbles)."""
     backend: Literal["xla", "ray"] | None = None
     """``xla``: the stages run in this process on the local devices; ``ray``:
     one Ray actor per host, a mesh may span hosts (after ``alpa_ir.init(cluster="ray")``);
@@ -183,9 +189,15 @@ class PipeshardParallel:
             raise AlpaError(f"stage_option must be a stage option, got {type(stage).__name__}")
         if self.default_auto_sharding_option is not None:
             object.__setattr__(self, "auto_sharding_option", self.default_auto_sharding_option)
-        if self.pipeline_schedule not in ("1f1b", "gpipe"):
+        if self.pipeline_schedule not in PIPESHARD_SCHEDULES:
+            known = ", ".join(f"'{k}'" for k in PIPESHARD_SCHEDULES)
+            hint = (
+                " (it places several stages on a mesh, which PipeshardParallel does not plan yet)"
+                if self.pipeline_schedule in ("interleaved-1f1b", "zb-v")
+                else ""
+            )
             raise AlpaError(
-                f"pipeline_schedule must be '1f1b' or 'gpipe', got {self.pipeline_schedule!r}"
+                f"pipeline_schedule must be one of {known}, got {self.pipeline_schedule!r}{hint}"
             )
         if self.backend not in ("xla", "ray", None):
             raise AlpaError(f"backend must be 'xla' or 'ray', got {self.backend!r}")

@@ -40,6 +40,7 @@ from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
 from alpa_ir.hardware.memory_budget import MemoryBudget
 from alpa_ir.ir.module_utils import main_function, symbol_op
 from alpa_ir.passmanager.pipeline_syntax import format_pipeline
+from alpa_ir.pipeline.schedule_kinds import SPLIT_SCHEDULES
 from alpa_ir.pipeline.step_partition import batch_leaves_of, warn_micro_batch_statistics
 from alpa_ir.plugins.registry import PluginRegistry, default_registry
 from alpa_ir.runtime.interpreter import CompiledFunction, RuntimeEvent
@@ -416,6 +417,7 @@ def compile_pipeshard(
     plan_passes = [
         _stage_pass(method, count_layers(main), devices),
         f'shard-stages{{stage-pipeline="{inner}"}}',
+        *(["split-backward"] if method.pipeline_schedule in SPLIT_SCHEDULES else []),
         "cross-mesh-resharding",
         "emit-instructions",
     ]

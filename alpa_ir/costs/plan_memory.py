@@ -25,7 +25,7 @@ that cannot fit is refused before XLA runs.
   backward that its apply-grad takes), the stash of one micro-batch (its
   forward's batch and received inputs and the results it keeps for its
   backward), times the micro-batches in flight under the plan's schedule
-  (:func:`~alpa_ir.pipeline.schedule.peak_in_flight`, as the ``simulate``
+  (:func:`~alpa_ir.pipeline.task_order.peak_stage_in_flight`, as the ``simulate``
   backend counts them), plus the largest temporaries of one of its forward or
   backward runs; or, when the apply-grad runs (the stashes are gone), its
   new state and temporaries beside the old state and the gradients: the
@@ -50,7 +50,8 @@ from alpa_ir.dialects.pipeline import PlanOp, StageOp, plan_stages
 from alpa_ir.dialects.sharding import SPEC_ATTR, ShardingSpec, ShardingSpecAttr, spec_of_value
 from alpa_ir.ir.module_utils import main_function, symbol_op, top_level_ops
 from alpa_ir.ir.types import KeyType, numpy_dtype, shape_of
-from alpa_ir.pipeline.schedule import peak_in_flight, schedule_clocks
+from alpa_ir.pipeline.schedule_kinds import build_schedule
+from alpa_ir.pipeline.task_order import peak_stage_in_flight
 
 
 @dataclass(frozen=True)
@@ -250,8 +251,7 @@ def pipeline_memory(module: ModuleOp, *, fusion: bool = False) -> tuple[StagePea
     assert isinstance(plan, PlanOp)
     stages = plan_stages(module)
     b = int(plan.num_micro_batches.value.data)
-    clocks = schedule_clocks(len(stages), b, plan.schedule.data)  # type: ignore[arg-type]
-    in_flight = peak_in_flight(clocks, len(stages))
+    in_flight = peak_stage_in_flight(build_schedule(plan.schedule.data, len(stages), b))
     calls = _Calls.of(module)
     return tuple(
         _stage_peak(module, calls, stage, i, in_flight[i], fusion) for i, stage in enumerate(stages)

@@ -17,6 +17,7 @@ writes a ``pipeline.program`` per mesh whose body is its instruction list::
 
 from __future__ import annotations
 
+import re
 from typing import ClassVar
 
 from xdsl.dialects.builtin import (
@@ -38,7 +39,10 @@ from alpa_ir.dialects.sharding import ShardingSpecAttr
 from alpa_ir.dialects.syntax import PropertiesOp, PropertiesSymbolOp
 from alpa_ir.errors import AlpaError
 
-SCHEDULES = ("gpipe", "1f1b")
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v")
+"""The built-in schedules (:mod:`alpa_ir.pipeline.schedule_kinds`); a plugin may
+add more, so the plan accepts any kebab-case name and its readers check it."""
+_SCHEDULE_NAME = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")
 
 
 @irdl_op_definition
@@ -54,9 +58,10 @@ class PlanOp(PropertiesSymbolOp):
     PROPERTY_ORDER: ClassVar[tuple[str, ...]] = ("stages", "num_micro_batches", "schedule")
 
     def verify_(self) -> None:
-        if self.schedule.data not in SCHEDULES:
+        if not _SCHEDULE_NAME.fullmatch(self.schedule.data):
             raise VerifyException(
-                f"unknown schedule '{self.schedule.data}'; expected one of {', '.join(SCHEDULES)}"
+                f"schedule '{self.schedule.data}' is not a schedule name (kebab-case, like "
+                f"{', '.join(SCHEDULES)})"
             )
         if int(self.num_micro_batches.value.data) < 1:
             raise VerifyException("num_micro_batches must be at least 1")
@@ -65,7 +70,10 @@ class PlanOp(PropertiesSymbolOp):
 @irdl_op_definition
 class StageOp(PropertiesSymbolOp):
     """One pipeline stage: layers ``[first, last]``, its logical mesh, and the
-    functions of its forward, backward and apply-grad parts.
+    functions of its forward, backward and apply-grad parts. After
+    ``split-backward``, ``backward_weight`` names the part of the backward that
+    only computes weight gradients (W), which may run any time after the
+    backward (B) of the same micro-batch.
 
     ``apply_grad_rounds`` lists further apply-grad functions, run in order
     after ``apply_grad`` once all gradients are there: an optimizer update that
@@ -79,6 +87,7 @@ class StageOp(PropertiesSymbolOp):
     mesh = prop_def(FlatSymbolRefAttr)
     forward = opt_prop_def(FlatSymbolRefAttr)
     backward = opt_prop_def(FlatSymbolRefAttr)
+    backward_weight = opt_prop_def(FlatSymbolRefAttr)
     apply_grad = opt_prop_def(FlatSymbolRefAttr)
     apply_grad_rounds = opt_prop_def(ArrayAttr[FlatSymbolRefAttr])
     traits = traits_def(SymbolOpInterface())
@@ -87,6 +96,7 @@ class StageOp(PropertiesSymbolOp):
         "mesh",
         "forward",
         "backward",
+        "backward_weight",
         "apply_grad",
         "apply_grad_rounds",
     )
@@ -96,7 +106,7 @@ class StageOp(PropertiesSymbolOp):
         order; the apply-grad rounds all have phase ``apply_grad``."""
         out = [
             (phase, ref.root_reference.data)
-            for phase in ("forward", "backward", "apply_grad")
+            for phase in ("forward", "backward", "backward_weight", "apply_grad")
             if (ref := getattr(self, phase)) is not None
         ]
         if self.apply_grad_rounds is not None:

@@ -29,7 +29,7 @@ from alpa_ir.pipeline.stage_outline import count_layers
 
 
 @pytest.mark.parametrize("micro_batches", [1, 2, 4])
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "zb-h1"])
 def test_uniform_stages_equal_one_device(micro_batches: int, schedule: str) -> None:
     state, batch = _example()
     method = PipeshardParallel(
@@ -178,7 +178,7 @@ def test_plan_for_more_devices_than_exist() -> None:
 def test_instruction_lists_follow_the_schedule() -> None:
     state, batch = _example()
     orders = {}
-    for schedule in ("gpipe", "1f1b"):
+    for schedule in ("gpipe", "1f1b", "zb-h1"):
         method = PipeshardParallel(
             num_micro_batches=4,
             stage_option=UniformStageOption(num_stages=3, submesh_logical_shape=(1, 2)),
@@ -189,12 +189,21 @@ def test_instruction_lists_follow_the_schedule() -> None:
         orders[schedule] = [
             (i.target, i.micro_batch) for i in program.instructions["mesh0"] if i.kind == "run"
         ]
+        orders[schedule + "@mesh1"] = [
+            (i.target, i.micro_batch) for i in program.instructions["mesh1"] if i.kind == "run"
+        ]
     # GPipe: every forward of stage 0 before any backward; 1F1B: stage 0 runs
     # its first backward before its last forward (at most 3 in flight).
     gpipe, one_f = orders["gpipe"], orders["1f1b"]
     assert gpipe.index(("stage0_backward", 0)) > gpipe.index(("stage0_forward", 3))
     assert one_f.index(("stage0_backward", 0)) < one_f.index(("stage0_forward", 3))
     assert sorted(gpipe) == sorted(one_f)
+    # ZB-H1: the backward is B and W; stage 1 defers W of micro-batch 0 past its
+    # second B, where 1F1B's fused backward would have run it, and holds at most
+    # 3 micro-batches (1F1B's peak on stage 0)
+    zb = orders["zb-h1@mesh1"]
+    assert {("stage1_backward_weight", b) for b in range(4)} <= set(zb)
+    assert zb.index(("stage1_backward_weight", 0)) > zb.index(("stage1_backward", 1))
 
 
 def _same_mesh_layout_mismatches(module: Any) -> list[str]:

@@ -78,13 +78,13 @@ def test_automatic_stages_plan_on_the_ray_hosts(two_hosts: Any) -> None:
         executable.close()
 
 
-@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe", "zb-h1"])
 def test_a_pipeline_stage_spanning_two_hosts_equals_one_device(
     two_hosts: Any, tmp_path: Path, schedule: str
 ) -> None:
     """Stage 0 on devices 0-1 (host0), stage 1 on a (2, 2) mesh of devices
     2-5 (two on each host), stage 2 on devices 6-7 (host1); 2 micro-batches
-    (gradients accumulated), 1F1B or GPipe, 3 steps; then (1F1B) checkpoints
+    (gradients accumulated), 1F1B, GPipe or ZB-H1 (split backward), 3 steps; then (1F1B) checkpoints
     across hosts. (Runs before the ShardParallel tests, whose executable
     holds both hosts' devices until the module ends.)"""
     from pipeshard_fixtures import _example, _step

@@ -72,7 +72,7 @@ def test_spec_attribute_values():
         (MESH_IR.replace("array<i64: 2, 4>", "array<i64: 2, 3>"), "needs 6 devices"),
         (MESH_IR.replace("array<i64: 2, 1>", "array<i64: 3, 1>"), "does not multiply"),
         (MESH_IR.replace("bandwidth = 3125000000.0", "bandwidth = 0.0"), "positive bandwidth"),
-        (PIPELINE_IR.replace('"1f1b"', '"zigzag"'), "unknown schedule"),
+        (PIPELINE_IR.replace('"1f1b"', '"Zig Zag"'), "is not a schedule name"),
         (
             SHARDING_IR.replace("#sharding.spec<[S0, S1]>", "#sharding.spec<[S0, S0]>"),
             "mesh axis twice",
