@@ -105,10 +105,11 @@ if TYPE_CHECKING:  # imported where used: a bad option is rejected before jax lo
 
     from alpa_ir.backends.simulate import SimPlan
     from alpa_ir.costs.stage_cost import AnalyticalStageCostModel, StageCostOptions
+    from alpa_ir.costs.stage_table import StageCostTable, ViewCost
     from alpa_ir.dialects.sharding import ShardingSpec
     from alpa_ir.hardware.clusters import Cluster
     from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
-    from alpa_ir.passes.construct_stages import StageChoice, StageCostTable, ViewCost
+    from alpa_ir.pipeline.stage_construction import StageChoice
     from alpa_ir.pipeline.stage_outline import LayerRanges
 
 SUITES = {
@@ -288,7 +289,7 @@ def uniform_grid(
     remat: bool = False,
 ) -> Outcome:
     """Megatron-style dp x op x pp: equal layer counts, every stage on (dp, op)."""
-    from alpa_ir.passes.construct_stages import StageChoice
+    from alpa_ir.pipeline.stage_construction import StageChoice
 
     cluster = table.cluster
     devices = cluster.num_devices
@@ -331,7 +332,7 @@ def restricted(
     model_flops: float,
     remat: bool = False,
 ) -> Outcome:
-    from alpa_ir.passes.construct_stages import solve_stages
+    from alpa_ir.pipeline.stage_construction import solve_stages
 
     try:
         plan = solve_stages(table, num_micro_batches, submeshes=submeshes)
@@ -396,7 +397,8 @@ def deepspeed(
     argument shardings and without all-gathers (token exchange by all-to-all),
     the layers' costs added (as ``layer-sum``)."""
     from alpa_ir.costs.stage_cost import AnalyticalStageCostModel, with_argument_specs
-    from alpa_ir.passes.construct_stages import StageChoice, ViewCost
+    from alpa_ir.costs.stage_table import ViewCost
+    from alpa_ir.pipeline.stage_construction import StageChoice
 
     model = AnalyticalStageCostModel(
         replace(options, keep_argument_specs=True, allow_all_gather=False)
@@ -450,7 +452,7 @@ def deepspeed(
 def add_views(a: ViewCost, b: ViewCost) -> ViewCost:
     """Two layers' costs on one view as one stage (``layer-sum``: latencies and
     memory added, the larger transient)."""
-    from alpa_ir.passes.construct_stages import ViewCost
+    from alpa_ir.costs.stage_table import ViewCost
 
     return ViewCost(
         a.latency + b.latency,
@@ -491,8 +493,9 @@ def inter_op(
     baseline clusters the model into as many layers as it needs) and only the
     1x1 costs are computed. ``retrace(layers)``: the step imported again with
     that many automatic layers (None: the table's layers only)."""
+    from alpa_ir.costs.stage_table import StageCostTable, cost_table
     from alpa_ir.ir.module_utils import main_function
-    from alpa_ir.passes.construct_stages import StageChoice, StageCostTable, cost_table
+    from alpa_ir.pipeline.stage_construction import StageChoice
     from alpa_ir.pipeline.stage_outline import LayerRanges
 
     cluster = table.cluster
@@ -637,22 +640,18 @@ def bench_module(
     plans on the layers ``module`` has); ``baselines``: more baselines."""
     from alpa_ir.api.why_plan import stage_reasons
     from alpa_ir.costs.stage_cost import AnalyticalStageCostModel
+    from alpa_ir.costs.stage_table import cost_table
     from alpa_ir.ir.module_utils import main_function
-    from alpa_ir.passes.construct_stages import (
-        ConstructStages,
-        StagePlan,
-        cost_table,
-        solve_stages,
-        write_plan,
-    )
     from alpa_ir.passmanager.pipeline_syntax import format_pipeline
+    from alpa_ir.pipeline.stage_construction import StagePlan, solve_stages, write_plan
     from alpa_ir.pipeline.stage_outline import LayerRanges, count_layers
+    from alpa_ir.plugins.registry import default_registry
 
     times = Breakdown(clustering=clustering_time)
     t1 = time.perf_counter()
     ranges = LayerRanges(main_function(module))
     t2 = time.perf_counter()
-    stage_pass = ConstructStages(
+    stage_pass = default_registry().get_pass("construct-stages")(
         cluster=cluster.name,
         num_devices=cluster.num_devices,
         num_micro_batches=num_micro_batches,

@@ -82,8 +82,8 @@ if TYPE_CHECKING:  # imported where used: a bad option is rejected before jax lo
     from xdsl.dialects.builtin import ModuleOp
 
     from alpa_ir.costs.stage_cost import StageCostOptions
+    from alpa_ir.costs.stage_table import StageCostTable
     from alpa_ir.hardware.clusters import Cluster
-    from alpa_ir.passes.construct_stages import StageCostTable
     from alpa_ir.pipeline.stage_outline import LayerRanges
     from alpa_ir.tools.alpa_bench import Outcome
 
@@ -712,8 +712,9 @@ def sharded_data_parallel(
     ``method``'s argument shardings and options, the layers' costs added
     (``layer-sum``), simulated as ``alpa-bench`` simulates every plan."""
     from alpa_ir.costs.stage_cost import AnalyticalStageCostModel, with_argument_specs
+    from alpa_ir.costs.stage_table import ViewCost
     from alpa_ir.errors import AlpaError
-    from alpa_ir.passes.construct_stages import StageChoice, ViewCost
+    from alpa_ir.pipeline.stage_construction import StageChoice
     from alpa_ir.tools.alpa_bench import Outcome, add_views, outcome
 
     cluster = table.cluster

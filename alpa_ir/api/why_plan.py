@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from alpa_ir.passes.construct_stages import StageCostTable, StagePlan
+    from alpa_ir.costs.stage_table import StageCostTable
+    from alpa_ir.pipeline.stage_construction import StagePlan
 
 
 @dataclass(frozen=True)

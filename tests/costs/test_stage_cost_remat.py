@@ -16,11 +16,11 @@ from alpa_ir.costs.stage_cost import (
     forward_inputs,
     with_argument_specs,
 )
+from alpa_ir.costs.stage_table import ViewCost, cost_table
 from alpa_ir.dialects.sharding import ShardingSpec
 from alpa_ir.errors import AlpaError
 from alpa_ir.ir.module_utils import main_function
 from alpa_ir.ir.types import shape_of
-from alpa_ir.passes.construct_stages import ViewCost, cost_table
 from alpa_ir.pipeline.stage_outline import LayerRanges
 
 

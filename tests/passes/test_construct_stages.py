@@ -16,16 +16,12 @@ from stage_fixtures import _small_cluster as _cluster
 
 from alpa_ir.api.pipeshard import AutoStageOption, PipeshardParallel
 from alpa_ir.costs.stage_cost import AnalyticalStageCostModel
+from alpa_ir.costs.stage_table import cost_table
 from alpa_ir.dialects.pipeline import PlanOp
 from alpa_ir.errors import AlpaError, PlanError
 from alpa_ir.ir.module_utils import main_function, top_level_ops
-from alpa_ir.passes.construct_stages import (
-    LATENCY_ATTR,
-    construct_stages,
-    cost_table,
-    solve_stages,
-)
 from alpa_ir.passmanager.pass_manager import PassManager
+from alpa_ir.pipeline.stage_construction import LATENCY_ATTR, construct_stages, solve_stages
 from alpa_ir.pipeline.stage_outline import LayerRanges
 from alpa_ir.plugins.registry import default_registry
 
@@ -175,7 +171,7 @@ def test_a_script_without_a_main_guard_costs_in_workers(tmp_path: Path) -> None:
         "from stage_fixtures import _deep_module, _small_cluster\n"
         "from alpa_ir.costs.stage_cost import AnalyticalStageCostModel\n"
         "from alpa_ir.ir.module_utils import main_function\n"
-        "from alpa_ir.passes.construct_stages import cost_table\n"
+        "from alpa_ir.costs.stage_table import cost_table\n"
         "from alpa_ir.pipeline.stage_outline import LayerRanges\n"
         "ranges = LayerRanges(main_function(_deep_module()))\n"
         "table = cost_table(ranges, _small_cluster(4), AnalyticalStageCostModel(),\n"

@@ -9,13 +9,9 @@ from stage_fixtures import _deep_module, _small_cluster
 from xdsl.dialects import func
 
 from alpa_ir.costs.stage_cost import AnalyticalStageCostModel, StageCostOptions
+from alpa_ir.costs.stage_table import StageCostTable, ViewCost, cost_table
 from alpa_ir.ir.module_utils import main_function
-from alpa_ir.passes.construct_stages import (
-    StageCostTable,
-    ViewCost,
-    cost_table,
-    solve_stages,
-)
+from alpa_ir.pipeline.stage_construction import solve_stages
 from alpa_ir.pipeline.stage_outline import LayerRanges
 
 SMALL_MEMORY = 2**13  # a 16x16 weight's state (4 KiB) is well over MEMORY_FALLBACK_FROM of it

@@ -178,7 +178,7 @@ def test_deepspeed_specs_split_experts_and_tokens() -> None:
 
 
 def test_deepspeed_grid_is_the_views_whose_minor_axis_divides_the_experts() -> None:
-    from alpa_ir.passes.construct_stages import StageCostTable, submesh_views
+    from alpa_ir.costs.stage_table import StageCostTable, submesh_views
 
     cluster = bench_cluster("alpa-testbed", 32)
     views = submesh_views(cluster, "all")
