@@ -12,8 +12,9 @@ of :mod:`alpa_ir.pipeline.schedule_kinds`: ``gpipe``, ``1f1b``,
 (``virtual_stages``) and the number of micro-batches ``B``.
 
 Time: the task order of each mesh comes from the schedule's
-:class:`~alpa_ir.pipeline.task_order.TaskOrder` (built with the stages' own
-times, so the zero-bubble orders adapt to them); each mesh runs its tasks one
+:class:`~alpa_ir.pipeline.task_order.TaskOrder` (the same lists
+``emit-instructions`` writes for the plan, with the plan's in-flight caps);
+each mesh runs its tasks one
 after another, a task starting when its mesh is free and its inputs have
 arrived: ``forward (s, b)`` after ``forward (s−1, b)`` ended plus the forward
 transfer, ``backward (s, b)`` after ``backward (s+1, b)`` ended plus the
@@ -57,7 +58,7 @@ from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
 from alpa_ir.ir.module_utils import main_function, symbol_op, top_level_ops
 from alpa_ir.ir.types import dtype_of, shape_of
 from alpa_ir.pipeline.schedule import Task
-from alpa_ir.pipeline.schedule_kinds import BUILTIN_SCHEDULES, StageTimes, build_schedule
+from alpa_ir.pipeline.schedule_kinds import BUILTIN_SCHEDULES, build_schedule
 from alpa_ir.pipeline.task_order import (
     TaskOrder,
     dependencies,
@@ -90,7 +91,9 @@ class SimPlan:
     micro-batch's activations from stage ``i`` to ``i + 1``;
     ``backward_transfers[i]``: their gradients back (default: the forward ones).
     Empty: no transfer time. ``virtual_stages``: stages per mesh (the schedule
-    places them); ``stages`` lists every pipeline stage in order."""
+    places them); ``stages`` lists every pipeline stage in order.
+    ``in_flight_caps``: per stage, the micro-batches it may hold in flight
+    (zero-bubble schedules defer W within them; None: the schedule's own)."""
 
     stages: tuple[SimStage, ...]
     num_micro_batches: int
@@ -98,18 +101,18 @@ class SimPlan:
     forward_transfers: tuple[float, ...] = ()
     backward_transfers: tuple[float, ...] | None = None
     virtual_stages: int = 1
+    in_flight_caps: tuple[int, ...] | None = None
 
     def task_order(self) -> TaskOrder:
-        """The schedule's task order for these stages (built with their times)."""
+        """The schedule's task order for these stages."""
         v = self.virtual_stages
         if len(self.stages) % v:
             raise AlpaError(
                 f"simulate: {len(self.stages)} stages cannot be split into meshes of "
                 f"virtual-stages={v}"
             )
-        times = [StageTimes(s.forward, s.backward, s.backward_weight) for s in self.stages]
         return build_schedule(
-            self.schedule, len(self.stages) // v, self.num_micro_batches, v, times
+            self.schedule, len(self.stages) // v, self.num_micro_batches, v, self.in_flight_caps
         )
 
 
@@ -394,6 +397,9 @@ def plan_from_module(
             SimStage(
                 forward=costs["forward"].latency if "forward" in costs else 0.0,
                 backward=costs["backward"].latency if "backward" in costs else 0.0,
+                backward_weight=(
+                    costs["backward_weight"].latency if "backward_weight" in costs else 0.0
+                ),
                 apply_grad=costs["apply_grad"].latency if "apply_grad" in costs else 0.0,
                 persistent_memory=main_cost.memory.persistent if main_cost else 0.0,
                 activation_memory=main_cost.memory.activations if main_cost else 0.0,
@@ -432,6 +438,7 @@ def plan_from_module(
         plan.schedule.data,
         tuple(forward),
         tuple(backward),
+        in_flight_caps=plan.in_flight_caps(),
     )
 
 

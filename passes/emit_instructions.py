@@ -419,7 +419,8 @@ def emit_programs(
     p = read_pipeline(module)
     kind = schedule or p.plan.schedule.data
     num_mb = int(p.plan.num_micro_batches.value.data)
-    order = build_schedule(kind, len(p.meshes), num_mb, 1, schedules=schedules)
+    caps = p.plan.in_flight_caps()
+    order = build_schedule(kind, len(p.meshes), num_mb, 1, caps, schedules=schedules)
     if order.split_backward and not any("backward_weight" in f for f in p.functions):
         raise AlpaError(
             f"emit-instructions: schedule '{kind}' runs the backward as two tasks (B and W), "

@@ -251,7 +251,8 @@ def pipeline_memory(module: ModuleOp, *, fusion: bool = False) -> tuple[StagePea
     assert isinstance(plan, PlanOp)
     stages = plan_stages(module)
     b = int(plan.num_micro_batches.value.data)
-    in_flight = peak_stage_in_flight(build_schedule(plan.schedule.data, len(stages), b))
+    order = build_schedule(plan.schedule.data, len(stages), b, 1, plan.in_flight_caps())
+    in_flight = peak_stage_in_flight(order)
     calls = _Calls.of(module)
     return tuple(
         _stage_peak(module, calls, stage, i, in_flight[i], fusion) for i, stage in enumerate(stages)

@@ -47,15 +47,26 @@ _SCHEDULE_NAME = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")
 
 @irdl_op_definition
 class PlanOp(PropertiesSymbolOp):
-    """The pipeline plan: its stages in order, micro-batch count and schedule."""
+    """The pipeline plan: its stages in order, micro-batch count and schedule.
+    ``in_flight`` (optional, one per stage): the micro-batches each stage may
+    hold in flight, from its memory; zero-bubble schedules defer W within it."""
 
     name = "pipeline.plan"
     sym_name = prop_def(StringAttr)
     stages = prop_def(ArrayAttr[FlatSymbolRefAttr])
     num_micro_batches = prop_def(IntegerAttr)
     schedule = prop_def(StringAttr)
+    in_flight = opt_prop_def(DenseArrayBase)
     traits = traits_def(SymbolOpInterface())
-    PROPERTY_ORDER: ClassVar[tuple[str, ...]] = ("stages", "num_micro_batches", "schedule")
+    PROPERTY_ORDER: ClassVar[tuple[str, ...]] = (
+        "stages",
+        "num_micro_batches",
+        "schedule",
+        "in_flight",
+    )
+
+    def in_flight_caps(self) -> tuple[int, ...] | None:
+        return None if self.in_flight is None else tuple(ints_of(self.in_flight))
 
     def verify_(self) -> None:
         if not _SCHEDULE_NAME.fullmatch(self.schedule.data):
@@ -65,6 +76,12 @@ class PlanOp(PropertiesSymbolOp):
             )
         if int(self.num_micro_batches.value.data) < 1:
             raise VerifyException("num_micro_batches must be at least 1")
+        caps = self.in_flight_caps()
+        if caps is not None and (len(caps) != len(self.stages.data) or min(caps, default=1) < 1):
+            raise VerifyException(
+                f"in_flight needs one count >= 1 per stage ({len(self.stages.data)}), got "
+                f"{list(caps)}"
+            )
 
 
 @irdl_op_definition

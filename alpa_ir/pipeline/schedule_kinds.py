@@ -14,19 +14,25 @@
 - ``zb-h1`` (Qi et al., ICLR'24): one stage per mesh, backward split into B
   and W. Each mesh keeps 1F1B's order of forwards and B's and runs a W
   whenever its next forward or B is not ready, or when the forward would hold
-  more than ``p`` micro-batches' activations (1F1B's peak, on every mesh).
+  more than ``p`` micro-batches' activations (1F1B's peak, on every mesh), or
+  more than the stage's cap where one is given (at least 1F1B's ``p − k``).
 - ``zb-v``: two chunks per mesh in V order (stage ``k`` and stage
   ``2p − 1 − k`` on mesh ``k``, so the last stage shares the first mesh),
   backward split. Each mesh runs B first, then a forward (the later chunk
   first) while it holds fewer than ``2p`` chunk activations (``p`` micro-batches
-  of the whole mesh), else a W.
+  of the whole mesh; under a lower cap the first chunk leaves one slot to the
+  second), else a W.
 
-The zero-bubble orders are found by list scheduling with the stages' times
-(unit times when none are given): the greedy choice above at each moment a mesh
-is free. Any order is deadlock-free and checked
-(:func:`~alpa_ir.pipeline.task_order.check_task_order`); with real stage times
-the orders adapt to them. A plugin may add a schedule (hook
-``alpa_ir_schedules``: name → builder with this module's signature).
+The zero-bubble orders are found by list scheduling with unit times (F = B = W):
+the greedy choice above at each moment a mesh is free. The order is part of
+the schedule, not of a stage's speed: ``emit-instructions`` and the simulator
+build the same lists from the same plan. ``caps`` (one per stage, or None) are
+the micro-batches each stage may hold in flight, from its memory;
+``construct-stages`` writes them into the plan (``pipeline.plan``'s
+``in_flight``). Any order is deadlock-free and checked
+(:func:`~alpa_ir.pipeline.task_order.check_task_order`). A plugin may add a
+schedule (hook ``alpa_ir_schedules``: name → builder with this module's
+signature).
 """
 
 from __future__ import annotations
@@ -39,18 +45,8 @@ from alpa_ir.errors import AlpaError
 from alpa_ir.pipeline.schedule import Task, schedule_clocks
 from alpa_ir.pipeline.task_order import TaskOrder, check_task_order, dependencies
 
-
-@dataclass(frozen=True)
-class StageTimes:
-    """Seconds of one micro-batch on a stage: forward, B, W (W = 0: not split)."""
-
-    forward: float = 1.0
-    backward: float = 1.0
-    weight: float = 1.0
-
-
-ScheduleBuilder = Callable[[int, int, int, Sequence[StageTimes] | None], TaskOrder]
-"""``(meshes, micro_batches, virtual_stages, stage_times or None) -> TaskOrder``."""
+ScheduleBuilder = Callable[[int, int, int, Sequence[int] | None], TaskOrder]
+"""``(meshes, micro_batches, virtual_stages, caps or None) -> TaskOrder``."""
 
 
 def _check_counts(kind: str, meshes: int, micro_batches: int, virtual: int) -> None:
@@ -63,9 +59,9 @@ def _check_counts(kind: str, meshes: int, micro_batches: int, virtual: int) -> N
 
 def _clock_order(kind: str) -> ScheduleBuilder:
     def build(
-        meshes: int, micro_batches: int, virtual: int, times: Sequence[StageTimes] | None
+        meshes: int, micro_batches: int, virtual: int, caps: Sequence[int] | None
     ) -> TaskOrder:
-        del times
+        del caps
         _check_counts(kind, meshes, micro_batches, virtual)
         if virtual != 1:
             raise AlpaError(
@@ -84,10 +80,10 @@ def _clock_order(kind: str) -> ScheduleBuilder:
 
 
 def interleaved_1f1b(
-    meshes: int, micro_batches: int, virtual: int, times: Sequence[StageTimes] | None = None
+    meshes: int, micro_batches: int, virtual: int, caps: Sequence[int] | None = None
 ) -> TaskOrder:
     """Megatron-LM's interleaved 1F1B (module docstring)."""
-    del times
+    del caps
     kind = "interleaved-1f1b"
     _check_counts(kind, meshes, micro_batches, virtual)
     if micro_batches % meshes:
@@ -133,13 +129,9 @@ Policy = Callable[[int, float, Callable[[Task], bool], list[_Progress]], Task | 
 
 
 def _list_schedule(
-    kind: str,
-    micro_batches: int,
-    mesh_of: tuple[int, ...],
-    times: Sequence[StageTimes],
-    policy: Policy,
+    kind: str, micro_batches: int, mesh_of: tuple[int, ...], policy: Policy
 ) -> TaskOrder:
-    """Simulate the meshes with ``times``; each free mesh runs the task ``policy``
+    """Simulate the meshes with unit times; each free mesh runs the task ``policy``
     picks among the ready ones (``policy(mesh, now, is_ready, progress)``)."""
     meshes = max(mesh_of) + 1
     order = TaskOrder(kind, micro_batches, mesh_of, True, ())
@@ -164,12 +156,8 @@ def _list_schedule(
                 task = policy(k, now, ready, progress)
                 if task is None:
                     continue
-                st, state = times[task.stage], progress[task.stage]
-                duration = {
-                    "forward": st.forward,
-                    "backward": st.backward,
-                    "backward_weight": st.weight,
-                }[task.phase]
+                state = progress[task.stage]
+                duration = 1.0
                 attr = {"forward": "forward", "backward": "backward"}.get(task.phase, "weight")
                 setattr(state, attr, getattr(state, attr) + 1)
                 ends[task] = free[k] = now + duration
@@ -189,16 +177,22 @@ def _list_schedule(
     return TaskOrder(kind, micro_batches, mesh_of, True, tuple(map(tuple, orders)))
 
 
-def _times(kind: str, times: Sequence[StageTimes] | None, stages: int) -> Sequence[StageTimes]:
-    if times is None:
-        return [StageTimes()] * stages
-    if len(times) != stages:
-        raise AlpaError(f"schedule '{kind}': {len(times)} stage times for {stages} stages")
-    return times
+def _caps(kind: str, caps: Sequence[int] | None, stages: int, default: int) -> list[int]:
+    """Each stage's cap: the schedule's ``default`` or less, as ``caps`` say."""
+    if caps is None:
+        return [default] * stages
+    if len(caps) != stages:
+        raise AlpaError(f"schedule '{kind}': {len(caps)} in-flight caps for {stages} stages")
+    for s, cap in enumerate(caps):
+        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+            raise AlpaError(
+                f"schedule '{kind}': stage {s}'s in-flight cap must be an int >= 1, got {cap!r}"
+            )
+    return [min(default, cap) for cap in caps]
 
 
 def zb_h1(
-    meshes: int, micro_batches: int, virtual: int, times: Sequence[StageTimes] | None = None
+    meshes: int, micro_batches: int, virtual: int, caps: Sequence[int] | None = None
 ) -> TaskOrder:
     """ZB-H1 (module docstring)."""
     kind = "zb-h1"
@@ -206,7 +200,13 @@ def zb_h1(
     if virtual != 1:
         raise AlpaError(f"schedule '{kind}' runs one stage per mesh; got virtual-stages={virtual}")
     p, m = meshes, micro_batches
-
+    cap = _caps(kind, caps, p, p)
+    for k, c in enumerate(cap):
+        if c < min(p - k, m):
+            raise AlpaError(
+                f"schedule '{kind}': stage {k} may hold {c} micro-batches in flight; it needs "
+                f"{min(p - k, m)}, as under 1F1B"
+            )
     fb_orders = [
         [t for clock in schedule_clocks(p, m, "1f1b") for t in clock if t.stage == k]
         for k in range(p)
@@ -221,17 +221,17 @@ def zb_h1(
         pending_w = state.weight < state.backward
         w = Task(k, state.weight, "backward_weight")
         task = fb_orders[k][position] if position < 2 * m else None
-        if task is not None and task.phase == "forward" and state.forward - state.weight >= p:
+        if task is not None and task.phase == "forward" and state.forward - state.weight >= cap[k]:
             return w  # the memory cap: release a micro-batch first
         if task is not None and ready(task):
             return task
         return w if pending_w else None
 
-    return _list_schedule(kind, m, tuple(range(p)), _times(kind, times, p), policy)
+    return _list_schedule(kind, m, tuple(range(p)), policy)
 
 
 def zb_v(
-    meshes: int, micro_batches: int, virtual: int, times: Sequence[StageTimes] | None = None
+    meshes: int, micro_batches: int, virtual: int, caps: Sequence[int] | None = None
 ) -> TaskOrder:
     """ZB-V (module docstring)."""
     kind = "zb-v"
@@ -240,6 +240,10 @@ def zb_v(
         raise AlpaError(f"schedule '{kind}' places 2 stages per mesh; got virtual-stages={virtual}")
     p, m = meshes, micro_batches
     mesh_of = tuple(s if s < p else 2 * p - 1 - s for s in range(2 * p))
+    cap = _caps(kind, caps, 2 * p, 2 * p)
+    mesh_cap = [min(2 * p, cap[k] + cap[2 * p - 1 - k]) for k in range(p)]
+    if min(mesh_cap) < 2:
+        raise AlpaError(f"schedule '{kind}': a mesh must hold 2 chunks in flight (one micro-batch)")
 
     def policy(
         k: int, now: float, ready: Callable[[Task], bool], progress: list[_Progress]
@@ -252,19 +256,21 @@ def zb_v(
             if state.backward < state.forward and ready(b):
                 return b
         held = sum(progress[s].forward - progress[s].weight for s in (first, second))
-        if held < 2 * p:
-            for s in (second, first):
-                state = progress[s]
-                f = Task(s, state.forward, "forward")
-                if state.forward < m and ready(f):
-                    return f
+        # under a cap below 2p the first chunk keeps a slot free for the second, which
+        # completes a micro-batch (at 2p the second chunk's first forward arrives in time)
+        reserve = 1 if mesh_cap[k] < 2 * p else 0
+        for s, room in ((second, mesh_cap[k]), (first, mesh_cap[k] - reserve)):
+            state = progress[s]
+            f = Task(s, state.forward, "forward")
+            if held < room and state.forward < m and ready(f):
+                return f
         for s in (first, second):
             state = progress[s]
             if state.weight < state.backward:
                 return Task(s, state.weight, "backward_weight")
         return None
 
-    return _list_schedule(kind, m, mesh_of, _times(kind, times, 2 * p), policy)
+    return _list_schedule(kind, m, mesh_of, policy)
 
 
 BUILTIN_SCHEDULES: Mapping[str, ScheduleBuilder] = {
@@ -283,15 +289,16 @@ def build_schedule(
     meshes: int,
     micro_batches: int,
     virtual_stages: int = 1,
-    times: Sequence[StageTimes] | None = None,
+    caps: Sequence[int] | None = None,
     *,
     schedules: Mapping[str, ScheduleBuilder] | None = None,
 ) -> TaskOrder:
-    """The checked task order of schedule ``kind`` (a builtin or one of ``schedules``)."""
+    """The checked task order of schedule ``kind`` (a builtin or one of
+    ``schedules``); ``caps``: per stage, the micro-batches it may hold in flight."""
     table = {**BUILTIN_SCHEDULES, **(schedules or {})}
     if kind not in table:
         raise AlpaError(f"unknown schedule '{kind}'; known: {', '.join(table)}")
-    order = table[kind](meshes, micro_batches, virtual_stages, times)
+    order = table[kind](meshes, micro_batches, virtual_stages, caps)
     if not isinstance(order, TaskOrder):
         raise AlpaError(f"schedule '{kind}' built {type(order).__name__}, not a TaskOrder")
     check_task_order(order)
@@ -302,7 +309,6 @@ __all__ = [
     "BUILTIN_SCHEDULES",
     "SPLIT_SCHEDULES",
     "ScheduleBuilder",
-    "StageTimes",
     "build_schedule",
     "interleaved_1f1b",
     "zb_h1",

@@ -663,6 +663,26 @@ class LayerRanges:
                 received.add((layer, value))
                 self._edges[layer][producer] += float(nbytes_of(value.type))
 
+    def layer_ops(self) -> list[tuple[list[Operation], list[Operation]]]:
+        """Per layer: its forward ops and its backward ops, in program order."""
+        out: list[tuple[list[Operation], list[Operation]]] = [
+            ([], []) for _ in range(self.num_layers)
+        ]
+        for op in self._assignment.ops:
+            layer = self._layer.get(op)
+            if layer is not None:
+                out[layer][self._assignment.group[op][1] == "backward"].append(op)
+        return out
+
+    def user_layers(self, value: SSAValue) -> frozenset[int]:
+        """The layers whose ops read ``value`` (``-1``: a read outside every layer,
+        by apply-grad or the return)."""
+        return frozenset(self._user_layers.get(self._assignment.resolve(value), ()))
+
+    def resolve(self, value: SSAValue) -> SSAValue:
+        """``value`` seen through the layer and gradient markers."""
+        return self._assignment.resolve(value)
+
     def internal_bytes(self, first: int, last: int, *, backward: bool = False) -> float:
         """Bytes that layers ``first..last`` pass to each other (the sum over the
         layers of what each receives from another layer of the range); with

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from alpa_ir.errors import AlpaError
 from alpa_ir.pipeline.schedule import Task
-from alpa_ir.pipeline.schedule_kinds import BUILTIN_SCHEDULES, StageTimes, build_schedule
+from alpa_ir.pipeline.schedule_kinds import BUILTIN_SCHEDULES, build_schedule
 from alpa_ir.pipeline.task_order import (
     TaskOrder,
     check_task_order,
@@ -35,15 +35,16 @@ def _virtual(kind: str, v: int) -> int:
     meshes=st.integers(1, 5),
     rounds=st.integers(1, 4),
     v=st.integers(2, 3),
-    times=st.lists(st.floats(0.1, 3.0), min_size=3, max_size=3),
+    slack=st.integers(0, 4),
 )
 def test_every_kind_builds_a_checked_order(
-    kind: str, meshes: int, rounds: int, v: int, times: list[float]
+    kind: str, meshes: int, rounds: int, v: int, slack: int
 ) -> None:
+    """Also with in-flight caps: 1F1B's need on each stage plus some slack."""
     virtual = _virtual(kind, v)
     micro_batches = meshes * rounds  # interleaved needs a multiple of the meshes
-    stage_times = [StageTimes(*times)] * (meshes * virtual)
-    order = build_schedule(kind, meshes, micro_batches, virtual, stage_times)
+    caps = [max(1, meshes - s % meshes) + slack for s in range(meshes * virtual)]
+    order = build_schedule(kind, meshes, micro_batches, virtual, caps)
     assert order.num_meshes == meshes and order.num_stages == meshes * virtual
     tasks = [t for o in order.orders for t in o]
     assert sorted(map(str, tasks)) == sorted(map(str, expected_tasks(order)))
@@ -79,6 +80,14 @@ def test_zb_h1_keeps_1f1b_memory_and_splits_the_backward() -> None:
     for k in range(4):  # forwards and B's in 1F1B's order
         fb = [t for t in order.orders[k] if t.phase in ("forward", "backward")]
         assert fb == [t for t in one_f_one_b.orders[k] if t.phase in ("forward", "backward")]
+
+
+def test_zb_h1_defers_w_within_each_stage_cap() -> None:
+    """A cap between 1F1B's need (p − k) and p: the stage defers fewer W's."""
+    order = build_schedule("zb-h1", 4, 8, 1, [4, 3, 3, 2])
+    assert peak_stage_in_flight(order) == [4, 3, 3, 2]
+    with pytest.raises(AlpaError, match=r"stage 1 may hold 2 micro-batches in flight; it needs 3"):
+        build_schedule("zb-h1", 4, 8, 1, [4, 2, 3, 2])
 
 
 def test_zb_v_places_the_stages_in_a_v() -> None:
@@ -143,11 +152,11 @@ def test_a_plugin_schedule_is_built_and_checked() -> None:
         @staticmethod
         @hookimpl
         def alpa_ir_schedules() -> dict:
-            def mine(meshes: int, mb: int, v: int, times: object) -> TaskOrder:
-                return replace(BUILTIN_SCHEDULES["1f1b"](meshes, mb, v, times), kind="mine")
+            def mine(meshes: int, mb: int, v: int, caps: object) -> TaskOrder:
+                return replace(BUILTIN_SCHEDULES["1f1b"](meshes, mb, v, caps), kind="mine")
 
-            def broken(meshes: int, mb: int, v: int, times: object) -> TaskOrder:
-                order = BUILTIN_SCHEDULES["gpipe"](meshes, mb, v, times)
+            def broken(meshes: int, mb: int, v: int, caps: object) -> TaskOrder:
+                order = BUILTIN_SCHEDULES["gpipe"](meshes, mb, v, caps)
                 return replace(order, kind="broken", orders=order.orders[:1] + ((),) * (meshes - 1))
 
             return {"mine": mine, "broken": broken}

@@ -1,0 +1,72 @@
+"""Each layer's FLOPs per pipeline phase: forward (F), backward for the input
+gradient (B) and backward for the weight gradients (W).
+
+Zero-bubble schedules run B and W apart (:mod:`alpa_ir.pipeline.backward_split`),
+so the planner needs the three times of a stage, not their sum. Of a layer's
+backward ops, B holds those that the gradients sent to other layers need (the
+backward slice of every backward value another layer reads), W the rest: the
+ops only the weight gradients (read by apply-grad) need. The same rule
+``split-backward`` applies to a stage's function, here per layer of the marked
+step, so a range's shares are sums over its layers. A layer without FLOPs
+(all elementwise-free) counts by op results instead, so that no share is
+undefined.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from xdsl.ir import Operation
+
+from alpa_ir.costs.flops import op_flops
+from alpa_ir.pipeline.stage_outline import LayerRanges
+
+PHASES = ("forward", "backward", "backward_weight")
+
+
+def _input_gradient_slice(
+    layer: int, backward: list[Operation], ranges: LayerRanges
+) -> set[Operation]:
+    """The backward ops of ``layer`` that values read by other layers need."""
+    inside = set(backward)
+    stack = [
+        op
+        for op in backward
+        if any(u not in (layer, -1) for r in op.results for u in ranges.user_layers(r))
+    ]
+    needed: set[Operation] = set()
+    while stack:
+        op = stack.pop()
+        if op in needed:
+            continue
+        needed.add(op)
+        for v in op.operands:
+            owner = ranges.resolve(v).owner
+            if isinstance(owner, Operation) and owner in inside:
+                stack.append(owner)
+    return needed
+
+
+def layer_phase_flops(ranges: LayerRanges) -> np.ndarray:
+    """``[layer, phase]`` FLOPs (phases: forward, B, W) of the marked step."""
+    out = np.zeros((ranges.num_layers, 3))
+    for layer, (forward, backward) in enumerate(ranges.layer_ops()):
+        b_ops = _input_gradient_slice(layer, backward, ranges)
+        out[layer, 0] = sum(op_flops(op) for op in forward)
+        out[layer, 1] = sum(op_flops(op) for op in backward if op in b_ops)
+        out[layer, 2] = sum(op_flops(op) for op in backward if op not in b_ops)
+    return out
+
+
+def range_phase_shares(flops: np.ndarray) -> np.ndarray:
+    """``[first, last, phase]``: each layer range's share of its FLOPs per phase
+    (equal thirds where a range has none)."""
+    num = flops.shape[0]
+    prefix = np.concatenate([np.zeros((1, 3)), flops.cumsum(axis=0)])
+    ranged = prefix[None, 1:, :] - prefix[:num, None, :]  # [first, last, phase]
+    total = ranged.sum(axis=-1, keepdims=True)
+    shares = np.where(total > 0, ranged / np.where(total > 0, total, 1.0), 1.0 / 3.0)
+    upper = np.triu(np.ones((num, num), dtype=bool))[..., None]
+    return np.where(upper, shares, 0.0)
+
+
+__all__ = ["PHASES", "layer_phase_flops", "range_phase_shares"]
