@@ -38,7 +38,9 @@ class ConstructStages(ModulePass):
     num_micro_batches: int = 1
     """Micro-batches per step (B of the pipeline latency (B - 1) max t + sum t)."""
     schedule: str = "1f1b"
-    """Pipeline schedule recorded in the plan (it sets the memory each stage holds)."""
+    """The pipeline schedule: ``1f1b``, ``gpipe``, ``zb-h1`` (the stages are planned
+    for it), or ``auto``: the fastest of them that fits, chosen with the stages
+    (each candidate's simulated time goes into ``construct_stages.schedules``)."""
     submesh_space: Literal["all", "single-node-model-parallel", "one-dimensional"] = "all"
     """Logical meshes costed per submesh: ``all`` 2-d shapes, only the one with the
     node's devices on the model-parallel axis, or only (1, n)."""

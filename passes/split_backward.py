@@ -18,7 +18,10 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 
+from alpa_ir.dialects.pipeline import PlanOp
+from alpa_ir.ir.module_utils import top_level_ops
 from alpa_ir.pipeline.backward_split import split_backward
+from alpa_ir.pipeline.schedule_kinds import SPLIT_SCHEDULES
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,14 @@ class SplitBackward(ModulePass):
 
     name = "split-backward"
 
+    zero_bubble_only: bool = False
+    """Split only when the plan's schedule runs B and W apart (``zb-h1``,
+    ``zb-v``): for a pipeline whose schedule is chosen by ``construct-stages``."""
+
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         del ctx
+        if self.zero_bubble_only:
+            plans = [p for p in top_level_ops(op, PlanOp) if isinstance(p, PlanOp)]
+            if not any(p.schedule.data in SPLIT_SCHEDULES for p in plans):
+                return
         split_backward(op)

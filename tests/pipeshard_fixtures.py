@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import alpa_ir
-from alpa_ir.api.pipeshard import PipeshardParallel
+from alpa_ir.api.pipeshard import AutoLayerOption, PipeshardParallel, UniformStageOption
 
 
 def _loss(p: dict[str, Any], x: jax.Array, y: jax.Array) -> jax.Array:
@@ -56,3 +56,17 @@ def _assert_same_steps(
         for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs), strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
     return parallel
+
+
+def tiny_gpt_method(
+    stages: int, micro_batches: int, schedule: str, **options: object
+) -> PipeshardParallel:
+    """The tiny GPT's automatic layers, one per stage, each stage on a (1, 2) mesh."""
+    return PipeshardParallel(
+        num_micro_batches=micro_batches,
+        layer_option=AutoLayerOption(layer_num=stages),
+        stage_option=UniformStageOption(num_stages=stages, submesh_logical_shape=(1, 2)),
+        devices=range(2 * stages),
+        pipeline_schedule=schedule,  # type: ignore[arg-type]
+        **options,  # type: ignore[arg-type]
+    )

@@ -103,7 +103,6 @@ from alpa_ir.tools.cli_args import (
 if TYPE_CHECKING:  # imported where used: a bad option is rejected before jax loads
     from xdsl.dialects.builtin import ModuleOp
 
-    from alpa_ir.backends.simulate import SimPlan
     from alpa_ir.costs.stage_cost import AnalyticalStageCostModel, StageCostOptions
     from alpa_ir.costs.stage_table import StageCostTable, ViewCost
     from alpa_ir.dialects.sharding import ShardingSpec
@@ -153,6 +152,8 @@ class Outcome:
     eq2_latency: float = 0.0
     """The stage DP's objective for this plan (Eq. 2 of the stage latencies: no
     apply-grad, no transfers unless ``--cross-stage-comm``), seconds."""
+    schedule: str = "1f1b"
+    """The pipeline schedule the plan is simulated under."""
 
 
 def bench_cluster(preset: str, gpus: int, presets: Any = None) -> Cluster:
@@ -203,46 +204,6 @@ def trace(name: str, num_micro_batches: int, layers: int) -> Any:
         return import_jax(lambda *a: step(*a), *micro, batch_argnums=(1,))
 
 
-def forward_share(remat: bool) -> float:
-    """The forward's share of a stage's forward+backward latency (module docstring)."""
-    from alpa_ir.costs.stage_cost import FORWARD_SHARE
-
-    return FORWARD_SHARE / (1 + FORWARD_SHARE) if remat else FORWARD_SHARE
-
-
-def sim_plan(
-    table: StageCostTable,
-    stages: Sequence[StageChoice],
-    num_micro_batches: int,
-    remat: bool = False,
-) -> SimPlan:
-    from alpa_ir.backends.simulate import SimPlan, SimStage
-
-    cluster = table.cluster
-    hbm = cluster.hbm_bandwidth * MEMORY_EFFICIENCY
-    share = forward_share(remat)
-    sim = []
-    for s in stages:
-        t = s.cost.latency
-        sim.append(
-            SimStage(
-                forward=t * share,
-                backward=t * (1 - share),
-                apply_grad=2 * s.cost.persistent / hbm if hbm > 0 else 0.0,
-                # the recomputed stash (remat) is held once, not per micro-batch
-                persistent_memory=s.cost.persistent + s.cost.transient,
-                activation_memory=s.cost.activations,
-                device_memory=cluster.device_memory,
-                num_devices=s.mesh.size,
-            )
-        )
-    # boundary k: stage k+1 receives activations, stage k receives gradients
-    times = [table.transfer_times(s.cost, s.submesh) for s in stages]
-    forward = tuple(times[k + 1][0] for k in range(len(stages) - 1))
-    backward = tuple(times[k][1] for k in range(len(stages) - 1))
-    return SimPlan(tuple(sim), num_micro_batches, "1f1b", forward, backward)
-
-
 def outcome(
     method: str,
     table: StageCostTable,
@@ -250,10 +211,12 @@ def outcome(
     num_micro_batches: int,
     model_flops: float,
     remat: bool = False,
+    schedule: str = "1f1b",
 ) -> Outcome:
     from alpa_ir.backends.simulate import simulate
+    from alpa_ir.pipeline.schedule_choice import stage_sim_plan
 
-    out = Outcome(method)
+    out = Outcome(method, schedule=schedule)
     out.stages = [
         {
             "layers": [s.first, s.last],
@@ -266,7 +229,7 @@ def outcome(
     out.eq2_latency = sum(s.latency for s in stages) + (num_micro_batches - 1) * max(
         (s.pace for s in stages), default=0.0
     )
-    plan = sim_plan(table, stages, num_micro_batches, remat)
+    plan = stage_sim_plan(table, stages, num_micro_batches, schedule, remat)
     unchecked = simulate(plan, check_memory=False)
     out.peak_memory_gib = max(unchecked.peak_memory) / 2**30
     if unchecked.iteration_time > 0:
@@ -544,6 +507,7 @@ def bench_model(
     workers: int = 1,
     progress: bool = True,
     cost_model: str = "auto",
+    schedule: str = "1f1b",
 ) -> dict[str, Any]:
     """:func:`bench_module` for the zoo model ``name``: traced abstractly with
     ``layers`` automatic layers, its analytic FLOPs, its suite's baselines."""
@@ -577,6 +541,7 @@ def bench_model(
         workers=workers,
         progress=progress,
         cost_model=cost_model,
+        schedule=schedule,
         optimizer_state_factor=bench_optimizer(name)[1],
         clustering_time=clustering,
         retrace=lambda count: trace(name, num_micro_batches, count),
@@ -629,6 +594,7 @@ def bench_module(
     clustering_time: float = 0.0,
     retrace: Callable[[int], ModuleOp] | None = None,
     baselines: Baselines | None = None,
+    schedule: str = "1f1b",
 ) -> dict[str, Any]:
     """Alpa's plan and the baselines of a step already imported at the
     micro-batch shape with its automatic layers (``module``; ``name`` labels
@@ -637,13 +603,15 @@ def bench_module(
     figures); ``clustering_time``: seconds the import and clustering took
     (Table 5's first column); ``retrace(layers)``: the step imported again
     with that many automatic layers, for the inter-op baseline (None: it
-    plans on the layers ``module`` has); ``baselines``: more baselines."""
+    plans on the layers ``module`` has); ``baselines``: more baselines;
+    ``schedule``: Alpa's plan's pipeline schedule (``auto``: chosen with the
+    stages, every candidate's time in ``schedules``)."""
     from alpa_ir.api.why_plan import stage_reasons
     from alpa_ir.costs.stage_cost import AnalyticalStageCostModel
     from alpa_ir.costs.stage_table import cost_table
     from alpa_ir.ir.module_utils import main_function
     from alpa_ir.passmanager.pipeline_syntax import format_pipeline
-    from alpa_ir.pipeline.stage_construction import StagePlan, solve_stages, write_plan
+    from alpa_ir.pipeline.stage_construction import StagePlan, plan_stages, write_plan
     from alpa_ir.pipeline.stage_outline import LayerRanges, count_layers
     from alpa_ir.plugins.registry import default_registry
 
@@ -668,6 +636,7 @@ def bench_module(
         optimizer_state_factor=optimizer_state_factor,
         time_limit=time_limit,
         cost_model=cost_model,
+        schedule=schedule,
     )
     options = stage_pass.cost_options()
     model = AnalyticalStageCostModel(options)
@@ -701,29 +670,55 @@ def bench_module(
         "cache": {"hits": model.stats.hits, "misses": model.stats.misses},
     }
     plan: StagePlan | None = None
+    plan_options = {"epsilon": epsilon, "remat": remat}
     try:
-        plan = solve_stages(
-            table, num_micro_batches, epsilon=epsilon, cross_stage_comm=cross_stage_comm
+        plan = plan_stages(
+            table,
+            num_micro_batches,
+            schedule,
+            cross_stage_comm=cross_stage_comm,
+            **plan_options,  # type: ignore[arg-type]
         )
-        alpa = outcome("alpa", table, plan.stages, num_micro_batches, flops, remat)
+        alpa = outcome("alpa", table, plan.stages, num_micro_batches, flops, remat, plan.schedule)
         result["why"] = [r.text() for r in stage_reasons(table, plan)]
+        if plan.candidates:
+            result["schedules"] = {
+                c.schedule: {
+                    "iteration_time": c.iteration_time,
+                    "stages": len(c.plan.stages) if c.plan is not None else 0,  # type: ignore[attr-defined]
+                    "note": c.note.split(";")[0],
+                }
+                for c in plan.candidates
+            }
     except (AlpaError, PlanError) as error:
         alpa = Outcome("alpa", error=str(error))
     t4 = time.perf_counter()
     times.dp = t4 - t3
     if plan is not None:
-        write_plan(module, plan, num_micro_batches, "1f1b")
+        write_plan(module, plan, num_micro_batches)
     times.other = (t2 - t1) + (time.perf_counter() - t4)
     whole = max(table.submeshes, key=lambda s: s[0] * s[1])
     outcomes = [alpa]
     if not cross_stage_comm:
         # option 6a on the same table: the DP also counts the cross-stage transfers
         try:
-            with_comm = solve_stages(
-                table, num_micro_batches, epsilon=epsilon, cross_stage_comm=True
+            with_comm = plan_stages(
+                table,
+                num_micro_batches,
+                schedule,
+                cross_stage_comm=True,
+                **plan_options,  # type: ignore[arg-type]
             )
             outcomes.append(
-                outcome("alpa+comm", table, with_comm.stages, num_micro_batches, flops, remat)
+                outcome(
+                    "alpa+comm",
+                    table,
+                    with_comm.stages,
+                    num_micro_batches,
+                    flops,
+                    remat,
+                    with_comm.schedule,
+                )
             )
         except (AlpaError, PlanError) as error:
             outcomes.append(Outcome("alpa+comm", error=str(error).split(";")[0]))
@@ -768,7 +763,8 @@ def format_result(result: dict[str, Any], why: bool = False) -> str:
         f"cost cache {result['cache']['hits']} hits / {result['cache']['misses']} misses"
     ]
     lines.append(
-        f"  {'method':<10} {'PFLOPS':>8} {'iter s':>9} {'Eq.2 s':>9} {'peak GiB':>9}  plan"
+        f"  {'method':<10} {'PFLOPS':>8} {'iter s':>9} {'Eq.2 s':>9} {'peak GiB':>9} "
+        f"{'schedule':<8}  plan"
     )
     for o in result["outcomes"]:
         plan = " | ".join(
@@ -783,8 +779,17 @@ def format_result(result: dict[str, Any], why: bool = False) -> str:
             plan = f"{o['error']}  {plan}"[:300]
         lines.append(
             f"  {o['method']:<10} {o['pflops']:8.4g} {o['iteration_time']:9.4g} "
-            f"{o.get('eq2_latency', 0.0):9.4g} {o['peak_memory_gib']:9.2f}  {plan}"
+            f"{o.get('eq2_latency', 0.0):9.4g} {o['peak_memory_gib']:9.2f} "
+            f"{o.get('schedule', '1f1b'):<8}  {plan}"
         )
+    if result.get("schedules"):
+        tried = ", ".join(
+            f"{name} {c['iteration_time']:.4g} s ({c['stages']} stages)"
+            if c["stages"] and c["iteration_time"] != math.inf
+            else f"{name}: {c['note'] or 'no plan'}"
+            for name, c in result["schedules"].items()
+        )
+        lines.append(f"  schedules (chosen first): {tried}")
     for reason in result.get("why", []) if why else []:
         lines.append(f"  why: {reason}")
     c = result["compile_time"]
@@ -1002,6 +1007,13 @@ def build_parser() -> OneLineParser:
         help="ILP time limit in seconds (inf: none)",
     )
     parser.add_argument(
+        "--schedule",
+        choices=("1f1b", "gpipe", "zb-h1", "auto"),
+        default="1f1b",
+        help="the pipeline schedule of Alpa's plan (auto: chosen with the stages among "
+        "1f1b, zb-h1 and gpipe; the baselines keep 1F1B)",
+    )
+    parser.add_argument(
         "--cost-model",
         default="auto",
         help="the stages' communication cost model (auto: calibrated on GPU presets; "
@@ -1182,6 +1194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "workers": args.workers,
                     "progress": not args.quiet,
                     "cost_model": args.cost_model,
+                    "schedule": args.schedule,
                 }
                 try:
                     if args.micro_batches == "auto":

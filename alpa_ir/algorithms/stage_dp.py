@@ -11,14 +11,18 @@ A stage followed by ``s`` later stages is feasible only if
 ``s <= max_stages_after[first, last, m]`` (the 1F1B memory check of Eq. 5).
 
 Generalisation (``bottleneck``): the pace term may take another per-stage
-value ``u_i = bottleneck[first, last, m] <= t_i``,
+value ``u_i = bottleneck[first, last, m]``,
 ``T = Σ_i t_i + (B − 1) · max_j u_j``. With cross-stage transfers,
 ``t_i`` is a stage's compute plus the transfers into it (one micro-batch's
 trip through the pipeline crosses every link once each way) and ``u_i`` the
 slowest of its compute and its incoming links (a link carries one
 micro-batch at a time, so a slow link paces the pipeline like a slow stage).
-Everything below holds with ``u`` in the role of the stage cost in the max
-and ``t`` in the sum; ``bottleneck=None`` is Eq. 2.
+Zero-bubble schedules sum less than a stage's
+time (``t_i − 2·W_i``, the part of it the bubble cannot hide) and keep the
+whole time in the max: there ``u_i > t_i``. Everything below holds with ``u``
+in the role of the stage cost in the max and ``t`` in the sum, the bound of
+step 3 divided by ``κ = max u_i / t_i`` where ``κ > 1``;
+``bottleneck=None`` is Eq. 2.
 
 The paper's algorithm fixes ``t_max``, solves the DP
 
@@ -46,7 +50,7 @@ changes that make it much faster without losing exactness:
    ``m <= t``, which proves ``G`` constant on ``[m, t]``: one evaluation
    settles a whole range of candidates. Unsettled ranges of candidates are
    kept in a priority queue with the lower bound
-   ``max(G(right end), t_below) + (B − 1)·t_lo`` (``t_lo`` the range's
+   ``max(G(right end), t_below / κ) + (B − 1)·t_lo`` (``t_lo`` the range's
    smallest candidate, ``t_below`` the one before it). This generalises the
    paper's early-pruning rule ``B·t_max >= T*`` (a plan whose slowest stage
    is ``t`` costs at least ``t + (B − 1)·t``) with ``G``'s monotonicity:
@@ -115,6 +119,7 @@ class _Problem:
     sizes: npt.NDArray[np.int64]  # [M]
     costs_kmi: npt.NDArray[np.float64]  # [L, M, L]: (first, choice, last); inf = invalid
     pace_kmi: npt.NDArray[np.float64]  # [L, M, L]: the bottleneck values (the costs by default)
+    pace_ratio: float  # κ: the largest bottleneck / cost (1 when the pace never exceeds the cost)
     lam_kmi: npt.NDArray[np.int64]  # [L, M, L]: saturating-counter limit (see _prepare)
     num_states: int  # states of the saturating "stages after" counter
     shift_index: npt.NDArray[np.int64]  # [M, D+1]: d - size_m, or D+1 (the inf slot)
@@ -146,7 +151,7 @@ def stage_dp(
         epsilon: ε gap (absolute, unit of ``costs``); ``0`` = exact.
         bottleneck: optional ``[L, L, M]`` array, the value of each stage in
             the ``(B − 1)·max`` term (default: ``costs``); must be ``>= 0``
-            and ``<= costs`` where the cost is finite.
+            where the cost is finite.
 
     Raises:
         AlpaError: malformed inputs.
@@ -239,6 +244,19 @@ def _prepare(
         lam = np.zeros(cost.shape, dtype=np.int64)
 
     pace = cost if bottleneck is None else _bottleneck(bottleneck, cost, relevant)
+    finite = np.isfinite(cost) & relevant
+    above = finite & (pace > cost)
+    ratio = 1.0
+    if above.any():
+        ratio = float(
+            np.max(
+                np.where(
+                    cost[above] > 0,
+                    pace[above] / np.where(cost[above] > 0, cost[above], 1.0),
+                    np.inf,
+                )
+            )
+        )
     d = np.arange(num_devices + 1)[None, :] - sizes[:, None]
     shift_index = np.where(d >= 0, d, num_devices + 1)
     return _Problem(
@@ -248,6 +266,7 @@ def _prepare(
         sizes=sizes,
         costs_kmi=np.ascontiguousarray(cost.transpose(0, 2, 1)),
         pace_kmi=np.ascontiguousarray(pace.transpose(0, 2, 1)),
+        pace_ratio=ratio,
         lam_kmi=np.ascontiguousarray(lam.astype(np.int64).transpose(0, 2, 1)),
         num_states=num_states,
         shift_index=shift_index,
@@ -267,13 +286,7 @@ def _bottleneck(bottleneck: npt.ArrayLike, cost: np.ndarray, relevant: np.ndarra
     finite = np.isfinite(cost)
     if np.any(np.isnan(pace[relevant])) or np.any(pace[finite] < 0):
         raise AlpaError("stage_dp: bottleneck values must be numbers >= 0")
-    if np.any(pace[finite] > cost[finite] * (1 + 1e-12)):
-        i, j, m = np.argwhere(finite & (pace > cost * (1 + 1e-12)))[0]
-        raise AlpaError(
-            f"stage_dp: bottleneck[{i}, {j}, {m}] = {pace[i, j, m]} exceeds the stage's cost "
-            f"{cost[i, j, m]} (the pace term may not exceed the sum term)"
-        )
-    return np.where(finite, np.minimum(pace, cost), np.inf)
+    return np.where(finite, pace, np.inf)
 
 
 def _integer_limits(max_stages_after: npt.ArrayLike, shape: tuple[int, ...]) -> np.ndarray:
@@ -332,7 +345,7 @@ def _branch_and_bound(problem: _Problem, reps: np.ndarray) -> StageDPResult:
     Invariant of a queued range ``(lo, hi, g_right)``: the candidates with
     index ``lo+1 .. hi-1`` are unsettled and each has ``G >= g_right``. Only
     candidates where ``G`` jumps can be optimal, and there the plan's slowest
-    stage exceeds ``reps[lo]``, hence ``G >= reps[lo]`` too.
+    stage exceeds ``reps[lo]``, hence ``G >= reps[lo] / κ`` too.
     """
     slope = float(problem.num_micro_batches - 1)
     best_bound = np.inf  # min over settled candidates r of G(r) + (B − 1)·r
@@ -354,7 +367,8 @@ def _branch_and_bound(problem: _Problem, reps: np.ndarray) -> StageDPResult:
 
     def push(lo: int, hi: int, g_right: float) -> None:
         if lo + 1 <= hi - 1:
-            floor = max(g_right, float(reps[lo]) if lo >= 0 else 0.0)
+            below = float(reps[lo]) / problem.pace_ratio if lo >= 0 else 0.0
+            floor = max(g_right, below)
             bound = floor + slope * float(reps[lo + 1])
             if bound < best_bound:
                 heapq.heappush(queue, (bound, lo, hi, g_right))

@@ -131,8 +131,9 @@ StageOption = UniformStageOption | ManualStageOption | AutoStageOption
 LayerOption = ManualLayerOption | AutoLayerOption
 
 
-PIPESHARD_SCHEDULES = ("1f1b", "gpipe", "zb-h1")
-"""The schedules :class:`PipeshardParallel` runs (one stage per mesh)."""
+PIPESHARD_SCHEDULES = ("auto", "1f1b", "gpipe", "zb-h1")
+"""The schedules :class:`PipeshardParallel` runs (one stage per mesh); ``auto``:
+chosen with automatic stages, 1F1B for given ones."""
 
 
 @dataclass(frozen=True)
@@ -152,9 +153,12 @@ class PipeshardParallel:
     stage_option: StageOption | Literal["uniform", "auto"] = field(
         default_factory=UniformStageOption
     )
-    pipeline_schedule: Literal["1f1b", "gpipe", "zb-h1"] = "1f1b"
-    """``1f1b``, ``gpipe``, or ``zb-h1`` (zero-bubble: each stage's backward is
-    split into B and W by ``split-backward`` and W fills the bubbles)."""
+    pipeline_schedule: Literal["auto", "1f1b", "gpipe", "zb-h1"] = "auto"
+    """``1f1b``, ``gpipe``, ``zb-h1`` (zero-bubble: each stage's backward is
+    split into B and W by ``split-backward`` and W fills the bubbles), or
+    ``auto``: with :class:`AutoStageOption` the planner picks the fastest that
+    fits together with the stages (``construct-stages{schedule=auto}``); with
+    given stages, ``1f1b``."""
     backend: Literal["xla", "ray"] | None = None
     """``xla``: the stages run in this process on the local devices; ``ray``:
     one Ray actor per host, a mesh may span hosts (after ``alpa_ir.init(cluster="ray")``);

@@ -232,12 +232,13 @@ class PipeshardExecutable:
         return write_debug_info(folder, files)
 
     def why_text(self, top: int = 3) -> str:
-        """Per stage program, its ``top`` largest communication terms, each with
-        the op whose value it moves (and the user's line)."""
-        from alpa_ir.api.why_plan import sharding_terms
+        """The pipeline schedule (with the runner-up schedules when it was
+        chosen), then per stage program its ``top`` largest communication
+        terms, each with the op whose value it moves (and the user's line)."""
+        from alpa_ir.api.why_plan import schedule_lines, sharding_terms
         from alpa_ir.hardware.device_mesh import function_mesh
 
-        lines = []
+        lines = schedule_lines(self.module)
         for name in self.stage_function_names():
             function = symbol_op(self.module, name, func.FuncOp)
             assert isinstance(function, func.FuncOp)
@@ -314,10 +315,21 @@ def _layer_passes(module: ModuleOp, method: PipeshardParallel) -> list[str]:
     return [*passes, "mirror-layers"]
 
 
+def _split_pass(method: PipeshardParallel) -> list[str]:
+    """``split-backward`` where the schedule runs B and W apart, or may."""
+    if method.pipeline_schedule in SPLIT_SCHEDULES:
+        return ["split-backward"]
+    if method.pipeline_schedule == "auto" and isinstance(method.stage_option, AutoStageOption):
+        return ["split-backward{zero-bubble-only=true}"]
+    return []
+
+
 def _stage_pass(method: PipeshardParallel, num_layers: int, devices: tuple[int, ...]) -> str:
     """``outline-stages`` with the uniform or manual slicing, or ``construct-stages``."""
     option = method.stage_option
     b, schedule = method.num_micro_batches, method.pipeline_schedule
+    if schedule == "auto" and not isinstance(option, AutoStageOption):
+        schedule = "1f1b"  # given stages: nothing to choose the schedule with
     remat = "true" if method.remat_layer else "false"
     ids = ",".join(str(d) for d in devices)
     if isinstance(option, AutoStageOption):
@@ -417,7 +429,7 @@ def compile_pipeshard(
     plan_passes = [
         _stage_pass(method, count_layers(main), devices),
         f'shard-stages{{stage-pipeline="{inner}"}}',
-        *(["split-backward"] if method.pipeline_schedule in SPLIT_SCHEDULES else []),
+        *_split_pass(method),
         "cross-mesh-resharding",
         "emit-instructions",
     ]

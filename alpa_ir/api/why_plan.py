@@ -153,3 +153,32 @@ def hint_cost_lines(function: object) -> list[str]:
         f"the user's {count} sharding hints add {added:,.6g} to the objective: "
         f"{with_hints:,.6g} with them, {with_hints - added:,.6g} without them"
     ]
+
+
+def schedule_lines(module: object) -> list[str]:
+    """The plan's pipeline schedule and, when ``construct-stages`` chose it, each
+    other candidate's simulated time beside it (fastest first)."""
+    from xdsl.dialects.builtin import DictionaryAttr, FloatAttr
+
+    from alpa_ir.dialects.pipeline import PlanOp
+    from alpa_ir.ir.module_utils import top_level_ops
+    from alpa_ir.pipeline.stage_construction import SCHEDULES_ATTR
+
+    plans = [op for op in top_level_ops(module, PlanOp) if isinstance(op, PlanOp)]  # type: ignore[arg-type]
+    if not plans:
+        return []
+    plan = plans[0]
+    chosen = plan.schedule.data
+    times = plan.attributes.get(SCHEDULES_ATTR)
+    if not isinstance(times, DictionaryAttr):
+        return [f"pipeline schedule {chosen}"]
+    seconds = {k: float(v.value.data) for k, v in times.data.items() if isinstance(v, FloatAttr)}
+    best = seconds.get(chosen)
+    head = f"pipeline schedule {chosen}" + (
+        f": {best:.4g} s per iteration (simulated)" if best else ""
+    )
+    others = sorted((t, k) for k, t in seconds.items() if k != chosen)
+    if not others or not best:
+        return [head]
+    rest = ", ".join(f"{k} {t:.4g} s ({(t / best - 1) * 100:+.1f} %)" for t, k in others)
+    return [head, f"  runner-up: {rest}"]

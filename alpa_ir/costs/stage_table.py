@@ -37,6 +37,7 @@ from xdsl.dialects import func
 
 from alpa_ir.costs.costing_workers import CostJob, CostJobError, cost_in_workers
 from alpa_ir.costs.stage_cost import (
+    FORWARD_SHARE,
     ParallelStageCostModel,
     StageCost,
     StageCostModel,
@@ -46,6 +47,7 @@ from alpa_ir.errors import AlpaError, PlanError
 from alpa_ir.hardware.clusters import Cluster
 from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
 from alpa_ir.passmanager.progress import ProgressBar
+from alpa_ir.pipeline.layer_phases import layer_phase_flops
 from alpa_ir.pipeline.stage_outline import LayerRanges
 
 SUBMESH_SPACES = ("all", "single-node-model-parallel", "one-dimensional")
@@ -152,6 +154,22 @@ class StageCostTable:
     """``layer-sum`` mode: only single layers are in ``costs``; a range is their
     sum less the bytes its layers pass each other (all, and those sent back),
     ``[first, last]`` arrays (:meth:`LayerRanges.internal_bytes_table`)."""
+    phase_flops: np.ndarray | None = None
+    """``[layer, phase]`` FLOPs: forward, B, W
+    (:func:`alpa_ir.pipeline.layer_phases.layer_phase_flops`); None: unknown."""
+
+    def phase_shares(self) -> np.ndarray:
+        """``[first, last, phase]``: each range's share of its compute per phase
+        (forward, B, W); without FLOPs, the forward's usual third
+        (:data:`~alpa_ir.costs.stage_cost.FORWARD_SHARE`) and the backward halved."""
+        from alpa_ir.pipeline.layer_phases import range_phase_shares
+
+        if self.phase_flops is not None:
+            return range_phase_shares(self.phase_flops)
+        rest = (1.0 - FORWARD_SHARE) / 2
+        return np.broadcast_to(
+            np.array([FORWARD_SHARE, rest, rest]), (self.num_layers, self.num_layers, 3)
+        )
 
     def cost(self, first: int, last: int, view_shape: tuple[int, ...]) -> ViewCost:
         key = (first, last, tuple(view_shape))
@@ -267,6 +285,7 @@ class StageCostTable:
         held, activations = take(held), take(activations)
         return SubmeshPicks(
             latency=take(total),
+            compute=take(stacked["latency"]),
             pace=take(np.maximum(np.maximum(stacked["latency"], forward), backward)),
             max_stages_after=max_stages_after(self.cluster.device_memory, held, activations),
             peak=held + activations,
@@ -292,6 +311,8 @@ class SubmeshPicks:
 
     latency: np.ndarray
     """Eq. 2's stage latency (``inf`` where no range)."""
+    compute: np.ndarray
+    """The part of ``latency`` the stage computes (without its transfers)."""
     pace: np.ndarray
     """The value in the ``(B − 1)·max`` term (``stage_dp``'s ``bottleneck``)."""
     max_stages_after: np.ndarray
@@ -344,6 +365,7 @@ def cost_table(
     views = submesh_views(cluster, space)
     num = ranges.num_layers
     table = StageCostTable(cluster, tuple(views), views, num)
+    table.phase_flops = layer_phase_flops(ranges)
     all_views = [v for vs in views.values() for v in vs]
     spans = (
         [(i, i) for i in range(num)]

@@ -7,9 +7,8 @@ backward ops, B holds those that the gradients sent to other layers need (the
 backward slice of every backward value another layer reads), W the rest: the
 ops only the weight gradients (read by apply-grad) need. The same rule
 ``split-backward`` applies to a stage's function, here per layer of the marked
-step, so a range's shares are sums over its layers. A layer without FLOPs
-(all elementwise-free) counts by op results instead, so that no share is
-undefined.
+step, so a range's shares are sums over its layers; a range without FLOPs
+gets equal thirds.
 """
 
 from __future__ import annotations
@@ -23,15 +22,18 @@ from alpa_ir.pipeline.stage_outline import LayerRanges
 PHASES = ("forward", "backward", "backward_weight")
 
 
-def _input_gradient_slice(
-    layer: int, backward: list[Operation], ranges: LayerRanges
-) -> set[Operation]:
-    """The backward ops of ``layer`` that values read by other layers need."""
-    inside = set(backward)
+def _kept_slice(layer: int, ops: list[Operation], ranges: LayerRanges) -> set[Operation]:
+    """The ops of ``ops`` (one layer's) that what leaves the layer needs, other
+    than weight gradients: values other layers read, and the step's results."""
+    inside = set(ops)
+    returned = ranges.returned()
     stack = [
         op
-        for op in backward
-        if any(u not in (layer, -1) for r in op.results for u in ranges.user_layers(r))
+        for op in ops
+        if any(
+            r in returned or any(u not in (layer, -1) for u in ranges.user_layers(r))
+            for r in op.results
+        )
     ]
     needed: set[Operation] = set()
     while stack:
@@ -47,13 +49,20 @@ def _input_gradient_slice(
 
 
 def layer_phase_flops(ranges: LayerRanges) -> np.ndarray:
-    """``[layer, phase]`` FLOPs (phases: forward, B, W) of the marked step."""
+    """``[layer, phase]`` FLOPs (phases: forward, B, W) of the marked step. The
+    last layer's backward is fused into its forward (as its stage's function
+    is): its B counts as forward, W is split off all the same."""
     out = np.zeros((ranges.num_layers, 3))
     for layer, (forward, backward) in enumerate(ranges.layer_ops()):
-        b_ops = _input_gradient_slice(layer, backward, ranges)
-        out[layer, 0] = sum(op_flops(op) for op in forward)
-        out[layer, 1] = sum(op_flops(op) for op in backward if op in b_ops)
-        out[layer, 2] = sum(op_flops(op) for op in backward if op not in b_ops)
+        if backward:
+            kept = _kept_slice(layer, backward, ranges)
+            out[layer, 0] = sum(op_flops(op) for op in forward)
+            out[layer, 1] = sum(op_flops(op) for op in backward if op in kept)
+            out[layer, 2] = sum(op_flops(op) for op in backward if op not in kept)
+        else:
+            kept = _kept_slice(layer, forward, ranges)
+            out[layer, 0] = sum(op_flops(op) for op in forward if op in kept)
+            out[layer, 2] = sum(op_flops(op) for op in forward if op not in kept)
     return out
 
 

@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
-from xdsl.dialects.builtin import FloatAttr, ModuleOp, f64
+from xdsl.dialects.builtin import DenseArrayBase, DictionaryAttr, FloatAttr, ModuleOp, f64, i64
 
 from alpa_ir.algorithms.stage_dp import StageDPResult, stage_dp
 from alpa_ir.costs.stage_cost import (
@@ -51,9 +51,18 @@ from alpa_ir.hardware.clusters import Cluster
 from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
 from alpa_ir.hardware.memory_budget import format_gib
 from alpa_ir.ir.module_utils import main_function, top_level_ops
+from alpa_ir.pipeline.pipeline_simulation import simulate
+from alpa_ir.pipeline.schedule_choice import (
+    AUTO_SCHEDULES,
+    ScheduleCandidate,
+    dp_latencies,
+    stage_sim_plan,
+)
 from alpa_ir.pipeline.stage_outline import LayerRanges, StageSlice, fresh_mesh_names, outline_stages
 
 LATENCY_ATTR = "construct_stages.latency"
+SCHEDULES_ATTR = "construct_stages.schedules"
+"""Each schedule's simulated seconds per iteration, with ``schedule=auto``."""
 
 
 @dataclass
@@ -90,6 +99,16 @@ class StagePlan:
     latency: float
     """Eq. 2 of the DP's stage latencies, seconds per iteration."""
     dp_solves: int = 0
+    schedule: str = "1f1b"
+    """The pipeline schedule the plan runs."""
+    in_flight: tuple[int, ...] | None = None
+    """Per stage, the micro-batches it may hold in flight (zero-bubble schedules)."""
+    candidates: tuple[ScheduleCandidate, ...] = ()
+    """With ``schedule=auto``: every schedule's best plan, the chosen one first."""
+
+    def simulated_time(self) -> float:
+        """The chosen schedule's simulated seconds per iteration (NaN: not simulated)."""
+        return self.candidates[0].iteration_time if self.candidates else math.nan
 
 
 def solve_stages(
@@ -99,8 +118,10 @@ def solve_stages(
     epsilon: float = 0.0,
     cross_stage_comm: bool = False,
     submeshes: Sequence[tuple[int, int]] | None = None,
+    schedule: str = "1f1b",
 ) -> StagePlan:
-    """The DP over the table (step 2) and the placement (step 3)."""
+    """The DP over the table (step 2) with ``schedule``'s latency
+    (:func:`~alpa_ir.pipeline.schedule_choice.dp_latencies`) and the placement (step 3)."""
     cluster = table.cluster
     chosen = list(submeshes or table.submeshes)
     num = table.num_layers
@@ -115,17 +136,19 @@ def solve_stages(
     picks = [table.picks(submesh, cross_stage_comm) for submesh in chosen]
     costs = np.stack([p.latency for p in picks], axis=-1)
     pace = np.stack([p.pace for p in picks], axis=-1)
+    compute = np.stack([p.compute for p in picks], axis=-1)
+    summed = dp_latencies(schedule, costs, compute, table.phase_shares())
     limit = np.stack([p.max_stages_after for p in picks], axis=-1)
     sizes = [a * b for a, b in chosen]
     try:
         result: StageDPResult = stage_dp(
-            costs,
+            summed,
             sizes,
             devices,
             num_micro_batches,
             limit,
             epsilon=epsilon,
-            bottleneck=pace if cross_stage_comm else None,
+            bottleneck=pace if cross_stage_comm else (None if summed is costs else costs),
         )
     except PlanError as error:
         whole = [m for m, s in enumerate(sizes) if s == devices]
@@ -149,6 +172,115 @@ def solve_stages(
     return StagePlan(tuple(out), result.total_latency, result.dp_solves)
 
 
+def evaluate_schedule(
+    table: StageCostTable,
+    num_micro_batches: int,
+    schedule: str,
+    *,
+    epsilon: float = 0.0,
+    cross_stage_comm: bool = False,
+    remat: bool = False,
+    submeshes: Sequence[tuple[int, int]] | None = None,
+) -> ScheduleCandidate:
+    """The DP's plan for ``schedule``, simulated under it."""
+    try:
+        plan = solve_stages(
+            table,
+            num_micro_batches,
+            epsilon=epsilon,
+            cross_stage_comm=cross_stage_comm,
+            submeshes=submeshes,
+            schedule=schedule,
+        )
+    except PlanError as error:
+        return ScheduleCandidate(schedule, None, note=str(error))
+    sim = stage_sim_plan(table, plan.stages, num_micro_batches, schedule, remat)
+    unchecked = simulate(sim, check_memory=False)
+    peak = max(unchecked.peak_memory)
+    try:
+        result = simulate(sim)
+    except PlanError as error:
+        return ScheduleCandidate(
+            schedule, plan, peak_memory=peak, in_flight=sim.in_flight_caps, note=str(error)
+        )
+    return ScheduleCandidate(schedule, plan, result.iteration_time, peak, sim.in_flight_caps)
+
+
+def choose_schedule(
+    table: StageCostTable,
+    num_micro_batches: int,
+    schedules: Sequence[str] = AUTO_SCHEDULES,
+    **options: object,
+) -> tuple[ScheduleCandidate, ...]:
+    """Every candidate, the chosen one first: the fastest that fits (ties go to
+    the earlier in ``schedules``); raise :class:`PlanError` if none fits."""
+    if not schedules:
+        raise AlpaError("construct-stages: no schedule to choose from")
+    candidates = [
+        evaluate_schedule(table, num_micro_batches, s, **options)  # type: ignore[arg-type]
+        for s in schedules
+    ]
+    # a candidate must beat an earlier one by more than rounding to take its place
+    ranked = sorted(
+        range(len(candidates)),
+        key=lambda k: (not candidates[k].fits, candidates[k].iteration_time, k),
+    )
+    first = ranked[0]
+    for k in ranked[1:]:
+        near = candidates[k].iteration_time <= candidates[first].iteration_time * (1 + 1e-9)
+        if candidates[k].fits and near and k < first:
+            first = k
+    ranked = [first, *(k for k in ranked if k != first)]
+    out = tuple(candidates[k] for k in ranked)
+    if not out[0].fits:
+        raise PlanError(out[0].note or "construct-stages: no schedule's plan fits")
+    return out
+
+
+PLANNED_SCHEDULES = ("auto", *AUTO_SCHEDULES)
+"""What ``construct-stages{schedule=}`` plans: one stage per mesh."""
+
+
+def plan_stages(
+    table: StageCostTable,
+    num_micro_batches: int,
+    schedule: str = "1f1b",
+    *,
+    epsilon: float = 0.0,
+    cross_stage_comm: bool = False,
+    remat: bool = False,
+) -> StagePlan:
+    """The stages for ``schedule``, or with ``auto`` the schedule too: the fastest
+    candidate that fits (:func:`choose_schedule`). ``1f1b`` and ``gpipe`` are
+    Alpa's DP as it is; ``zb-h1`` is simulated to fit (its caps come from memory)."""
+    if schedule not in PLANNED_SCHEDULES:
+        raise AlpaError(
+            f"construct-stages: schedule must be one of {', '.join(PLANNED_SCHEDULES)}, got "
+            f"'{schedule}' (interleaved and V schedules place several stages on a mesh, which "
+            "the stage DP does not plan yet)"
+        )
+    options = {"epsilon": epsilon, "cross_stage_comm": cross_stage_comm, "remat": remat}
+    if schedule in ("1f1b", "gpipe"):
+        plan = solve_stages(
+            table, num_micro_batches, epsilon=epsilon, cross_stage_comm=cross_stage_comm
+        )
+        return replace(plan, schedule=schedule)
+    if schedule == "auto":
+        candidates = choose_schedule(table, num_micro_batches, AUTO_SCHEDULES, **options)
+    else:
+        candidates = (evaluate_schedule(table, num_micro_batches, schedule, **options),)
+        if not candidates[0].fits:
+            raise PlanError(candidates[0].note or f"construct-stages: no {schedule} plan fits")
+    best = candidates[0]
+    assert isinstance(best.plan, StagePlan)
+    return replace(
+        best.plan,
+        schedule=best.schedule,
+        in_flight=best.in_flight,
+        candidates=candidates if schedule == "auto" else (),
+    )
+
+
 def _place(
     cluster: Cluster, stages: Sequence[tuple[int, int, tuple[int, int]]]
 ) -> list[tuple[tuple[int, int], tuple[int, ...]]]:
@@ -167,18 +299,27 @@ def write_plan(
     module: ModuleOp,
     plan: StagePlan,
     num_micro_batches: int,
-    schedule: str,
+    schedule: str | None = None,
     remat: bool = False,
 ) -> None:
-    """``mesh.logical_mesh @meshK`` per stage, then the outlined pipeline IR."""
+    """``mesh.logical_mesh @meshK`` per stage, then the outlined pipeline IR with
+    the plan's schedule (or ``schedule``), its in-flight caps and, when the
+    schedule was chosen, each candidate's simulated time
+    (``construct_stages.schedules``)."""
     main = main_function(module)
     names = fresh_mesh_names(module, len(plan.stages))
     for stage, name in zip(plan.stages, names, strict=True):
         module.body.block.insert_op_before(stage.mesh.to_op(name), main)
     slices = [StageSlice(s.first, s.last, n) for s, n in zip(plan.stages, names, strict=True)]
-    outline_stages(module, slices, num_micro_batches, schedule, remat)
+    outline_stages(module, slices, num_micro_batches, schedule or plan.schedule, remat)
     for op in top_level_ops(module, PlanOp):
         op.attributes[LATENCY_ATTR] = FloatAttr(plan.latency, f64)
+        if plan.in_flight is not None:
+            op.properties["in_flight"] = DenseArrayBase.from_list(i64, list(plan.in_flight))
+        if plan.candidates:
+            op.attributes[SCHEDULES_ATTR] = DictionaryAttr(
+                {c.schedule: FloatAttr(c.iteration_time, f64) for c in plan.candidates if c.fits}
+            )
 
 
 def _on_devices(plan: StagePlan, devices: tuple[int, ...]) -> StagePlan:
@@ -256,13 +397,18 @@ def construct_stages(
         workers=workers,
     )
     t2 = time.perf_counter()
-    plan = solve_stages(
-        table, num_micro_batches, epsilon=epsilon, cross_stage_comm=cross_stage_comm
+    plan = plan_stages(
+        table,
+        num_micro_batches,
+        schedule,
+        epsilon=epsilon,
+        cross_stage_comm=cross_stage_comm,
+        remat=remat,
     )
     t3 = time.perf_counter()
     if devices:
         plan = _on_devices(plan, tuple(devices))
-    write_plan(module, plan, num_micro_batches, schedule, remat)
+    write_plan(module, plan, num_micro_batches, remat=remat)
     t4 = time.perf_counter()
     timings.costing += t2 - t1
     timings.dp += t3 - t2
@@ -272,11 +418,16 @@ def construct_stages(
 
 __all__ = [
     "LATENCY_ATTR",
+    "PLANNED_SCHEDULES",
+    "SCHEDULES_ATTR",
     "StageChoice",
     "StagePlan",
     "Timings",
+    "choose_schedule",
     "construct_stages",
+    "evaluate_schedule",
     "module_cluster",
+    "plan_stages",
     "solve_stages",
     "write_plan",
 ]

@@ -683,6 +683,11 @@ class LayerRanges:
         """``value`` seen through the layer and gradient markers."""
         return self._assignment.resolve(value)
 
+    def returned(self) -> set[SSAValue]:
+        """The values the step returns, seen through the markers."""
+        ret = self._block.last_op
+        return {self._assignment.resolve(v) for v in ret.operands} if ret is not None else set()
+
     def internal_bytes(self, first: int, last: int, *, backward: bool = False) -> float:
         """Bytes that layers ``first..last`` pass to each other (the sum over the
         layers of what each receives from another layer of the range); with

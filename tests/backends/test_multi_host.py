@@ -122,6 +122,27 @@ def test_a_pipeline_stage_spanning_two_hosts_equals_one_device(
         executable.close()
 
 
+@pytest.mark.parametrize("micro_batches", [4, 8])
+@pytest.mark.parametrize("stages", [2, 4])
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "zb-h1"])
+def test_every_schedule_runs_the_tiny_gpt_across_hosts(
+    two_hosts: Any, schedule: str, stages: int, micro_batches: int
+) -> None:
+    """The tiny GPT's stages on (1, 2) meshes of the two hosts under each schedule
+    equal one device over 3 steps (as on the xla backend:
+    tests/api/test_pipeline_schedules.py)."""
+    from pipeshard_fixtures import tiny_gpt_method
+
+    fn, (state, batch) = tiny_step("gpt-tiny")
+    method = tiny_gpt_method(stages, micro_batches, schedule, backend="ray")
+    parallel = alpa_ir.parallelize(fn, method=method, donate_argnums=())
+    executable = parallel.get_executable(state, batch)
+    try:
+        same_steps(parallel, fn, state, batch, STEPS, state_tol=1e-5)
+    finally:
+        executable.close()
+
+
 def test_gradient_accumulation_on_a_mesh_spanning_two_hosts(two_hosts: Any) -> None:
     """ShardParallel with 2 micro-batches on a (2, 4) mesh over both hosts:
     the accumulated step equals one device's whole-batch step."""
