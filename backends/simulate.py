@@ -49,7 +49,8 @@ def plan_from_module(
     are its forward function's (else its backward's). A ``pipeline.transfer``
     costs ``α + β·bytes`` (``pipeline.cross_bytes``, else the value's bytes) on the
     link between the first devices of its meshes, and counts at the stage
-    boundary it crosses (forward values forward, backward values back)."""
+    boundary it crosses (forward values forward, backward values back; with
+    several stages on its destination mesh, toward the nearest that reads it)."""
     from alpa_ir.costs.stage_cost import AnalyticalStageCostModel
 
     model = cost_model or AnalyticalStageCostModel()
@@ -67,7 +68,7 @@ def plan_from_module(
         if isinstance(op, func.CallOp)
     }
     stage_of: dict[str, int] = {}
-    mesh_stage: dict[str, int] = {}
+    mesh_stages: dict[str, list[int]] = {}
     meshes: list[LogicalDeviceMesh] = []
     stages: list[SimStage] = []
     for index, stage in enumerate(plan_stages(module)):
@@ -76,7 +77,7 @@ def plan_from_module(
         assert isinstance(mesh_op, LogicalMeshOp)
         mesh = cluster.logical_mesh(mesh_op.mesh_shape, mesh_op.device_ids)
         meshes.append(mesh)
-        mesh_stage[mesh_name] = index
+        mesh_stages.setdefault(mesh_name, []).append(index)
         costs: dict[str, StageCost] = {}
         for phase, name in stage.phase_functions():
             stage_of[name] = index
@@ -114,6 +115,13 @@ def plan_from_module(
             )
         )
     num = len(stages)
+    readers_of: dict[str, set[int]] = {}
+    for call in calls.values():
+        for operand in call.operands:
+            owner = operand.owner
+            if isinstance(owner, func.CallOp) and call.callee.root_reference.data in stage_of:
+                value = f"{owner.callee.root_reference.data}:{operand.index}"  # type: ignore[attr-defined]
+                readers_of.setdefault(value, set()).add(stage_of[call.callee.root_reference.data])
     forward, backward = [0.0] * (num - 1), [0.0] * (num - 1)
     for transfer in top_level_ops(module, TransferOp):
         assert isinstance(transfer, TransferOp)
@@ -121,7 +129,9 @@ def plan_from_module(
         if callee not in stage_of:
             continue  # an argument of @main: placed by the driver
         src = stage_of[callee]
-        dst = mesh_stage[transfer.dst_mesh.root_reference.data]
+        on_dst = mesh_stages[transfer.dst_mesh.root_reference.data]
+        readers = [s for s in readers_of.get(transfer.value.data, ()) if s in on_dst] or on_dst
+        dst = min(readers, key=lambda s: (abs(s - src), s))  # the nearest reading stage
         if src == dst:
             continue
         nbytes_attr = transfer.attributes.get(CROSS_BYTES_ATTR)
@@ -144,6 +154,7 @@ def plan_from_module(
         plan.schedule.data,
         tuple(forward),
         tuple(backward),
+        virtual_stages=num // len(mesh_stages),
         in_flight_caps=plan.in_flight_caps(),
     )
 

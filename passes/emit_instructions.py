@@ -52,8 +52,9 @@ Decisions (the contract is silent): every operand of a call that another
 mesh's call produces needs a ``pipeline.transfer`` of that value to this mesh
 (an error names the value and suggests ``cross-mesh-resharding`` otherwise);
 with several transfers of a value to one mesh, the one whose ``dst_spec`` is
-the consumer's argument spec is used. Stages must be on distinct meshes (several
-stages per mesh, as interleaved schedules place them, are not emitted yet), and a result of an apply-grad
+the consumer's argument spec is used. Several stages may share a mesh
+(virtual stages): the schedule must place them there too (``interleaved-1f1b``:
+stage ``s`` on mesh ``s mod p``; ``zb-v``: the V), and a result of an apply-grad
 call may only be returned, never read by another call.
 """
 
@@ -93,7 +94,7 @@ from alpa_ir.errors import AlpaError
 from alpa_ir.ir.module_utils import main_function, top_level_ops
 from alpa_ir.pipeline.instructions import Instruction
 from alpa_ir.pipeline.schedule import Phase, Task
-from alpa_ir.pipeline.schedule_kinds import ScheduleBuilder, build_schedule
+from alpa_ir.pipeline.schedule_kinds import ScheduleBuilder, order_of_plan
 from alpa_ir.pipeline.task_order import TaskOrder, linear_order
 from alpa_ir.pipeline.transfer_attrs import RECV_SPEC_ATTR
 from alpa_ir.plugins.registry import registry_of
@@ -169,6 +170,7 @@ class _Pipeline:
 
     plan: PlanOp
     meshes: list[str]
+    """Each stage's mesh."""
     functions: list[dict[Phase, list[str]]]
     calls: dict[str, _Call]
     producer: dict[str, _Call]
@@ -219,11 +221,6 @@ def read_pipeline(module: ModuleOp) -> _Pipeline:
     owner: dict[str, tuple[int, Phase]] = {}
     for i, stage in enumerate(stages):
         mesh = stage.mesh.root_reference.data
-        if mesh in meshes:
-            raise AlpaError(
-                f"emit-instructions: stages @{stages[meshes.index(mesh)].sym_name.data} and "
-                f"@{stage.sym_name.data} share mesh @{mesh}; each stage needs its own mesh"
-            )
         meshes.append(mesh)
         phases: dict[Phase, list[str]] = {}
         for phase, name in stage.phase_functions():
@@ -420,7 +417,11 @@ def emit_programs(
     kind = schedule or p.plan.schedule.data
     num_mb = int(p.plan.num_micro_batches.value.data)
     caps = p.plan.in_flight_caps()
-    order = build_schedule(kind, len(p.meshes), num_mb, 1, caps, schedules=schedules)
+    distinct = list(dict.fromkeys(p.meshes))
+    try:
+        order = order_of_plan(kind, p.meshes, num_mb, caps, schedules=schedules)
+    except AlpaError as error:
+        raise AlpaError(f"emit-instructions: {error}") from error
     if order.split_backward and not any("backward_weight" in f for f in p.functions):
         raise AlpaError(
             f"emit-instructions: schedule '{kind}' runs the backward as two tasks (B and W), "
@@ -457,11 +458,11 @@ def emit_programs(
         last_run[call.callee] = max(runs, key=lambda t: at[t]) if call.per_micro_batch else None
 
     programs: dict[str, list[Instruction]] = {}
-    for s, mesh in enumerate(p.meshes):
+    for k, mesh in enumerate(distinct):
         lb = _ListBuilder()
         received: set[Buffer] = set()
         keep: set[Buffer] = {(v, None) for v in p.returned if v in p.producer}
-        for task, fn in ((t, fn) for t in order.orders[s] for fn in _task_functions(p, order, t)):
+        for task, fn in ((t, fn) for t in order.orders[k] for fn in _task_functions(p, order, t)):
             if fn not in p.calls:
                 continue
             call = p.calls[fn]

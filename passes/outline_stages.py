@@ -3,7 +3,10 @@
 Input: a marked training step (layers from ``mark_pipeline_boundary`` or
 ``cluster-operators``, mirrored into the backward pass). The options give
 each stage's layers and logical mesh shape; the meshes take the device ids
-in order. The pass writes one ``mesh.logical_mesh @meshK`` per stage and
+in order. With ``mesh-of``, several stages share a mesh (virtual stages, as
+interleaved and V schedules place them): ``meshes`` then lists the meshes and
+``mesh-of`` gives each stage's. The pass writes one ``mesh.logical_mesh @meshK``
+per mesh and
 outlines the step (:func:`alpa_ir.pipeline.stage_outline.outline_stages`): per-stage
 forward, backward and apply-grad functions, ``pipeline.plan`` and
 ``pipeline.stage`` ops, and ``@main`` as the driver. ``construct-stages``
@@ -43,7 +46,10 @@ class OutlineStages(ModulePass):
     """Each stage's layers as ``first-last``, in order and covering every layer
     (``0-1,2-3``)."""
     meshes: tuple[str, ...] = ()
-    """Each stage's logical mesh shape as ``NxM`` (``1x2,1x2``)."""
+    """Each stage's logical mesh shape as ``NxM`` (``1x2,1x2``); with ``mesh-of``,
+    each mesh's."""
+    mesh_of: tuple[int, ...] = ()
+    """The mesh of each stage, as an index into ``meshes``; empty: stage k on mesh k."""
     devices: tuple[int, ...] = ()
     """The device ids the meshes take, in order; empty: ``0..n-1``."""
     num_micro_batches: int = 1
@@ -53,11 +59,28 @@ class OutlineStages(ModulePass):
     remat: bool = False
     """Each stage's backward recomputes its forward values (Alpa's ``remat_layer``)."""
 
-    def stage_meshes(self) -> list[LogicalDeviceMesh]:
-        if len(self.layers) != len(self.meshes):
+    def stage_mesh_indices(self) -> list[int]:
+        if not self.mesh_of:
+            if len(self.layers) != len(self.meshes):
+                raise AlpaError(
+                    f"outline-stages: {len(self.layers)} layer ranges but {len(self.meshes)} meshes"
+                )
+            return list(range(len(self.meshes)))
+        if len(self.mesh_of) != len(self.layers):
             raise AlpaError(
-                f"outline-stages: {len(self.layers)} layer ranges but {len(self.meshes)} meshes"
+                f"outline-stages: mesh-of names {len(self.mesh_of)} meshes for "
+                f"{len(self.layers)} layer ranges"
             )
+        if sorted(set(self.mesh_of)) != list(range(len(self.meshes))):
+            raise AlpaError(
+                f"outline-stages: mesh-of must use each of the {len(self.meshes)} meshes "
+                f"(0..{len(self.meshes) - 1}), got {','.join(map(str, self.mesh_of))}"
+            )
+        return list(self.mesh_of)
+
+    def stage_meshes(self) -> list[LogicalDeviceMesh]:
+        """The meshes (one per entry of ``meshes``), on the device ids in order."""
+        self.stage_mesh_indices()
         shapes = [_pair(m, "x", "mesh shape") for m in self.meshes]
         need = sum(math.prod(s) for s in shapes)
         devices = self.devices or tuple(range(need))
@@ -78,5 +101,6 @@ class OutlineStages(ModulePass):
         main = main_function(op)
         for mesh, name in zip(meshes, names, strict=True):
             op.body.block.insert_op_before(mesh.to_op(name), main)
-        slices = [StageSlice(a, b, n) for (a, b), n in zip(ranges, names, strict=True)]
+        of = self.stage_mesh_indices()
+        slices = [StageSlice(a, b, names[of[k]]) for k, (a, b) in enumerate(ranges)]
         outline_stages(op, slices, self.num_micro_batches, self.schedule, self.remat)

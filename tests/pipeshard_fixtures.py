@@ -61,10 +61,12 @@ def _assert_same_steps(
 def tiny_gpt_method(
     stages: int, micro_batches: int, schedule: str, **options: object
 ) -> PipeshardParallel:
-    """The tiny GPT's automatic layers, one per stage, each stage on a (1, 2) mesh."""
+    """The tiny GPT's automatic layers, one per stage (two per stage's mesh under
+    interleaved-1f1b and zb-v), each stage on a (1, 2) mesh."""
+    chunks = 2 if schedule in ("interleaved-1f1b", "zb-v") else 1
     return PipeshardParallel(
         num_micro_batches=micro_batches,
-        layer_option=AutoLayerOption(layer_num=stages),
+        layer_option=AutoLayerOption(layer_num=stages * chunks),
         stage_option=UniformStageOption(num_stages=stages, submesh_logical_shape=(1, 2)),
         devices=range(2 * stages),
         pipeline_schedule=schedule,  # type: ignore[arg-type]

@@ -104,7 +104,22 @@ def check_pipeline_memory(
     ``module`` needs more than ``budget`` per device (the neediest stage is named)."""
     if not budget.enforced:
         return
-    worst = max(pipeline_memory(module), key=lambda s: s.peak)
+    peaks = pipeline_memory(module)
+    by_mesh: dict[str, list[StagePeak]] = {}
+    for peak in peaks:
+        by_mesh.setdefault(peak.mesh, []).append(peak)
+    shared = [group for group in by_mesh.values() if len(group) > 1]
+    if shared:  # virtual stages: a mesh holds all of its stages (their peaks added: a bound)
+        group = max(shared, key=lambda g: sum(s.peak for s in g))
+        total = sum(s.peak for s in group)
+        if total > budget.per_device and total >= max(s.peak for s in peaks):
+            names = ", ".join(str(s.stage) for s in group)
+            raise PlanError(
+                f"{where}: stages {names} of the plan share mesh {list(group[0].mesh_shape)} and "
+                f"need {format_gib(total)} per device but the budget is {budget.text()}; "
+                f"{_ADVICE}"
+            )
+    worst = max(peaks, key=lambda s: s.peak)
     if worst.peak <= budget.per_device:
         return
     raise PlanError(

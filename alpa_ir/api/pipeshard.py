@@ -131,9 +131,11 @@ StageOption = UniformStageOption | ManualStageOption | AutoStageOption
 LayerOption = ManualLayerOption | AutoLayerOption
 
 
-PIPESHARD_SCHEDULES = ("auto", "1f1b", "gpipe", "zb-h1")
-"""The schedules :class:`PipeshardParallel` runs (one stage per mesh); ``auto``:
-chosen with automatic stages, 1F1B for given ones."""
+PIPESHARD_SCHEDULES = ("auto", "1f1b", "gpipe", "zb-h1", "interleaved-1f1b", "zb-v")
+"""The schedules :class:`PipeshardParallel` runs; ``auto``: chosen with automatic
+stages, 1F1B for given ones; ``interleaved-1f1b`` and ``zb-v`` place
+``virtual_stages`` chunks of layers on every stage's mesh."""
+VIRTUAL_SCHEDULES = ("interleaved-1f1b", "zb-v")
 
 
 @dataclass(frozen=True)
@@ -153,12 +155,20 @@ class PipeshardParallel:
     stage_option: StageOption | Literal["uniform", "auto"] = field(
         default_factory=UniformStageOption
     )
-    pipeline_schedule: Literal["auto", "1f1b", "gpipe", "zb-h1"] = "auto"
+    pipeline_schedule: Literal["auto", "1f1b", "gpipe", "zb-h1", "interleaved-1f1b", "zb-v"] = (
+        "auto"
+    )
     """``1f1b``, ``gpipe``, ``zb-h1`` (zero-bubble: each stage's backward is
     split into B and W by ``split-backward`` and W fills the bubbles), or
     ``auto``: with :class:`AutoStageOption` the planner picks the fastest that
     fits together with the stages (``construct-stages{schedule=auto}``); with
-    given stages, ``1f1b``."""
+    given stages, ``1f1b``. ``interleaved-1f1b`` (Megatron-LM) and ``zb-v``
+    (zero-bubble, V order) run ``virtual_stages`` chunks of layers on each
+    stage's mesh (given stages only): the layers are cut into
+    ``num_stages × virtual_stages`` chunks."""
+    virtual_stages: int | None = None
+    """Chunks of layers per stage mesh: ``interleaved-1f1b`` (default 2), ``zb-v``
+    (2); 1 for the other schedules."""
     backend: Literal["xla", "ray"] | None = None
     """``xla``: the stages run in this process on the local devices; ``ray``:
     one Ray actor per host, a mesh may span hosts (after ``alpa_ir.init(cluster="ray")``);
@@ -195,17 +205,39 @@ class PipeshardParallel:
             object.__setattr__(self, "auto_sharding_option", self.default_auto_sharding_option)
         if self.pipeline_schedule not in PIPESHARD_SCHEDULES:
             known = ", ".join(f"'{k}'" for k in PIPESHARD_SCHEDULES)
-            hint = (
-                " (it places several stages on a mesh, which PipeshardParallel does not plan yet)"
-                if self.pipeline_schedule in ("interleaved-1f1b", "zb-v")
-                else ""
-            )
             raise AlpaError(
-                f"pipeline_schedule must be one of {known}, got {self.pipeline_schedule!r}{hint}"
+                f"pipeline_schedule must be one of {known}, got {self.pipeline_schedule!r}"
+            )
+        v = self.virtual_stages
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise AlpaError(f"virtual_stages must be a positive integer, got {v!r}")
+        need = {"zb-v": 2}.get(self.pipeline_schedule)
+        if v is not None and need is not None and v != need:
+            raise AlpaError(f"virtual_stages: zb-v places 2 chunks per mesh, got {v}")
+        if v not in (None, 1) and self.pipeline_schedule not in VIRTUAL_SCHEDULES:
+            raise AlpaError(
+                f"virtual_stages={v} needs pipeline_schedule 'interleaved-1f1b' or 'zb-v', got "
+                f"{self.pipeline_schedule!r}"
+            )
+        if self.pipeline_schedule in VIRTUAL_SCHEDULES and isinstance(
+            self.stage_option, AutoStageOption
+        ):
+            raise AlpaError(
+                f"pipeline_schedule {self.pipeline_schedule!r} places several chunks on a mesh, "
+                "which automatic stages do not plan yet; give the stages (UniformStageOption)"
             )
         if self.backend not in ("xla", "ray", None):
             raise AlpaError(f"backend must be 'xla' or 'ray', got {self.backend!r}")
         check_memory_option(self.device_memory, "PipeshardParallel(device_memory=...)")
+
+    @property
+    def chunks_per_mesh(self) -> int:
+        """Chunks of layers on each stage's mesh (``virtual_stages`` or its default)."""
+        if self.pipeline_schedule == "zb-v":
+            return 2
+        if self.pipeline_schedule == "interleaved-1f1b":
+            return self.virtual_stages or 2
+        return 1
 
     @property
     def remat_layer(self) -> bool:

@@ -28,6 +28,7 @@ from alpa_ir.api.pipeshard import (
 from alpa_ir.api.run_module import compile_module
 from alpa_ir.backends.xla_pipeline import LocalPipelineExecutable
 from alpa_ir.dialects.pipeline import plan_stages
+from alpa_ir.errors import AlpaError
 from alpa_ir.frontend.arguments import (
     CompiledSignature,
     StaticArgnums,
@@ -137,11 +138,15 @@ class PipeshardExecutable:
 
         stage_of_function: dict[str, tuple[int, str]] = {}
         stage_of_mesh: dict[str, int] = {}
+        meshes: list[str] = []
         for k, stage in enumerate(plan_stages(self.module)):
+            meshes.append(stage.mesh.root_reference.data)
             stage_of_mesh.setdefault(stage.mesh.root_reference.data, k)
             for phase, name in stage.phase_functions():
                 stage_of_function[name] = (k, phase)
-        return measured_timeline(events, self.program, stage_of_function, stage_of_mesh)
+        distinct = list(dict.fromkeys(meshes))
+        mesh_of = [distinct.index(m) for m in meshes]
+        return measured_timeline(events, self.program, stage_of_function, stage_of_mesh, mesh_of)
 
     def get_input_shardings(self) -> Any:
         """Where each input array lives, as a pytree like the arguments: the
@@ -341,16 +346,43 @@ def _stage_pass(method: PipeshardParallel, num_layers: int, devices: tuple[int, 
             f"repeated-layers={option.repeated_layers} devices={ids}}}"
         )
     if isinstance(option, ManualStageOption):
+        if method.chunks_per_mesh > 1:
+            raise AlpaError(
+                f"pipeline_schedule {schedule!r} cuts the layers into chunks per mesh; give "
+                "the stages as UniformStageOption, not ManualStageOption"
+            )
         placements = manual_placements(num_layers, devices, option)
     else:
         placements = uniform_placements(num_layers, devices, option)
-    layers = ",".join(f"{p.first}-{p.last}" for p in placements)
     meshes = ",".join("x".join(str(n) for n in p.mesh.shape) for p in placements)
     ids = ",".join(str(d) for p in placements for d in p.mesh.devices or ())  # those used
+    if method.chunks_per_mesh == 1:
+        layers = ",".join(f"{p.first}-{p.last}" for p in placements)
+        mesh_of = ""
+    else:
+        layers, mesh_of = _chunks(num_layers, len(placements), method)
     return (
-        f"outline-stages{{layers={layers} meshes={meshes} devices={ids} "
+        f"outline-stages{{layers={layers} meshes={meshes}{mesh_of} devices={ids} "
         f"num-micro-batches={b} schedule={schedule} remat={remat}}}"
     )
+
+
+def _chunks(num_layers: int, meshes: int, method: PipeshardParallel) -> tuple[str, str]:
+    """The layers cut into ``meshes × v`` chunks and each chunk's mesh, as the
+    schedule places them (``outline-stages``' ``layers`` and `` mesh-of=``)."""
+    from alpa_ir.pipeline.schedule_kinds import build_schedule
+
+    v = method.chunks_per_mesh
+    count = meshes * v
+    if count > num_layers:
+        raise AlpaError(
+            f"pipeline_schedule {method.pipeline_schedule!r}: {meshes} stages x {v} chunks need "
+            f"{count} layers, the step has {num_layers}"
+        )
+    order = build_schedule(method.pipeline_schedule, meshes, method.num_micro_batches, v)
+    bounds = [round(k * num_layers / count) for k in range(count + 1)]
+    layers = ",".join(f"{bounds[k]}-{bounds[k + 1] - 1}" for k in range(count))
+    return layers, " mesh-of=" + ",".join(str(m) for m in order.mesh_of)
 
 
 def _planning_cluster(method: PipeshardParallel, num_devices: int, budget: MemoryBudget) -> Any:

@@ -50,7 +50,7 @@ from alpa_ir.dialects.pipeline import PlanOp, StageOp, plan_stages
 from alpa_ir.dialects.sharding import SPEC_ATTR, ShardingSpec, ShardingSpecAttr, spec_of_value
 from alpa_ir.ir.module_utils import main_function, symbol_op, top_level_ops
 from alpa_ir.ir.types import KeyType, numpy_dtype, shape_of
-from alpa_ir.pipeline.schedule_kinds import build_schedule
+from alpa_ir.pipeline.schedule_kinds import order_of_plan
 from alpa_ir.pipeline.task_order import peak_stage_in_flight
 
 
@@ -87,6 +87,8 @@ class StagePeak:
     """The largest of one forward or backward run's own values."""
     apply_grad: float = 0.0
     """The apply-grad's new state and temporaries, beside the old state."""
+    mesh: str = ""
+    """The mesh's name (several stages may share one: virtual stages)."""
 
     @property
     def peak(self) -> float:
@@ -239,7 +241,15 @@ def _stage_peak(
             elif phase == "forward":
                 stash += nbytes
     return StagePeak(
-        index, shape, sum(held.values()), gradients, stash, in_flight, temporaries, apply_grad
+        index,
+        shape,
+        sum(held.values()),
+        gradients,
+        stash,
+        in_flight,
+        temporaries,
+        apply_grad,
+        stage.mesh.root_reference.data,
     )
 
 
@@ -251,7 +261,8 @@ def pipeline_memory(module: ModuleOp, *, fusion: bool = False) -> tuple[StagePea
     assert isinstance(plan, PlanOp)
     stages = plan_stages(module)
     b = int(plan.num_micro_batches.value.data)
-    order = build_schedule(plan.schedule.data, len(stages), b, 1, plan.in_flight_caps())
+    meshes = [stage.mesh.root_reference.data for stage in stages]
+    order = order_of_plan(plan.schedule.data, meshes, b, plan.in_flight_caps())
     in_flight = peak_stage_in_flight(order)
     calls = _Calls.of(module)
     return tuple(

@@ -143,12 +143,12 @@ class SimResult:
         return sum(t.end - t.start for t in self.timeline if t.stage == stage)
 
     def mesh_busy_time(self, mesh: int) -> float:
-        mesh_of = self.mesh_of or tuple(range(len(self.max_in_flight)))
+        mesh_of = self.mesh_of or tuple(range(len(self.peak_memory)))
         return sum(t.end - t.start for t in self.timeline if mesh_of[t.stage] == mesh)
 
     def bubble_fraction(self) -> float:
         """Idle share of the meshes' time over the iteration."""
-        meshes = len(self.peak_memory)
+        meshes = len(set(self.mesh_of)) if self.mesh_of else len(self.peak_memory)
         busy = sum(self.mesh_busy_time(k) for k in range(meshes))
         return 1.0 - busy / (meshes * self.iteration_time) if self.iteration_time else 0.0
 

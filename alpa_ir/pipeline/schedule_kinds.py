@@ -305,12 +305,40 @@ def build_schedule(
     return order
 
 
+def order_of_plan(
+    kind: str,
+    stage_meshes: Sequence[str],
+    micro_batches: int,
+    caps: Sequence[int] | None = None,
+    *,
+    schedules: Mapping[str, ScheduleBuilder] | None = None,
+) -> TaskOrder:
+    """The task order of a plan whose stage ``s`` runs on mesh ``stage_meshes[s]``
+    (names; a mesh holding several stages: virtual stages), checked to place
+    the stages where the plan does."""
+    distinct = list(dict.fromkeys(stage_meshes))
+    if not distinct or len(stage_meshes) % len(distinct):
+        raise AlpaError(
+            f"{len(stage_meshes)} stages on {len(distinct)} meshes; every mesh needs as many stages"
+        )
+    virtual = len(stage_meshes) // len(distinct)
+    order = build_schedule(kind, len(distinct), micro_batches, virtual, caps, schedules=schedules)
+    planned = tuple(distinct.index(m) for m in stage_meshes)
+    if order.mesh_of != planned:
+        raise AlpaError(
+            f"schedule '{kind}' places the stages on meshes {list(order.mesh_of)}, the plan on "
+            f"{list(planned)}"
+        )
+    return order
+
+
 __all__ = [
     "BUILTIN_SCHEDULES",
     "SPLIT_SCHEDULES",
     "ScheduleBuilder",
     "build_schedule",
     "interleaved_1f1b",
+    "order_of_plan",
     "zb_h1",
     "zb_v",
 ]

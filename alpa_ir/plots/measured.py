@@ -16,10 +16,12 @@ def measured_timeline(
     program: StepProgram,
     stage_of_function: Mapping[str, tuple[int, str]],
     stage_of_mesh: Mapping[str, int],
+    mesh_of: Sequence[int] = (),
 ) -> SimResult:
     """Tasks from RUN events (stage and phase from the called function); a
     transfer from each SEND to its RECV (start of the send to end of the
-    receive); times from the first event."""
+    receive); times from the first event. ``mesh_of``: each stage's mesh index
+    (for :meth:`SimResult.bubble_fraction`; several stages may share a mesh)."""
     origin = min((e.start for e in events), default=0.0)
     tasks, transfers = [], []
     sends = {(e.target, e.micro_batch): e for e in events if e.kind == "send"}
@@ -35,4 +37,4 @@ def measured_timeline(
                     SimTransfer(src, dst, e.micro_batch, send.start - origin, e.end - origin)
                 )
     end = max((t.end for t in tasks), default=0.0)
-    return SimResult(end, (), (), tuple(tasks), tuple(transfers))
+    return SimResult(end, (), (), tuple(tasks), tuple(transfers), tuple(mesh_of))

@@ -19,7 +19,7 @@ STEPS = 3
 
 @pytest.mark.parametrize("micro_batches", [4, 8])
 @pytest.mark.parametrize("stages", [2, 4])
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "zb-h1"])
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "zb-h1", "interleaved-1f1b", "zb-v"])
 def test_every_schedule_equals_one_device(schedule: str, stages: int, micro_batches: int) -> None:
     fn, (state, batch) = tiny_step("gpt-tiny")
     method = tiny_gpt_method(stages, micro_batches, schedule)
@@ -31,7 +31,9 @@ def test_every_schedule_equals_one_device(schedule: str, stages: int, micro_batc
     split = any(
         "backward_weight" in op.sym_name.data for op in module.ops if hasattr(op, "sym_name")
     )
-    assert split == (schedule == "zb-h1")
+    assert split == (schedule in ("zb-h1", "zb-v"))
+    meshes = {op.mesh.root_reference.data for op in module.ops if op.name == "pipeline.stage"}
+    assert len(meshes) == stages
 
 
 def test_the_planner_chooses_the_schedule_with_the_stages() -> None:

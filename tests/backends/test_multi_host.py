@@ -124,7 +124,7 @@ def test_a_pipeline_stage_spanning_two_hosts_equals_one_device(
 
 @pytest.mark.parametrize("micro_batches", [4, 8])
 @pytest.mark.parametrize("stages", [2, 4])
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "zb-h1"])
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "zb-h1", "interleaved-1f1b", "zb-v"])
 def test_every_schedule_runs_the_tiny_gpt_across_hosts(
     two_hosts: Any, schedule: str, stages: int, micro_batches: int
 ) -> None:

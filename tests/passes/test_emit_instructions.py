@@ -400,7 +400,7 @@ def test_a_later_apply_grad_round_reads_another_stages_apply_grad() -> None:
         ),
         (
             _module().replace("mesh = @mesh1, forward", "mesh = @mesh0, forward"),
-            "stages @stage0 and @stage1 share mesh @mesh0; each stage needs its own mesh",
+            "@stage1_forward runs on @mesh1 but its stage @stage1 is on @mesh0",
         ),
         (
             _module().replace(
