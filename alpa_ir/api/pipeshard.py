@@ -164,8 +164,8 @@ class PipeshardParallel:
     fits together with the stages (``construct-stages{schedule=auto}``); with
     given stages, ``1f1b``. ``interleaved-1f1b`` (Megatron-LM) and ``zb-v``
     (zero-bubble, V order) run ``virtual_stages`` chunks of layers on each
-    stage's mesh (given stages only): the layers are cut into
-    ``num_stages × virtual_stages`` chunks."""
+    stage's mesh: given stages cut the layers into ``num_stages ×
+    virtual_stages`` chunks; automatic stages cut each mesh's layers in two."""
     virtual_stages: int | None = None
     """Chunks of layers per stage mesh: ``interleaved-1f1b`` (default 2), ``zb-v``
     (2); 1 for the other schedules."""

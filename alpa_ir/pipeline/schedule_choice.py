@@ -17,6 +17,13 @@ candidates are the schedules the runtimes execute with one stage per mesh:
   micro-batches (1F1B's peak, on stage 0) where its memory allows, and at
   least 1F1B's ``p − i``; the caps are written into the plan
   (:func:`in_flight_caps`).
+- ``interleaved-1f1b`` and ``zb-v``: the DP slices the layers into ``p``
+  meshes' worth (each DP stage is a mesh) with the bubble term divided by
+  the ``v = 2`` chunks per mesh (interleaved: ``Σ t_i / v``; zb-v: ZB-H1's sum
+  halved); each mesh's layers are then cut into two chunks and laid out in
+  the schedule's order (interleaved: every mesh's first chunk, then every
+  mesh's second; V: the second chunks in reverse), each chunk priced on its
+  mesh's view from the table (:func:`alpa_ir.pipeline.stage_construction.virtualize`).
 
 A stage's forward, B and W times are its latency split by its layers' FLOPs
 per phase (:meth:`alpa_ir.costs.stage_table.StageCostTable.phase_shares`); with
@@ -36,8 +43,10 @@ import numpy as np
 from alpa_ir.costs.stage_table import StageCostTable
 from alpa_ir.pipeline.pipeline_simulation import SimPlan, SimStage
 
-AUTO_SCHEDULES = ("1f1b", "zb-h1", "gpipe")
+AUTO_SCHEDULES = ("1f1b", "zb-h1", "interleaved-1f1b", "zb-v", "gpipe")
 """What ``schedule=auto`` compares, in order of preference on a tie."""
+VIRTUAL_STAGES = {"interleaved-1f1b": 2, "zb-v": 2}
+"""Chunks per mesh the planner gives the schedules that place several on one."""
 MEMORY_EFFICIENCY = 0.8
 """Share of the memory bandwidth an optimizer update reaches."""
 
@@ -49,12 +58,15 @@ def dp_latencies(
     arrays; ``shares``: ``[first, last, phase]``, :meth:`StageCostTable.phase_shares`).
     ZB-H1: ``t − 2·W``, but never less than the stage's forward and transfers
     (a layer whose W outweighs its forward and B, an embedding, hides no more)."""
-    if schedule == "zb-h1":
+    if schedule in ("zb-h1", "zb-v"):
         f, w = shares[:, :, 0, None], shares[:, :, 2, None]
         finite = np.isfinite(latency)
         work = np.where(finite, compute, 0.0)
         hidden = np.minimum(2.0 * work * w, work * (1.0 - f))
-        return np.where(finite, latency - hidden, np.inf)
+        summed = np.where(finite, latency - hidden, np.inf)
+        return summed / VIRTUAL_STAGES[schedule] if schedule == "zb-v" else summed
+    if schedule == "interleaved-1f1b":
+        return latency / VIRTUAL_STAGES[schedule]
     return latency
 
 
@@ -70,10 +82,24 @@ def phase_times(
 
 
 def in_flight_caps(
-    table: StageCostTable, stages: Sequence[object], schedule: str
+    table: StageCostTable,
+    stages: Sequence[object],
+    schedule: str,
+    mesh_of: Sequence[int] | None = None,
 ) -> tuple[int, ...] | None:
-    """Per stage, the micro-batches a zero-bubble schedule may hold there: ``p``
-    where the memory allows, else what fits, never below 1F1B's ``p − i``."""
+    """Per stage, the micro-batches a zero-bubble schedule may hold there: ZB-H1,
+    ``p`` where the memory allows, else what fits, never below 1F1B's ``p − i``;
+    ZB-V, on both chunks of a mesh as many micro-batches as fit beside the
+    mesh's persistent memory (at least one)."""
+    if schedule == "zb-v":
+        of = list(mesh_of or range(len(stages)))
+        caps = []
+        for k in of:
+            mine = [st.cost for st, m in zip(stages, of, strict=True) if m == k]  # type: ignore[attr-defined]
+            room = table.cluster.device_memory - sum(c.persistent + c.transient for c in mine)
+            per = sum(c.activations for c in mine)
+            caps.append(max(1, int(room // per)) if per > 0 else len(stages))
+        return tuple(caps)
     if schedule != "zb-h1":
         return None
     p = len(stages)
@@ -93,8 +119,10 @@ def stage_sim_plan(
     num_micro_batches: int,
     schedule: str = "1f1b",
     remat: bool = False,
+    mesh_of: Sequence[int] | None = None,
 ) -> SimPlan:
-    """The simulator's view of a stage plan (``stages``: ``StageChoice``)."""
+    """The simulator's view of a stage plan (``stages``: ``StageChoice``;
+    ``mesh_of``: each stage's mesh, where several share one)."""
     cluster = table.cluster
     hbm = cluster.hbm_bandwidth * MEMORY_EFFICIENCY
     sim = []
@@ -114,17 +142,21 @@ def stage_sim_plan(
                 num_devices=s.mesh.size,  # type: ignore[attr-defined]
             )
         )
-    # boundary k: stage k+1 receives activations, stage k receives gradients
+    # boundary k: stage k+1 receives activations, stage k receives gradients;
+    # nothing moves between two stages of one mesh
+    of = list(mesh_of or range(len(stages)))
     times = [table.transfer_times(s.cost, s.submesh) for s in stages]  # type: ignore[attr-defined]
-    forward = tuple(times[k + 1][0] for k in range(len(stages) - 1))
-    backward = tuple(times[k][1] for k in range(len(stages) - 1))
+    apart = [of[k] != of[k + 1] for k in range(len(stages) - 1)]
+    forward = tuple(times[k + 1][0] * apart[k] for k in range(len(stages) - 1))
+    backward = tuple(times[k][1] * apart[k] for k in range(len(stages) - 1))
     return SimPlan(
         tuple(sim),
         num_micro_batches,
         schedule,
         forward,
         backward,
-        in_flight_caps=in_flight_caps(table, stages, schedule),
+        virtual_stages=len(stages) // len(set(of)),
+        in_flight_caps=in_flight_caps(table, stages, schedule, of),
     )
 
 
@@ -152,6 +184,7 @@ def with_plan_latency(candidate: ScheduleCandidate) -> object:
 
 __all__ = [
     "AUTO_SCHEDULES",
+    "VIRTUAL_STAGES",
     "ScheduleCandidate",
     "dp_latencies",
     "in_flight_caps",

@@ -54,6 +54,7 @@ from alpa_ir.ir.module_utils import main_function, top_level_ops
 from alpa_ir.pipeline.pipeline_simulation import simulate
 from alpa_ir.pipeline.schedule_choice import (
     AUTO_SCHEDULES,
+    VIRTUAL_STAGES,
     ScheduleCandidate,
     dp_latencies,
     stage_sim_plan,
@@ -105,6 +106,9 @@ class StagePlan:
     """Per stage, the micro-batches it may hold in flight (zero-bubble schedules)."""
     candidates: tuple[ScheduleCandidate, ...] = ()
     """With ``schedule=auto``: every schedule's best plan, the chosen one first."""
+    mesh_of: tuple[int, ...] | None = None
+    """Each stage's mesh where several stages share one (virtual stages): the
+    index of the mesh's first stage among the distinct meshes; None: one each."""
 
     def simulated_time(self) -> float:
         """The chosen schedule's simulated seconds per iteration (NaN: not simulated)."""
@@ -192,9 +196,15 @@ def evaluate_schedule(
             submeshes=submeshes,
             schedule=schedule,
         )
+        if schedule in VIRTUAL_STAGES:
+            plan = virtualize(table, plan, schedule, VIRTUAL_STAGES[schedule])
     except PlanError as error:
         return ScheduleCandidate(schedule, None, note=str(error))
-    sim = stage_sim_plan(table, plan.stages, num_micro_batches, schedule, remat)
+    try:
+        sim = stage_sim_plan(table, plan.stages, num_micro_batches, schedule, remat, plan.mesh_of)
+        sim.task_order()
+    except AlpaError as error:  # the schedule cannot run these sizes
+        return ScheduleCandidate(schedule, None, note=str(error))
     unchecked = simulate(sim, check_memory=False)
     peak = max(unchecked.peak_memory)
     try:
@@ -204,6 +214,50 @@ def evaluate_schedule(
             schedule, plan, peak_memory=peak, in_flight=sim.in_flight_caps, note=str(error)
         )
     return ScheduleCandidate(schedule, plan, result.iteration_time, peak, sim.in_flight_caps)
+
+
+def _chunk_sizes(count: int, chunks: int) -> list[int]:
+    return [count // chunks + (c < count % chunks) for c in range(chunks)]
+
+
+def virtualize(table: StageCostTable, plan: StagePlan, schedule: str, chunks: int) -> StagePlan:
+    """The DP's stages as meshes of ``chunks`` layer chunks each, laid out in
+    ``schedule``'s order (:mod:`alpa_ir.pipeline.schedule_choice`): mesh ``k``
+    keeps its layer count and its view and plan choice; the layers are dealt
+    out anew in pipeline order."""
+    p = len(plan.stages)
+    counts = [s.last - s.first + 1 for s in plan.stages]
+    if min(counts) < chunks:
+        k = counts.index(min(counts))
+        raise PlanError(
+            f"construct-stages: {schedule} cuts each mesh's layers into {chunks} chunks, but "
+            f"stage {k} has {counts[k]} layer(s)"
+        )
+    sizes = [_chunk_sizes(n, chunks) for n in counts]
+    if schedule == "zb-v":
+        layout = [(k, 0) for k in range(p)] + [(k, 1) for k in reversed(range(p))]
+    else:
+        layout = [(k, c) for c in range(chunks) for k in range(p)]
+    out: list[StageChoice] = []
+    first = 0
+    for k, c in layout:
+        stage = plan.stages[k]
+        last = first + sizes[k][c] - 1
+        cost = table.cost(first, last, tuple(stage.mesh.shape))
+        out.append(StageChoice(first, last, stage.submesh, stage.mesh, cost, cost.latency))
+        first = last + 1
+    mesh_of = [k for k, _ in layout]
+    for k in range(p):  # a mesh whose chunks do not fit takes their memory-saving plans
+        mine = [i for i, m in enumerate(mesh_of) if m == k]
+        need = sum(out[i].cost.peak(1) for i in mine)
+        if need > table.cluster.device_memory:
+            for i in mine:
+                saving = out[i].cost.memory_saving
+                if saving is not None:
+                    out[i] = replace(
+                        out[i], cost=saving, latency=saving.latency, pace=saving.latency
+                    )
+    return replace(plan, stages=tuple(out), mesh_of=tuple(k for k, _ in layout))
 
 
 def choose_schedule(
@@ -238,7 +292,7 @@ def choose_schedule(
 
 
 PLANNED_SCHEDULES = ("auto", *AUTO_SCHEDULES)
-"""What ``construct-stages{schedule=}`` plans: one stage per mesh."""
+"""What ``construct-stages{schedule=}`` plans."""
 
 
 def plan_stages(
@@ -252,12 +306,12 @@ def plan_stages(
 ) -> StagePlan:
     """The stages for ``schedule``, or with ``auto`` the schedule too: the fastest
     candidate that fits (:func:`choose_schedule`). ``1f1b`` and ``gpipe`` are
-    Alpa's DP as it is; ``zb-h1`` is simulated to fit (its caps come from memory)."""
+    Alpa's DP as it is; the others are simulated to fit (zero-bubble caps come
+    from memory; interleaved and V chunks from :func:`virtualize`)."""
     if schedule not in PLANNED_SCHEDULES:
         raise AlpaError(
             f"construct-stages: schedule must be one of {', '.join(PLANNED_SCHEDULES)}, got "
-            f"'{schedule}' (interleaved and V schedules place several stages on a mesh, which "
-            "the stage DP does not plan yet)"
+            f"'{schedule}'"
         )
     options = {"epsilon": epsilon, "cross_stage_comm": cross_stage_comm, "remat": remat}
     if schedule in ("1f1b", "gpipe"):
@@ -275,6 +329,7 @@ def plan_stages(
     assert isinstance(best.plan, StagePlan)
     return replace(
         best.plan,
+        latency=best.plan.latency,
         schedule=best.schedule,
         in_flight=best.in_flight,
         candidates=candidates if schedule == "auto" else (),
@@ -307,10 +362,15 @@ def write_plan(
     schedule was chosen, each candidate's simulated time
     (``construct_stages.schedules``)."""
     main = main_function(module)
-    names = fresh_mesh_names(module, len(plan.stages))
-    for stage, name in zip(plan.stages, names, strict=True):
+    mesh_of = plan.mesh_of or tuple(range(len(plan.stages)))
+    count = len(set(mesh_of))
+    names = fresh_mesh_names(module, count)
+    for k, name in enumerate(names):
+        stage = plan.stages[mesh_of.index(k)]
         module.body.block.insert_op_before(stage.mesh.to_op(name), main)
-    slices = [StageSlice(s.first, s.last, n) for s, n in zip(plan.stages, names, strict=True)]
+    slices = [
+        StageSlice(s.first, s.last, names[m]) for s, m in zip(plan.stages, mesh_of, strict=True)
+    ]
     outline_stages(module, slices, num_micro_batches, schedule or plan.schedule, remat)
     for op in top_level_ops(module, PlanOp):
         op.attributes[LATENCY_ATTR] = FloatAttr(plan.latency, f64)
@@ -429,5 +489,6 @@ __all__ = [
     "module_cluster",
     "plan_stages",
     "solve_stages",
+    "virtualize",
     "write_plan",
 ]

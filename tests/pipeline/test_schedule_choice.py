@@ -88,9 +88,12 @@ def test_auto_picks_zb_h1_when_memory_allows_and_never_loses_to_1f1b() -> None:
     table = _uniform_table(4, 4, memory=100.0)
     auto = plan_stages(table, 8, "auto")
     names = [c.schedule for c in auto.candidates]
-    assert auto.schedule == names[0] == "zb-h1" and set(names) == {"1f1b", "zb-h1", "gpipe"}
+    assert set(names) == {"1f1b", "zb-h1", "interleaved-1f1b", "zb-v", "gpipe"}
     times = {c.schedule: c.iteration_time for c in auto.candidates}
     assert times["zb-h1"] < times["1f1b"] <= times["gpipe"]
+    # one layer per stage: no mesh can hold two chunks
+    assert not any(c.fits for c in auto.candidates if c.schedule in ("interleaved-1f1b", "zb-v"))
+    assert auto.schedule == names[0] == "zb-h1"
     assert auto.in_flight == (4, 4, 4, 4)  # p on every stage: 4 + 4 bytes fit in 100
     # 4 stages of 1 s (F = B = W = 1/3 s), 8 micro-batches: 1F1B's bubble is 3 s,
     # ZB-H1's (p − 1)(T_F + T_B − T_W) = 1 s, plus apply-grad on both
@@ -140,5 +143,42 @@ def test_construct_stages_writes_the_chosen_schedule_and_the_candidates() -> Non
 
 def test_unplannable_schedule_is_a_one_line_error() -> None:
     table = _uniform_table(2, 2, memory=100.0)
-    with pytest.raises(AlpaError, match="schedule must be one of auto, 1f1b, zb-h1, gpipe, got"):
-        plan_stages(table, 4, "interleaved-1f1b")
+    with pytest.raises(AlpaError, match=r"schedule must be one of auto, 1f1b, zb-h1, .*, got 'zz'"):
+        plan_stages(table, 4, "zz")
+
+
+def test_virtual_stages_deal_each_mesh_its_layers_in_the_schedules_order() -> None:
+    """8 equal layers on 4 one-device meshes: the DP gives each mesh 2 layers;
+    interleaved deals them round-robin, V there and back; with ample memory
+    ZB-V wins, and every schedule beats 1F1B."""
+    table = _uniform_table(8, 4, memory=100.0)
+    inter = plan_stages(table, 8, "interleaved-1f1b")
+    assert inter.mesh_of == (0, 1, 2, 3, 0, 1, 2, 3)
+    assert [(s.first, s.last) for s in inter.stages] == [(k, k) for k in range(8)]
+    v = plan_stages(table, 8, "zb-v")
+    assert v.mesh_of == (0, 1, 2, 3, 3, 2, 1, 0)
+    assert {s.mesh.devices for s in v.stages[:4]} == {s.mesh.devices for s in v.stages[4:]}
+    auto = plan_stages(table, 8, "auto")
+    times = {c.schedule: c.iteration_time for c in auto.candidates}
+    assert auto.schedule == "zb-v"
+    assert times["zb-v"] < times["zb-h1"] < times["1f1b"]
+    assert times["interleaved-1f1b"] < times["1f1b"]
+
+
+def test_a_virtual_plan_is_written_with_shared_meshes() -> None:
+    from alpa_ir.dialects.mesh import LogicalMeshOp
+    from alpa_ir.dialects.pipeline import plan_stages as stages_of
+
+    module = _deep_module()  # 4 layers
+    plan = construct_stages(
+        module, _small_cluster(devices=2), num_micro_batches=4, schedule="zb-v", progress=False
+    )
+    assert plan.schedule == "zb-v" and plan.mesh_of == (0, 1, 1, 0)
+    meshes = [op for op in top_level_ops(module, LogicalMeshOp)]
+    assert len(meshes) == 2
+    assert [s.mesh.root_reference.data for s in stages_of(module)] == [
+        meshes[0].sym_name.data,  # type: ignore[attr-defined]
+        meshes[1].sym_name.data,  # type: ignore[attr-defined]
+        meshes[1].sym_name.data,  # type: ignore[attr-defined]
+        meshes[0].sym_name.data,  # type: ignore[attr-defined]
+    ]
