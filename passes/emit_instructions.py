@@ -374,6 +374,27 @@ def _call_task(p: _Pipeline, order: TaskOrder, call: _Call, mb: int | None) -> T
     return Task(call.stage, mb if call.per_micro_batch else None, phase)
 
 
+def _mesh_runs(p: _Pipeline, order: TaskOrder, mesh: int) -> list[tuple[Task, str]]:
+    """The functions mesh ``mesh`` runs, with their tasks, in order. Its stages'
+    apply-grad functions run last, in @main's (dependency) order across the
+    stages: with several stages on the mesh, every stage's first round before
+    any stage's second (a round may read another stage's earlier round)."""
+    runs = [
+        (t, fn)
+        for t in order.orders[mesh]
+        if t.phase != "apply_grad"
+        for fn in _task_functions(p, order, t)
+    ]
+    position = {name: k for k, name in enumerate(p.calls)}
+    applies = [
+        (Task(s, None, "apply_grad"), fn)
+        for s in order.stages_of(mesh)
+        for fn in p.functions[s].get("apply_grad", [])
+    ]
+    applies.sort(key=lambda run: position.get(run[1], len(position)))
+    return runs + applies
+
+
 def _check_order(p: _Pipeline, order: TaskOrder, at: dict[Task, int]) -> None:
     """Every value a call reads is produced by an earlier task, or earlier in the same
     task, for every micro-batch (``at``: a deadlock-free order of all tasks)."""
@@ -462,7 +483,7 @@ def emit_programs(
         lb = _ListBuilder()
         received: set[Buffer] = set()
         keep: set[Buffer] = {(v, None) for v in p.returned if v in p.producer}
-        for task, fn in ((t, fn) for t in order.orders[k] for fn in _task_functions(p, order, t)):
+        for task, fn in _mesh_runs(p, order, k):
             if fn not in p.calls:
                 continue
             call = p.calls[fn]

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -175,11 +175,6 @@ class ScheduleCandidate:
     @property
     def fits(self) -> bool:
         return self.plan is not None and math.isfinite(self.iteration_time)
-
-
-def with_plan_latency(candidate: ScheduleCandidate) -> object:
-    """The candidate's ``StagePlan`` with the simulated iteration time as its latency."""
-    return replace(candidate.plan, latency=candidate.iteration_time)  # type: ignore[type-var]
 
 
 __all__ = [

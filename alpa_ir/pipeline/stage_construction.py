@@ -110,10 +110,6 @@ class StagePlan:
     """Each stage's mesh where several stages share one (virtual stages): the
     index of the mesh's first stage among the distinct meshes; None: one each."""
 
-    def simulated_time(self) -> float:
-        """The chosen schedule's simulated seconds per iteration (NaN: not simulated)."""
-        return self.candidates[0].iteration_time if self.candidates else math.nan
-
 
 def solve_stages(
     table: StageCostTable,
@@ -329,7 +325,6 @@ def plan_stages(
     assert isinstance(best.plan, StagePlan)
     return replace(
         best.plan,
-        latency=best.plan.latency,
         schedule=best.schedule,
         in_flight=best.in_flight,
         candidates=candidates if schedule == "auto" else (),

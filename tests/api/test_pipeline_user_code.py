@@ -60,11 +60,13 @@ def _step(loss: Any, tx: optax.GradientTransformation) -> Any:
     return step
 
 
-def _method(layers: Any = None) -> PipeshardParallel:
+def _method(layers: Any = None, schedule: str = "auto") -> PipeshardParallel:
+    chunks = 2 if schedule in ("interleaved-1f1b", "zb-v") else 1
     return PipeshardParallel(
         num_micro_batches=2,
-        layer_option=layers or AutoLayerOption(layer_num=2),
+        layer_option=layers or AutoLayerOption(layer_num=2 * chunks),
         stage_option=UniformStageOption(num_stages=2),
+        pipeline_schedule=schedule,  # type: ignore[arg-type]
     )
 
 
@@ -138,6 +140,22 @@ def test_global_norm_clipping_couples_the_stages_in_apply_grad_rounds() -> None:
     )
     stages = [op for op in top_level_ops(executable.module, StageOp)]
     assert any(isinstance(s, StageOp) and s.apply_grad_rounds is not None for s in stages)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "zb-h1", "interleaved-1f1b", "zb-v"])
+def test_optimizer_steps_that_reduce_across_stages_under_every_schedule(schedule: str) -> None:
+    """Global-norm clipping and an all-finite check need every stage's
+    gradients: their apply-grad rounds run after the last W (zero-bubble) or
+    the last chunk's backward (interleaved, V) of every micro-batch, whatever
+    the order the schedule gives the rest."""
+    clip = optax.chain(optax.clip_by_global_norm(0.1), optax.adam(1e-2))
+    _assert_equal_to_one_device(
+        _step(_mlp_loss(None), clip), _method(schedule=schedule), (PARAMS, clip.init(PARAMS)), BATCH
+    )
+    tx = optax.apply_if_finite(optax.adam(1e-2), max_consecutive_errors=3)
+    _assert_equal_to_one_device(
+        _step(_mlp_loss(None), tx), _method(schedule=schedule), (PARAMS, tx.init(PARAMS)), BATCH
+    )
 
 
 def test_an_update_skipped_unless_finite_is_split_per_stage() -> None:

@@ -85,3 +85,31 @@ def test_alpa_opt_replays_a_pipeshard_plan_exactly(
     assert replayed == print_module(executable.module)
     got = alpa_ir.execute(parse_module(replayed), *args)  # the xla backend runs the pipeline
     assert max_abs_diff(got, reference_outputs("mlp-tiny")) <= 1e-5
+
+
+@pytest.mark.parametrize("schedule", ["zb-h1", "interleaved-1f1b", "zb-v"])
+def test_alpa_opt_replays_a_zero_bubble_or_interleaved_plan_exactly(
+    schedule: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The split backward (split-backward), the chunks per mesh (outline-stages'
+    mesh-of) and the schedule's task order (emit-instructions) replay too."""
+    fn, args = tiny_step("mlp-tiny")
+    chunks = 1 if schedule == "zb-h1" else 2
+    method = alpa_ir.PipeshardParallel(
+        devices=range(4),
+        num_micro_batches=2,
+        layer_option=alpa_ir.AutoLayerOption(layer_num=2 * chunks),
+        stage_option=alpa_ir.UniformStageOption(num_stages=2),
+        pipeline_schedule=schedule,  # type: ignore[arg-type]
+    )
+    executable = alpa_ir.parallelize(fn, method=method).get_executable(*args)
+    pipeline = executable.pass_pipeline
+    assert f"schedule={schedule}" in pipeline
+    assert ("split-backward" in pipeline) == (schedule != "interleaved-1f1b")
+    source = tmp_path / "input.mlir"
+    source.write_text(print_module(executable.input_module))
+    assert alpa_opt([str(source), f"--pass-pipeline={pipeline}"]) == 0
+    replayed = capsys.readouterr().out
+    assert replayed == print_module(executable.module)
+    got = alpa_ir.execute(parse_module(replayed), *args)
+    assert max_abs_diff(got, reference_outputs("mlp-tiny")) <= 1e-5

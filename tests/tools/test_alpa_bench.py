@@ -16,7 +16,6 @@ from alpa_ir.tools.alpa_bench import (
     deepspeed_specs,
     deepspeed_views,
     default_layers,
-    forward_share,
     main,
     trace,
 )
@@ -125,11 +124,6 @@ def test_remat_lowers_memory_and_raises_time(capsys: pytest.CaptureFixture[str])
     assert on["stages"] == off["stages"]
     assert on["peak_memory_gib"] < off["peak_memory_gib"]
     assert on["iteration_time"] > off["iteration_time"]
-
-
-def test_forward_share_with_and_without_remat() -> None:
-    assert forward_share(False) == pytest.approx(1 / 3)
-    assert forward_share(True) == pytest.approx(1 / 4)  # f / (f + 2f + f)
 
 
 def test_moe_has_the_deepspeed_baseline(capsys: pytest.CaptureFixture[str]) -> None:
