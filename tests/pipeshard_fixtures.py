@@ -10,7 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import alpa_ir
-from alpa_ir.api.pipeshard import AutoLayerOption, PipeshardParallel, UniformStageOption
+from alpa_ir.api.pipeshard import PipeshardParallel
+from alpa_ir.tools.bench_schedules import method_for as tiny_gpt_method  # noqa: F401
 
 
 def _loss(p: dict[str, Any], x: jax.Array, y: jax.Array) -> jax.Array:
@@ -56,19 +57,3 @@ def _assert_same_steps(
         for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs), strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
     return parallel
-
-
-def tiny_gpt_method(
-    stages: int, micro_batches: int, schedule: str, **options: object
-) -> PipeshardParallel:
-    """The tiny GPT's automatic layers, one per stage (two per stage's mesh under
-    interleaved-1f1b and zb-v), each stage on a (1, 2) mesh."""
-    chunks = 2 if schedule in ("interleaved-1f1b", "zb-v") else 1
-    return PipeshardParallel(
-        num_micro_batches=micro_batches,
-        layer_option=AutoLayerOption(layer_num=stages * chunks),
-        stage_option=UniformStageOption(num_stages=stages, submesh_logical_shape=(1, 2)),
-        devices=range(2 * stages),
-        pipeline_schedule=schedule,  # type: ignore[arg-type]
-        **options,  # type: ignore[arg-type]
-    )

@@ -23,7 +23,9 @@ from typing import Any
 SCHEDULES = ("gpipe", "1f1b", "zb-h1", "interleaved-1f1b", "zb-v")
 
 
-def method_for(schedule: str, stages: int, micro_batches: int) -> Any:
+def method_for(schedule: str, stages: int, micro_batches: int, **options: Any) -> Any:
+    """The tiny GPT's automatic layers, one per stage (two per stage's mesh under
+    interleaved-1f1b and zb-v), each stage on a (1, 2) mesh."""
     from alpa_ir.api.pipeshard import AutoLayerOption, PipeshardParallel, UniformStageOption
 
     chunks = 2 if schedule in ("interleaved-1f1b", "zb-v") else 1
@@ -32,7 +34,8 @@ def method_for(schedule: str, stages: int, micro_batches: int) -> Any:
         layer_option=AutoLayerOption(layer_num=stages * chunks),
         stage_option=UniformStageOption(num_stages=stages, submesh_logical_shape=(1, 2)),
         devices=range(2 * stages),
-        pipeline_schedule=schedule,  # type: ignore[arg-type]
+        pipeline_schedule=schedule,
+        **options,
     )
 
 

@@ -23,11 +23,20 @@ def test_alpa_opt_replays_the_plan_exactly(
     executable = alpa_ir.parallelize(fn, method=getattr(alpa_ir, method)(mesh)).get_executable(
         *args
     )
+    _assert_replays(executable, args, tmp_path, capsys)
+
+
+def _assert_replays(
+    executable: object, args: tuple, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """alpa-opt prints the executable's module from its input and pipeline, and
+    that module run on the xla backend equals one device."""
     source = tmp_path / "input.mlir"
-    source.write_text(print_module(executable.input_module))
-    assert alpa_opt([str(source), f"--pass-pipeline={executable.pass_pipeline}"]) == 0
+    source.write_text(print_module(executable.input_module))  # type: ignore[attr-defined]
+    pipeline = executable.pass_pipeline  # type: ignore[attr-defined]
+    assert alpa_opt([str(source), f"--pass-pipeline={pipeline}"]) == 0
     replayed = capsys.readouterr().out
-    assert replayed == print_module(executable.module)
+    assert replayed == print_module(executable.module)  # type: ignore[attr-defined]
     got = alpa_ir.execute(parse_module(replayed), *args)
     assert max_abs_diff(got, reference_outputs("mlp-tiny")) <= 1e-5
 
@@ -78,13 +87,7 @@ def test_alpa_opt_replays_a_pipeshard_plan_exactly(
     pipeline = executable.pass_pipeline
     assert ("construct-stages{" if stage == "auto" else "outline-stages{") in pipeline
     assert "shard-stages{" in pipeline and "emit-instructions{" in pipeline
-    source = tmp_path / "input.mlir"
-    source.write_text(print_module(executable.input_module))
-    assert alpa_opt([str(source), f"--pass-pipeline={pipeline}"]) == 0
-    replayed = capsys.readouterr().out
-    assert replayed == print_module(executable.module)
-    got = alpa_ir.execute(parse_module(replayed), *args)  # the xla backend runs the pipeline
-    assert max_abs_diff(got, reference_outputs("mlp-tiny")) <= 1e-5
+    _assert_replays(executable, args, tmp_path, capsys)
 
 
 @pytest.mark.parametrize("schedule", ["zb-h1", "interleaved-1f1b", "zb-v"])
@@ -106,10 +109,4 @@ def test_alpa_opt_replays_a_zero_bubble_or_interleaved_plan_exactly(
     pipeline = executable.pass_pipeline
     assert f"schedule={schedule}" in pipeline
     assert ("split-backward" in pipeline) == (schedule != "interleaved-1f1b")
-    source = tmp_path / "input.mlir"
-    source.write_text(print_module(executable.input_module))
-    assert alpa_opt([str(source), f"--pass-pipeline={pipeline}"]) == 0
-    replayed = capsys.readouterr().out
-    assert replayed == print_module(executable.module)
-    got = alpa_ir.execute(parse_module(replayed), *args)
-    assert max_abs_diff(got, reference_outputs("mlp-tiny")) <= 1e-5
+    _assert_replays(executable, args, tmp_path, capsys)
