@@ -446,7 +446,8 @@ def emit_programs(
     if order.split_backward and not any("backward_weight" in f for f in p.functions):
         raise AlpaError(
             f"emit-instructions: schedule '{kind}' runs the backward as two tasks (B and W), "
-            "but no stage's backward is split; run split-backward first"
+            "but no stage's backward is split; run split-backward first (a step without weight "
+            "gradients has nothing to split: use 1f1b)"
         )
     at = linear_order(order)
     _check_order(p, order, at)

@@ -244,6 +244,7 @@ def zb_v(
     mesh_cap = [min(2 * p, cap[k] + cap[2 * p - 1 - k]) for k in range(p)]
     if min(mesh_cap) < 2:
         raise AlpaError(f"schedule '{kind}': a mesh must hold 2 chunks in flight (one micro-batch)")
+    constrained = min(mesh_cap) < 2 * p
 
     def policy(
         k: int, now: float, ready: Callable[[Task], bool], progress: list[_Progress]
@@ -256,9 +257,10 @@ def zb_v(
             if state.backward < state.forward and ready(b):
                 return b
         held = sum(progress[s].forward - progress[s].weight for s in (first, second))
-        # under a cap below 2p the first chunk keeps a slot free for the second, which
-        # completes a micro-batch (at 2p the second chunk's first forward arrives in time)
-        reserve = 1 if mesh_cap[k] < 2 * p else 0
+        # under caps below 2p the first chunk keeps a slot free for the second, which
+        # completes a micro-batch (with every mesh at 2p the second chunk's forward
+        # arrives in time; one slower mesh delays it for all)
+        reserve = 1 if constrained else 0
         for s, room in ((second, mesh_cap[k]), (first, mesh_cap[k] - reserve)):
             state = progress[s]
             f = Task(s, state.forward, "forward")

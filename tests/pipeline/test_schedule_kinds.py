@@ -90,6 +90,14 @@ def test_zb_h1_defers_w_within_each_stage_cap() -> None:
         build_schedule("zb-h1", 4, 8, 1, [4, 2, 3, 2])
 
 
+def test_zb_v_under_uneven_caps_keeps_a_slot_for_the_second_chunk() -> None:
+    """Mesh 0 may hold 4 chunks, mesh 1 only 2: mesh 0 must not fill all 4 with
+    first chunks while mesh 1 delays the second chunk's forward (a deadlock
+    found by the planner on MoE-10B's memory caps)."""
+    order = build_schedule("zb-v", 2, 8, 2, [1, 1, 1, 3])
+    assert order.mesh_of == (0, 1, 1, 0)
+
+
 def test_zb_v_places_the_stages_in_a_v() -> None:
     order = build_schedule("zb-v", 3, 6, 2)
     assert order.mesh_of == (0, 1, 2, 2, 1, 0)

@@ -43,7 +43,7 @@
 // ONE-NOT:    pipeline.run {function = @stage1_forward
 // ONE:        pipeline.run {function = @stage1_backward_weight, micro_batch = 0}
 
-// UNSPLIT: emit-instructions: schedule 'zb-h1' runs the backward as two tasks (B and W), but no stage's backward is split; run split-backward first
+// UNSPLIT: emit-instructions: schedule 'zb-h1' runs the backward as two tasks (B and W), but no stage's backward is split; run split-backward first (a step without weight gradients has nothing to split: use 1f1b)
 // LATE: split-backward: the module already has pipeline.transfer ops; run it before cross-mesh-resharding
 
 builtin.module {
