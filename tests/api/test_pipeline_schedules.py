@@ -22,7 +22,7 @@ STEPS = 3
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "zb-h1", "interleaved-1f1b", "zb-v"])
 def test_every_schedule_equals_one_device(schedule: str, stages: int, micro_batches: int) -> None:
     fn, (state, batch) = tiny_step("gpt-tiny")
-    method = tiny_gpt_method(stages, micro_batches, schedule)
+    method = tiny_gpt_method(schedule, stages, micro_batches)
     parallel = alpa_ir.parallelize(fn, method=method, donate_argnums=())
     same_steps(parallel, fn, state, batch, STEPS, state_tol=1e-5)
     module = parallel.get_executable(state, batch).module
@@ -66,6 +66,6 @@ def test_the_planner_chooses_the_schedule_with_the_stages() -> None:
 
 def test_given_stages_keep_1f1b_under_auto() -> None:
     fn, (state, batch) = tiny_step("gpt-tiny")
-    parallel = alpa_ir.parallelize(fn, method=tiny_gpt_method(2, 4, "auto"), donate_argnums=())
+    parallel = alpa_ir.parallelize(fn, method=tiny_gpt_method("auto", 2, 4), donate_argnums=())
     (plan,) = top_level_ops(parallel.get_executable(state, batch).module, PlanOp)
     assert isinstance(plan, PlanOp) and plan.schedule.data == "1f1b"
