@@ -6,11 +6,14 @@
   :func:`alpa_ir.pipeline.schedule.schedule_clocks` (the backward runs B and W
   together).
 - ``interleaved-1f1b`` (Megatron-LM): ``v`` chunks per mesh, stage ``c·p + k``
-  on mesh ``k`` (non-adjacent chunks). Mesh ``k`` warms up with
-  ``min(2(p−k−1) + (v−1)p, m·v)`` forwards, then alternates one forward and one
-  backward, then drains the backwards. Its ``i``-th forward is chunk
-  ``(i // p) mod v`` of micro-batch ``(i // pv)·p + i mod p``; backwards walk
-  the chunks in reverse. Needs ``m`` divisible by ``p``.
+  on mesh ``k`` (non-adjacent chunks). Its forwards take the micro-batches in
+  groups of ``g``, each group through every chunk in turn; backwards walk the
+  chunks in reverse. ``g`` is ``p`` when ``p`` divides ``m`` (Megatron's
+  order), else the smallest divisor of ``m`` above ``p`` (Megatron-core's
+  group size option): the bubble stays ``(p−1)/v`` of 1F1B's, the warm-up
+  holds ``(g−p)(v−1)`` more chunk activations. Mesh ``k`` warms up with
+  ``min(2(p−k−1) + (v−1)g, m·v)`` forwards, then alternates one forward and
+  one backward, then drains the backwards.
 - ``zb-h1`` (Qi et al., ICLR'24): one stage per mesh, backward split into B
   and W. Each mesh keeps 1F1B's order of forwards and B's and runs a W
   whenever its next forward or B is not ready, or when the forward would hold
@@ -86,24 +89,29 @@ def interleaved_1f1b(
     del caps
     kind = "interleaved-1f1b"
     _check_counts(kind, meshes, micro_batches, virtual)
-    if micro_batches % meshes:
-        raise AlpaError(
-            f"schedule '{kind}' needs the micro-batches ({micro_batches}) to be a multiple of "
-            f"the meshes ({meshes})"
-        )
     p, v, total = meshes, virtual, micro_batches * virtual
     mesh_of = tuple(s % p for s in range(p * v))
+    # groups of g micro-batches, each run through every chunk in turn: g is the
+    # smallest divisor of m from p on (Megatron's g = p when p divides m)
+    group = next(
+        g for g in range(min(p, micro_batches), micro_batches + 1) if micro_batches % g == 0
+    )
+    table = [
+        (chunk, mb)
+        for start in range(0, micro_batches, group)
+        for chunk in range(v)
+        for mb in range(start, start + group)
+    ]
 
     def nth(k: int, i: int, phase: str) -> Task:
-        chunk = (i // p) % v
+        chunk, mb = table[i]
         if phase == "backward":
             chunk = v - 1 - chunk
-        mb = (i // (p * v)) * p + i % p
         return Task(chunk * p + k, mb, phase)  # type: ignore[arg-type]
 
     orders = []
     for k in range(p):
-        warmup = min(2 * (p - k - 1) + (v - 1) * p, total)
+        warmup = min(2 * (p - k - 1) + (v - 1) * group, total)
         tasks = [nth(k, i, "forward") for i in range(warmup)]
         for i in range(total - warmup):
             tasks += [nth(k, warmup + i, "forward"), nth(k, i, "backward")]

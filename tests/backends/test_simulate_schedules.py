@@ -50,6 +50,21 @@ def test_bubble_and_peak_match_the_closed_forms(schedule: str, v: int, p: int, m
     assert peak == pytest.approx(want_peak, rel=0.02)
 
 
+@pytest.mark.parametrize(("p", "m"), [(5, 32), (3, 32), (5, 7), (8, 36)])
+@pytest.mark.parametrize("v", [2, 3])
+def test_interleaved_reaches_its_bubble_when_the_meshes_do_not_divide_the_micro_batches(
+    p: int, m: int, v: int
+) -> None:
+    """Micro-batches in groups of g (the smallest divisor of m from p on): the
+    bubble is still (p−1)(T_F+T_B+T_W)/v; the warm-up holds g − p more
+    micro-batches of the first v − 1 chunks than the closed form's peak."""
+    bubble, peak, _ = _run("interleaved-1f1b", p, m, v, 1.0, 1.0, 1.0)
+    want_bubble, want_peak = _bubble_and_peak("interleaved-1f1b", p, m, v, 1.0, 1.0, 1.0)
+    group = {(5, 32): 8, (3, 32): 4, (5, 7): 7, (8, 36): 9}[p, m]
+    assert bubble == pytest.approx(want_bubble, rel=0.02, abs=1e-9)
+    assert peak == pytest.approx(min(want_peak + (group - p) * (v - 1) / v, m), rel=0.02)
+
+
 @pytest.mark.parametrize(("f", "b", "w"), [(1.0, 1.5, 1.0), (2.0, 1.0, 1.0), (1.0, 1.0, 0.5)])
 def test_zb_h1_bubble_follows_the_weight_time(f: float, b: float, w: float) -> None:
     """ZB-H1 hides W in the bubble: (p−1)(T_F + T_B − T_W), also when T_F, T_B and

@@ -42,7 +42,7 @@ def test_every_kind_builds_a_checked_order(
 ) -> None:
     """Also with in-flight caps: 1F1B's need on each stage plus some slack."""
     virtual = _virtual(kind, v)
-    micro_batches = meshes * rounds  # interleaved needs a multiple of the meshes
+    micro_batches = meshes * rounds + slack  # also a count the meshes do not divide
     caps = [max(1, meshes - s % meshes) + slack for s in range(meshes * virtual)]
     order = build_schedule(kind, meshes, micro_batches, virtual, caps)
     assert order.num_meshes == meshes and order.num_stages == meshes * virtual
@@ -137,8 +137,6 @@ def test_checker_rejects_broken_orders() -> None:
     [
         (("zigzag", 2, 4), "unknown schedule 'zigzag'; known: gpipe, 1f1b, interleaved-1f1b, "
                            "zb-h1, zb-v"),
-        (("interleaved-1f1b", 4, 6, 2), "schedule 'interleaved-1f1b' needs the micro-batches "
-                                        "(6) to be a multiple of the meshes (4)"),
         (("1f1b", 2, 4, 2), "schedule '1f1b' runs one stage per mesh; virtual-stages=2 needs "
                             "interleaved-1f1b or zb-v"),
         (("zb-v", 2, 4, 3), "schedule 'zb-v' places 2 stages per mesh; got virtual-stages=3"),
