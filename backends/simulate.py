@@ -156,6 +156,7 @@ def plan_from_module(
         tuple(backward),
         virtual_stages=num // len(mesh_stages),
         in_flight_caps=plan.in_flight_caps(),
+        phase_times=plan.stage_phase_times(),
     )
 
 

@@ -440,7 +440,9 @@ def emit_programs(
     caps = p.plan.in_flight_caps()
     distinct = list(dict.fromkeys(p.meshes))
     try:
-        order = order_of_plan(kind, p.meshes, num_mb, caps, schedules=schedules)
+        order = order_of_plan(
+            kind, p.meshes, num_mb, caps, p.plan.stage_phase_times(), schedules=schedules
+        )
     except AlpaError as error:
         raise AlpaError(f"emit-instructions: {error}") from error
     if order.split_backward and not any("backward_weight" in f for f in p.functions):

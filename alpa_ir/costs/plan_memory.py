@@ -262,7 +262,9 @@ def pipeline_memory(module: ModuleOp, *, fusion: bool = False) -> tuple[StagePea
     stages = plan_stages(module)
     b = int(plan.num_micro_batches.value.data)
     meshes = [stage.mesh.root_reference.data for stage in stages]
-    order = order_of_plan(plan.schedule.data, meshes, b, plan.in_flight_caps())
+    order = order_of_plan(
+        plan.schedule.data, meshes, b, plan.in_flight_caps(), plan.stage_phase_times()
+    )
     in_flight = peak_stage_in_flight(order)
     calls = _Calls.of(module)
     return tuple(

@@ -17,6 +17,7 @@ writes a ``pipeline.program`` per mesh whose body is its instruction list::
 
 from __future__ import annotations
 
+import math
 import re
 from typing import ClassVar
 
@@ -49,7 +50,10 @@ _SCHEDULE_NAME = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")
 class PlanOp(PropertiesSymbolOp):
     """The pipeline plan: its stages in order, micro-batch count and schedule.
     ``in_flight`` (optional, one per stage): the micro-batches each stage may
-    hold in flight, from its memory; zero-bubble schedules defer W within it."""
+    hold in flight, from its memory; zero-bubble schedules defer W within it.
+    ``phase_times`` (optional, three per stage): each stage's forward, B and W
+    seconds per micro-batch as planned; the zero-bubble schedules build their
+    order with them (without: unit times)."""
 
     name = "pipeline.plan"
     sym_name = prop_def(StringAttr)
@@ -57,16 +61,25 @@ class PlanOp(PropertiesSymbolOp):
     num_micro_batches = prop_def(IntegerAttr)
     schedule = prop_def(StringAttr)
     in_flight = opt_prop_def(DenseArrayBase)
+    phase_times = opt_prop_def(DenseArrayBase)
     traits = traits_def(SymbolOpInterface())
     PROPERTY_ORDER: ClassVar[tuple[str, ...]] = (
         "stages",
         "num_micro_batches",
         "schedule",
         "in_flight",
+        "phase_times",
     )
 
     def in_flight_caps(self) -> tuple[int, ...] | None:
         return None if self.in_flight is None else tuple(ints_of(self.in_flight))
+
+    def stage_phase_times(self) -> tuple[tuple[float, float, float], ...] | None:
+        """``phase_times`` as one (forward, B, W) triple per stage."""
+        if self.phase_times is None:
+            return None
+        flat = [float(x) for x in self.phase_times.get_values()]
+        return tuple((flat[i], flat[i + 1], flat[i + 2]) for i in range(0, len(flat) - 2, 3))
 
     def verify_(self) -> None:
         if not _SCHEDULE_NAME.fullmatch(self.schedule.data):
@@ -82,6 +95,15 @@ class PlanOp(PropertiesSymbolOp):
                 f"in_flight needs one count >= 1 per stage ({len(self.stages.data)}), got "
                 f"{list(caps)}"
             )
+        if self.phase_times is not None:
+            flat = [float(x) for x in self.phase_times.get_values()]
+            if len(flat) != 3 * len(self.stages.data) or not all(
+                math.isfinite(x) and x >= 0 for x in flat
+            ):
+                raise VerifyException(
+                    f"phase_times needs a forward, B and W time >= 0 per stage "
+                    f"({3 * len(self.stages.data)} numbers), got {flat}"
+                )
 
 
 @irdl_op_definition

@@ -71,6 +71,10 @@ class SimStage:
     device_memory: float = math.inf
     num_devices: int = 1
     backward_weight: float = 0.0
+    transient_memory: float = 0.0
+    """Bytes held only while the stage runs a task (remat's recomputed stash):
+    stages that share a mesh run one task at a time, so the mesh holds the
+    largest of theirs, not the sum."""
 
 
 @dataclass(frozen=True)
@@ -81,7 +85,9 @@ class SimPlan:
     Empty: no transfer time. ``virtual_stages``: stages per mesh (the schedule
     places them); ``stages`` lists every pipeline stage in order.
     ``in_flight_caps``: per stage, the micro-batches it may hold in flight
-    (zero-bubble schedules defer W within them; None: the schedule's own)."""
+    (zero-bubble schedules defer W within them; None: the schedule's own).
+    ``phase_times``: per stage, the forward, B and W times the schedule's order
+    is built with (the plan's; None: unit times), not the times simulated."""
 
     stages: tuple[SimStage, ...]
     num_micro_batches: int
@@ -90,6 +96,7 @@ class SimPlan:
     backward_transfers: tuple[float, ...] | None = None
     virtual_stages: int = 1
     in_flight_caps: tuple[int, ...] | None = None
+    phase_times: tuple[tuple[float, float, float], ...] | None = None
 
     def task_order(self) -> TaskOrder:
         """The schedule's task order for these stages."""
@@ -100,7 +107,12 @@ class SimPlan:
                 f"virtual-stages={v}"
             )
         return build_schedule(
-            self.schedule, len(self.stages) // v, self.num_micro_batches, v, self.in_flight_caps
+            self.schedule,
+            len(self.stages) // v,
+            self.num_micro_batches,
+            v,
+            self.in_flight_caps,
+            self.phase_times,
         )
 
 
@@ -175,7 +187,7 @@ def _validate(plan: SimPlan) -> tuple[list[float], list[float]]:
     for i, st in enumerate(plan.stages):
         for name in ("forward", "backward", "backward_weight", "apply_grad"):
             _check_time(getattr(st, name), f"stage {i} {name}")
-        for name in ("persistent_memory", "activation_memory"):
+        for name in ("persistent_memory", "activation_memory", "transient_memory"):
             value = getattr(st, name)
             if not (math.isfinite(value) and value >= 0):
                 raise AlpaError(f"simulate: stage {i} {name} must be >= 0 bytes, got {value}")
@@ -210,16 +222,18 @@ def simulate(plan: SimPlan, *, check_memory: bool = True) -> SimResult:
     order = plan.task_order()
     in_flight = peak_stage_in_flight(order)
     held = peak_mesh_activations(order, [st.activation_memory for st in plan.stages])
-    peaks = tuple(
-        held[k] + sum(plan.stages[s].persistent_memory for s in order.stages_of(k))
+    persistents = [
+        sum(plan.stages[s].persistent_memory for s in order.stages_of(k))
+        + max(plan.stages[s].transient_memory for s in order.stages_of(k))
         for k in range(order.num_meshes)
-    )
+    ]
+    peaks = tuple(held[k] + persistents[k] for k in range(order.num_meshes))
     if check_memory:
         for k, peak in enumerate(peaks):
             stages = order.stages_of(k)
             limit = min(plan.stages[s].device_memory for s in stages)
             if peak > limit:
-                persistent = sum(plan.stages[s].persistent_memory for s in stages)
+                persistent = persistents[k]
                 what = f"stage {k}" if len(stages) == 1 else f"mesh {k} (stages {list(stages)})"
                 flight = ", ".join(str(in_flight[s]) for s in stages)
                 raise PlanError(

@@ -20,10 +20,12 @@ candidates are the schedules the runtimes execute with one stage per mesh:
 - ``interleaved-1f1b`` and ``zb-v``: the DP slices the layers into ``p``
   meshes' worth (each DP stage is a mesh) with the bubble term divided by
   the ``v = 2`` chunks per mesh (interleaved: ``Σ t_i / v``; zb-v: ZB-H1's sum
-  halved); each mesh's layers are then cut into two chunks and laid out in
-  the schedule's order (interleaved: every mesh's first chunk, then every
-  mesh's second; V: the second chunks in reverse), each chunk priced on its
-  mesh's view from the table (:func:`alpa_ir.pipeline.stage_construction.virtualize`).
+  halved). On those meshes, and on every split of the cluster into equal
+  submeshes, the layers are then cut anew into chunks laid out in the
+  schedule's order (interleaved: every mesh's first chunk, then every mesh's
+  second; V: the second chunks in reverse), a mesh's chunks priced together
+  (:mod:`alpa_ir.pipeline.virtual_layout`); the simulator keeps the fastest
+  that fits (:func:`alpa_ir.pipeline.stage_construction.virtual_plans`).
 
 A stage's forward, B and W times are its latency split by its layers' FLOPs
 per phase (:meth:`alpa_ir.costs.stage_table.StageCostTable.phase_shares`); with
@@ -42,6 +44,7 @@ import numpy as np
 
 from alpa_ir.costs.stage_table import StageCostTable
 from alpa_ir.pipeline.pipeline_simulation import SimPlan, SimStage
+from alpa_ir.pipeline.schedule_kinds import SPLIT_SCHEDULES
 
 AUTO_SCHEDULES = ("1f1b", "zb-h1", "interleaved-1f1b", "zb-v", "gpipe")
 """What ``schedule=auto`` compares, in order of preference on a tie."""
@@ -89,16 +92,21 @@ def in_flight_caps(
 ) -> tuple[int, ...] | None:
     """Per stage, the micro-batches a zero-bubble schedule may hold there: ZB-H1,
     ``p`` where the memory allows, else what fits, never below 1F1B's ``p − i``;
-    ZB-V, on both chunks of a mesh as many micro-batches as fit beside the
-    mesh's persistent memory (at least one)."""
+    ZB-V, half of the chunk activations that fit beside the mesh's persistent
+    memory on each of its two chunks (the schedule caps their sum; at least
+    one each)."""
     if schedule == "zb-v":
         of = list(mesh_of or range(len(stages)))
         caps = []
         for k in of:
             mine = [st.cost for st, m in zip(stages, of, strict=True) if m == k]  # type: ignore[attr-defined]
-            room = table.cluster.device_memory - sum(c.persistent + c.transient for c in mine)
-            per = sum(c.activations for c in mine)
-            caps.append(max(1, int(room // per)) if per > 0 else len(stages))
+            held = sum(c.persistent for c in mine) + max(c.transient for c in mine)
+            room = table.cluster.device_memory - held
+            # the schedule counts a mesh's chunk activations against the sum of
+            # its chunks' caps: whichever chunk holds them, they must fit
+            largest = max(c.activations for c in mine)
+            slots = int(room // largest) if largest > 0 else 2 * len(stages)
+            caps.append(max(1, slots // 2))
         return tuple(caps)
     if schedule != "zb-h1":
         return None
@@ -135,8 +143,9 @@ def stage_sim_plan(
                 backward=b,
                 backward_weight=w,
                 apply_grad=2 * cost.persistent / hbm if hbm > 0 else 0.0,
-                # the recomputed stash (remat) is held once, not per micro-batch
-                persistent_memory=cost.persistent + cost.transient,
+                persistent_memory=cost.persistent,
+                # the recomputed stash (remat): once per mesh, not per micro-batch
+                transient_memory=cost.transient,
                 activation_memory=cost.activations,
                 device_memory=cluster.device_memory,
                 num_devices=s.mesh.size,  # type: ignore[attr-defined]
@@ -149,6 +158,7 @@ def stage_sim_plan(
     apart = [of[k] != of[k + 1] for k in range(len(stages) - 1)]
     forward = tuple(times[k + 1][0] * apart[k] for k in range(len(stages) - 1))
     backward = tuple(times[k][1] * apart[k] for k in range(len(stages) - 1))
+    split = schedule in SPLIT_SCHEDULES
     return SimPlan(
         tuple(sim),
         num_micro_batches,
@@ -157,6 +167,11 @@ def stage_sim_plan(
         backward,
         virtual_stages=len(stages) // len(set(of)),
         in_flight_caps=in_flight_caps(table, stages, schedule, of),
+        # the zero-bubble orders are built with the stages' own times (and
+        # written into the plan with them)
+        phase_times=tuple((s.forward, s.backward, s.backward_weight) for s in sim)
+        if split
+        else None,
     )
 
 

@@ -23,13 +23,18 @@
   ``2p − 1 − k`` on mesh ``k``, so the last stage shares the first mesh),
   backward split. Each mesh runs B first, then a forward (the later chunk
   first) while it holds fewer than ``2p`` chunk activations (``p`` micro-batches
-  of the whole mesh; under a lower cap the first chunk leaves one slot to the
-  second), else a W.
+  of the whole mesh; under a lower cap, or with phase times, the first chunk
+  leaves one slot to the second, without which unequal times can fill a mesh
+  with first-chunk forwards whose B's wait on it), else a W.
 
-The zero-bubble orders are found by list scheduling with unit times (F = B = W):
-the greedy choice above at each moment a mesh is free. The order is part of
-the schedule, not of a stage's speed: ``emit-instructions`` and the simulator
-build the same lists from the same plan. ``caps`` (one per stage, or None) are
+The zero-bubble orders are found by list scheduling: the greedy choice above
+at each moment a mesh is free, with unit times (F = B = W) or with the plan's
+phase times (``times``, per stage F, B and W: ``construct-stages`` writes the
+times it planned with into ``pipeline.plan``'s ``phase_times``; an order
+built for unit times, replayed when B takes twice F as under remat, leaves a
+third of a ZB-V step idle). The order is part of the plan, not of a run's
+speed: ``emit-instructions`` and the simulator build the same lists from the
+same plan. ``caps`` (one per stage, or None) are
 the micro-batches each stage may hold in flight, from its memory;
 ``construct-stages`` writes them into the plan (``pipeline.plan``'s
 ``in_flight``). Any order is deadlock-free and checked
@@ -41,6 +46,7 @@ signature).
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -48,8 +54,12 @@ from alpa_ir.errors import AlpaError
 from alpa_ir.pipeline.schedule import Task, schedule_clocks
 from alpa_ir.pipeline.task_order import TaskOrder, check_task_order, dependencies
 
-ScheduleBuilder = Callable[[int, int, int, Sequence[int] | None], TaskOrder]
-"""``(meshes, micro_batches, virtual_stages, caps or None) -> TaskOrder``."""
+PhaseTimes = Sequence[tuple[float, float, float]]
+"""Per stage, the forward, B and W times a list-scheduled order is built with."""
+ScheduleBuilder = Callable[..., TaskOrder]
+"""``(meshes, micro_batches, virtual_stages, caps or None) -> TaskOrder``; a
+builder that orders by time also takes ``times`` (:data:`PhaseTimes`), passed
+only where a plan has them."""
 
 
 def _check_counts(kind: str, meshes: int, micro_batches: int, virtual: int) -> None:
@@ -62,9 +72,13 @@ def _check_counts(kind: str, meshes: int, micro_batches: int, virtual: int) -> N
 
 def _clock_order(kind: str) -> ScheduleBuilder:
     def build(
-        meshes: int, micro_batches: int, virtual: int, caps: Sequence[int] | None
+        meshes: int,
+        micro_batches: int,
+        virtual: int,
+        caps: Sequence[int] | None,
+        times: PhaseTimes | None = None,
     ) -> TaskOrder:
-        del caps
+        del caps, times  # a fixed order
         _check_counts(kind, meshes, micro_batches, virtual)
         if virtual != 1:
             raise AlpaError(
@@ -83,10 +97,14 @@ def _clock_order(kind: str) -> ScheduleBuilder:
 
 
 def interleaved_1f1b(
-    meshes: int, micro_batches: int, virtual: int, caps: Sequence[int] | None = None
+    meshes: int,
+    micro_batches: int,
+    virtual: int,
+    caps: Sequence[int] | None = None,
+    times: PhaseTimes | None = None,
 ) -> TaskOrder:
     """Megatron-LM's interleaved 1F1B (module docstring)."""
-    del caps
+    del caps, times  # a fixed order
     kind = "interleaved-1f1b"
     _check_counts(kind, meshes, micro_batches, virtual)
     p, v, total = meshes, virtual, micro_batches * virtual
@@ -137,10 +155,15 @@ Policy = Callable[[int, float, Callable[[Task], bool], list[_Progress]], Task | 
 
 
 def _list_schedule(
-    kind: str, micro_batches: int, mesh_of: tuple[int, ...], policy: Policy
+    kind: str,
+    micro_batches: int,
+    mesh_of: tuple[int, ...],
+    policy: Policy,
+    times: PhaseTimes | None = None,
 ) -> TaskOrder:
-    """Simulate the meshes with unit times; each free mesh runs the task ``policy``
-    picks among the ready ones (``policy(mesh, now, is_ready, progress)``)."""
+    """Simulate the meshes with ``times`` (None: unit times); each free mesh runs
+    the task ``policy`` picks among the ready ones (``policy(mesh, now,
+    is_ready, progress)``)."""
     meshes = max(mesh_of) + 1
     order = TaskOrder(kind, micro_batches, mesh_of, True, ())
     ends: dict[Task, float] = {}
@@ -165,7 +188,8 @@ def _list_schedule(
                 if task is None:
                     continue
                 state = progress[task.stage]
-                duration = 1.0
+                phase = ("forward", "backward", "backward_weight").index(task.phase)
+                duration = 1.0 if times is None else times[task.stage][phase]
                 attr = {"forward": "forward", "backward": "backward"}.get(task.phase, "weight")
                 setattr(state, attr, getattr(state, attr) + 1)
                 ends[task] = free[k] = now + duration
@@ -185,6 +209,19 @@ def _list_schedule(
     return TaskOrder(kind, micro_batches, mesh_of, True, tuple(map(tuple, orders)))
 
 
+def _times(kind: str, times: PhaseTimes | None, stages: int) -> PhaseTimes | None:
+    if times is None:
+        return None
+    if len(times) != stages or any(len(t) != 3 for t in times):
+        raise AlpaError(
+            f"schedule '{kind}': phase times need a forward, B and W time for each of the "
+            f"{stages} stages, got {len(times)} entries"
+        )
+    if not all(math.isfinite(x) and x >= 0 for t in times for x in t):
+        raise AlpaError(f"schedule '{kind}': phase times must be finite and >= 0")
+    return times
+
+
 def _caps(kind: str, caps: Sequence[int] | None, stages: int, default: int) -> list[int]:
     """Each stage's cap: the schedule's ``default`` or less, as ``caps`` say."""
     if caps is None:
@@ -200,7 +237,11 @@ def _caps(kind: str, caps: Sequence[int] | None, stages: int, default: int) -> l
 
 
 def zb_h1(
-    meshes: int, micro_batches: int, virtual: int, caps: Sequence[int] | None = None
+    meshes: int,
+    micro_batches: int,
+    virtual: int,
+    caps: Sequence[int] | None = None,
+    times: PhaseTimes | None = None,
 ) -> TaskOrder:
     """ZB-H1 (module docstring)."""
     kind = "zb-h1"
@@ -235,11 +276,15 @@ def zb_h1(
             return task
         return w if pending_w else None
 
-    return _list_schedule(kind, m, tuple(range(p)), policy)
+    return _list_schedule(kind, m, tuple(range(p)), policy, _times(kind, times, p))
 
 
 def zb_v(
-    meshes: int, micro_batches: int, virtual: int, caps: Sequence[int] | None = None
+    meshes: int,
+    micro_batches: int,
+    virtual: int,
+    caps: Sequence[int] | None = None,
+    times: PhaseTimes | None = None,
 ) -> TaskOrder:
     """ZB-V (module docstring)."""
     kind = "zb-v"
@@ -268,7 +313,7 @@ def zb_v(
         # under caps below 2p the first chunk keeps a slot free for the second, which
         # completes a micro-batch (with every mesh at 2p the second chunk's forward
         # arrives in time; one slower mesh delays it for all)
-        reserve = 1 if constrained else 0
+        reserve = 1 if constrained or times is not None else 0
         for s, room in ((second, mesh_cap[k]), (first, mesh_cap[k] - reserve)):
             state = progress[s]
             f = Task(s, state.forward, "forward")
@@ -280,7 +325,7 @@ def zb_v(
                 return Task(s, state.weight, "backward_weight")
         return None
 
-    return _list_schedule(kind, m, mesh_of, policy)
+    return _list_schedule(kind, m, mesh_of, policy, _times(kind, times, 2 * p))
 
 
 BUILTIN_SCHEDULES: Mapping[str, ScheduleBuilder] = {
@@ -300,15 +345,21 @@ def build_schedule(
     micro_batches: int,
     virtual_stages: int = 1,
     caps: Sequence[int] | None = None,
+    times: PhaseTimes | None = None,
     *,
     schedules: Mapping[str, ScheduleBuilder] | None = None,
 ) -> TaskOrder:
     """The checked task order of schedule ``kind`` (a builtin or one of
-    ``schedules``); ``caps``: per stage, the micro-batches it may hold in flight."""
+    ``schedules``); ``caps``: per stage, the micro-batches it may hold in
+    flight; ``times``: per stage, the phase times a list-scheduled order is
+    built with (given to the builder only when not None)."""
     table = {**BUILTIN_SCHEDULES, **(schedules or {})}
     if kind not in table:
         raise AlpaError(f"unknown schedule '{kind}'; known: {', '.join(table)}")
-    order = table[kind](meshes, micro_batches, virtual_stages, caps)
+    if times is None:
+        order = table[kind](meshes, micro_batches, virtual_stages, caps)
+    else:
+        order = table[kind](meshes, micro_batches, virtual_stages, caps, times)
     if not isinstance(order, TaskOrder):
         raise AlpaError(f"schedule '{kind}' built {type(order).__name__}, not a TaskOrder")
     check_task_order(order)
@@ -320,19 +371,23 @@ def order_of_plan(
     stage_meshes: Sequence[str],
     micro_batches: int,
     caps: Sequence[int] | None = None,
+    times: PhaseTimes | None = None,
     *,
     schedules: Mapping[str, ScheduleBuilder] | None = None,
 ) -> TaskOrder:
     """The task order of a plan whose stage ``s`` runs on mesh ``stage_meshes[s]``
     (names; a mesh holding several stages: virtual stages), checked to place
-    the stages where the plan does."""
+    the stages where the plan does (``caps``, ``times``: the plan's
+    ``in_flight`` and ``phase_times``)."""
     distinct = list(dict.fromkeys(stage_meshes))
     if not distinct or len(stage_meshes) % len(distinct):
         raise AlpaError(
             f"{len(stage_meshes)} stages on {len(distinct)} meshes; every mesh needs as many stages"
         )
     virtual = len(stage_meshes) // len(distinct)
-    order = build_schedule(kind, len(distinct), micro_batches, virtual, caps, schedules=schedules)
+    order = build_schedule(
+        kind, len(distinct), micro_batches, virtual, caps, times, schedules=schedules
+    )
     planned = tuple(distinct.index(m) for m in stage_meshes)
     if order.mesh_of != planned:
         raise AlpaError(
@@ -345,6 +400,7 @@ def order_of_plan(
 __all__ = [
     "BUILTIN_SCHEDULES",
     "SPLIT_SCHEDULES",
+    "PhaseTimes",
     "ScheduleBuilder",
     "build_schedule",
     "interleaved_1f1b",

@@ -60,6 +60,7 @@ from alpa_ir.pipeline.schedule_choice import (
     stage_sim_plan,
 )
 from alpa_ir.pipeline.stage_outline import LayerRanges, StageSlice, fresh_mesh_names, outline_stages
+from alpa_ir.pipeline.virtual_layout import VirtualMesh, balance_chunks, chunk_layout
 
 LATENCY_ATTR = "construct_stages.latency"
 SCHEDULES_ATTR = "construct_stages.schedules"
@@ -109,6 +110,8 @@ class StagePlan:
     mesh_of: tuple[int, ...] | None = None
     """Each stage's mesh where several stages share one (virtual stages): the
     index of the mesh's first stage among the distinct meshes; None: one each."""
+    phase_times: tuple[tuple[float, float, float], ...] | None = None
+    """Per stage, the forward, B and W seconds the zero-bubble order is built with."""
 
 
 def solve_stages(
@@ -182,9 +185,12 @@ def evaluate_schedule(
     remat: bool = False,
     submeshes: Sequence[tuple[int, int]] | None = None,
 ) -> ScheduleCandidate:
-    """The DP's plan for ``schedule``, simulated under it."""
+    """The DP's plan for ``schedule``, simulated under it. For the schedules with
+    several chunks per mesh, the chunks are cut anew (:func:`virtual_plans`) on
+    the DP's meshes and on every equal split of the cluster; the fastest that
+    fits is the candidate."""
     try:
-        plan = solve_stages(
+        plan: StagePlan | None = solve_stages(
             table,
             num_micro_batches,
             epsilon=epsilon,
@@ -192,15 +198,34 @@ def evaluate_schedule(
             submeshes=submeshes,
             schedule=schedule,
         )
-        if schedule in VIRTUAL_STAGES:
-            plan = virtualize(table, plan, schedule, VIRTUAL_STAGES[schedule])
     except PlanError as error:
-        return ScheduleCandidate(schedule, None, note=str(error))
+        if schedule not in VIRTUAL_STAGES:
+            return ScheduleCandidate(schedule, None, note=str(error))
+        plan, dp_error = None, error
+    if schedule not in VIRTUAL_STAGES:
+        assert plan is not None
+        return _simulated(table, plan, num_micro_batches, schedule, remat)
+    plans = virtual_plans(
+        table, plan, num_micro_batches, schedule, VIRTUAL_STAGES[schedule], submeshes
+    )
+    if not plans:
+        return ScheduleCandidate(
+            schedule, None, note=str(dp_error) if plan is None else "no mesh split has the layers"
+        )
+    tried = [_simulated(table, p, num_micro_batches, schedule, remat) for p in plans]
+    return min(tried, key=lambda c: (not c.fits, c.iteration_time, c.peak_memory))
+
+
+def _simulated(
+    table: StageCostTable, plan: StagePlan, num_micro_batches: int, schedule: str, remat: bool
+) -> ScheduleCandidate:
+    """``plan`` timed and sized by the simulator under ``schedule``."""
     try:
         sim = stage_sim_plan(table, plan.stages, num_micro_batches, schedule, remat, plan.mesh_of)
         sim.task_order()
     except AlpaError as error:  # the schedule cannot run these sizes
         return ScheduleCandidate(schedule, None, note=str(error))
+    plan = replace(plan, phase_times=sim.phase_times)
     unchecked = simulate(sim, check_memory=False)
     peak = max(unchecked.peak_memory)
     try:
@@ -212,48 +237,68 @@ def evaluate_schedule(
     return ScheduleCandidate(schedule, plan, result.iteration_time, peak, sim.in_flight_caps)
 
 
-def _chunk_sizes(count: int, chunks: int) -> list[int]:
-    return [count // chunks + (c < count % chunks) for c in range(chunks)]
+def _equal_splits(
+    table: StageCostTable, submeshes: Sequence[tuple[int, int]] | None
+) -> list[list[VirtualMesh]]:
+    """The cluster as ``p ≥ 2`` equal submeshes, for each submesh shape that
+    divides it, on each of its views no more than 10 % slower over all the
+    layers than its fastest."""
+    cluster = table.cluster
+    out = []
+    for submesh in submeshes or table.submeshes:
+        size = submesh[0] * submesh[1]
+        count = cluster.num_devices // size
+        if count < 2 or count * size != cluster.num_devices:
+            continue
+        placed = _place(cluster, [(0, 0, submesh)] * count)
+        views = table.views[submesh]
+        whole = [
+            sum(table.cost(k, k, tuple(v.shape)).latency for k in range(table.num_layers))
+            for v in views
+        ]
+        for view, seconds in zip(views, whole, strict=True):
+            if seconds <= 1.1 * min(whole):
+                out.append(
+                    [VirtualMesh(submesh, cluster.logical_mesh(view.shape, d)) for _, d in placed]
+                )
+    return out
 
 
-def virtualize(table: StageCostTable, plan: StagePlan, schedule: str, chunks: int) -> StagePlan:
-    """The DP's stages as meshes of ``chunks`` layer chunks each, laid out in
-    ``schedule``'s order (:mod:`alpa_ir.pipeline.schedule_choice`): mesh ``k``
-    keeps its layer count and its view and plan choice; the layers are dealt
-    out anew in pipeline order."""
-    p = len(plan.stages)
-    counts = [s.last - s.first + 1 for s in plan.stages]
-    if min(counts) < chunks:
-        k = counts.index(min(counts))
-        raise PlanError(
-            f"construct-stages: {schedule} cuts each mesh's layers into {chunks} chunks, but "
-            f"stage {k} has {counts[k]} layer(s)"
-        )
-    sizes = [_chunk_sizes(n, chunks) for n in counts]
-    if schedule == "zb-v":
-        layout = [(k, 0) for k in range(p)] + [(k, 1) for k in reversed(range(p))]
-    else:
-        layout = [(k, c) for c in range(chunks) for k in range(p)]
-    out: list[StageChoice] = []
-    first = 0
-    for k, c in layout:
-        stage = plan.stages[k]
-        last = first + sizes[k][c] - 1
-        cost = table.cost(first, last, tuple(stage.mesh.shape))
-        out.append(StageChoice(first, last, stage.submesh, stage.mesh, cost, cost.latency))
-        first = last + 1
-    mesh_of = [k for k, _ in layout]
-    for k in range(p):  # a mesh whose chunks do not fit takes their memory-saving plans
-        mine = [i for i, m in enumerate(mesh_of) if m == k]
-        need = sum(out[i].cost.peak(1) for i in mine)
-        if need > table.cluster.device_memory:
-            for i in mine:
-                saving = out[i].cost.memory_saving
-                if saving is not None:
-                    out[i] = replace(
-                        out[i], cost=saving, latency=saving.latency, pace=saving.latency
-                    )
-    return replace(plan, stages=tuple(out), mesh_of=tuple(k for k, _ in layout))
+def virtual_plans(
+    table: StageCostTable,
+    plan: StagePlan | None,
+    num_micro_batches: int,
+    schedule: str,
+    chunks: int,
+    submeshes: Sequence[tuple[int, int]] | None = None,
+) -> list[StagePlan]:
+    """Plans with ``chunks`` layer chunks per mesh in ``schedule``'s layout
+    (:mod:`alpa_ir.pipeline.virtual_layout`), on the meshes of ``plan`` (the
+    DP's, if any) and on each equal split of the cluster; each plan's latency
+    is Eq. 2 over its meshes (``Σ t / v + (B − 1)·max`` of the meshes' summed
+    chunk times)."""
+    configs = [] if plan is None else [[VirtualMesh(s.submesh, s.mesh) for s in plan.stages]]
+    configs += _equal_splits(table, submeshes)
+    out = []
+    for meshes in configs:
+        layout = chunk_layout(schedule, len(meshes), chunks)
+        if len(layout) > table.num_layers:
+            continue
+        stages = []
+        for chunk in balance_chunks(table, meshes, layout, schedule, num_micro_batches):
+            mesh = meshes[chunk.mesh]
+            cost = table.cost(chunk.first, chunk.last, tuple(mesh.mesh.shape))
+            if chunk.choice and cost.memory_saving is not None:
+                cost = cost.memory_saving
+            stages.append(
+                StageChoice(chunk.first, chunk.last, mesh.submesh, mesh.mesh, cost, cost.latency)
+            )
+        loads = [0.0] * len(meshes)
+        for stage, k in zip(stages, layout, strict=True):
+            loads[k] += stage.latency
+        latency = sum(loads) / chunks + (num_micro_batches - 1) * max(loads)
+        out.append(StagePlan(tuple(stages), latency, mesh_of=layout))
+    return out
 
 
 def choose_schedule(
@@ -303,7 +348,7 @@ def plan_stages(
     """The stages for ``schedule``, or with ``auto`` the schedule too: the fastest
     candidate that fits (:func:`choose_schedule`). ``1f1b`` and ``gpipe`` are
     Alpa's DP as it is; the others are simulated to fit (zero-bubble caps come
-    from memory; interleaved and V chunks from :func:`virtualize`)."""
+    from memory; interleaved and V chunks from :func:`virtual_plans`)."""
     if schedule not in PLANNED_SCHEDULES:
         raise AlpaError(
             f"construct-stages: schedule must be one of {', '.join(PLANNED_SCHEDULES)}, got "
@@ -371,6 +416,9 @@ def write_plan(
         op.attributes[LATENCY_ATTR] = FloatAttr(plan.latency, f64)
         if plan.in_flight is not None:
             op.properties["in_flight"] = DenseArrayBase.from_list(i64, list(plan.in_flight))
+        if plan.phase_times is not None:
+            flat = [t for times in plan.phase_times for t in times]
+            op.properties["phase_times"] = DenseArrayBase.from_list(f64, flat)
         if plan.candidates:
             op.attributes[SCHEDULES_ATTR] = DictionaryAttr(
                 {c.schedule: FloatAttr(c.iteration_time, f64) for c in plan.candidates if c.fits}
@@ -484,6 +532,6 @@ __all__ = [
     "module_cluster",
     "plan_stages",
     "solve_stages",
-    "virtualize",
+    "virtual_plans",
     "write_plan",
 ]

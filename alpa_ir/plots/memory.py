@@ -36,13 +36,14 @@ def memory_curves(plan: SimPlan, result: SimResult) -> list[list[tuple[float, fl
                 events.append((t.start, +1))
                 events.append((backward_end.get(t.micro_batch, t.end), -1))
         events.sort()
-        held, curve = 0, [(0.0, stage.persistent_memory)]
+        base = stage.persistent_memory + stage.transient_memory
+        held, curve = 0, [(0.0, base)]
         for k, (time, delta) in enumerate(events):
             held += delta
             if k + 1 < len(events) and events[k + 1][0] == time:
                 continue  # one point per moment: what is held after all its events
-            curve.append((time, stage.persistent_memory + held * stage.activation_memory))
-        curve.append((result.iteration_time, stage.persistent_memory))
+            curve.append((time, base + held * stage.activation_memory))
+        curve.append((result.iteration_time, base))
         curves.append(curve)
     return curves
 
