@@ -212,7 +212,10 @@ def outcome(
     model_flops: float,
     remat: bool = False,
     schedule: str = "1f1b",
+    mesh_of: Sequence[int] | None = None,
 ) -> Outcome:
+    """``stages`` simulated under ``schedule`` (``mesh_of``: each stage's mesh
+    where several share one, as ``StagePlan.mesh_of``)."""
     from alpa_ir.backends.simulate import simulate
     from alpa_ir.pipeline.schedule_choice import stage_sim_plan
 
@@ -229,7 +232,7 @@ def outcome(
     out.eq2_latency = sum(s.latency for s in stages) + (num_micro_batches - 1) * max(
         (s.pace for s in stages), default=0.0
     )
-    plan = stage_sim_plan(table, stages, num_micro_batches, schedule, remat)
+    plan = stage_sim_plan(table, stages, num_micro_batches, schedule, remat, mesh_of)
     unchecked = simulate(plan, check_memory=False)
     out.peak_memory_gib = max(unchecked.peak_memory) / 2**30
     if unchecked.iteration_time > 0:
@@ -679,13 +682,16 @@ def bench_module(
             cross_stage_comm=cross_stage_comm,
             **plan_options,  # type: ignore[arg-type]
         )
-        alpa = outcome("alpa", table, plan.stages, num_micro_batches, flops, remat, plan.schedule)
+        alpa = outcome(
+            "alpa", table, plan.stages, num_micro_batches, flops, remat, plan.schedule, plan.mesh_of
+        )
         result["why"] = [r.text() for r in stage_reasons(table, plan)]
         if plan.candidates:
             result["schedules"] = {
                 c.schedule: {
                     "iteration_time": c.iteration_time,
                     "stages": len(c.plan.stages) if c.plan is not None else 0,  # type: ignore[attr-defined]
+                    "meshes": len(set(c.plan.mesh_of or c.plan.stages)) if c.plan else 0,  # type: ignore[attr-defined]
                     "note": c.note.split(";")[0],
                 }
                 for c in plan.candidates
@@ -718,6 +724,7 @@ def bench_module(
                     flops,
                     remat,
                     with_comm.schedule,
+                    with_comm.mesh_of,
                 )
             )
         except (AlpaError, PlanError) as error:
@@ -1008,10 +1015,10 @@ def build_parser() -> OneLineParser:
     )
     parser.add_argument(
         "--schedule",
-        choices=("1f1b", "gpipe", "zb-h1", "auto"),
+        choices=("1f1b", "gpipe", "zb-h1", "interleaved-1f1b", "zb-v", "auto"),
         default="1f1b",
         help="the pipeline schedule of Alpa's plan (auto: chosen with the stages among "
-        "1f1b, zb-h1 and gpipe; the baselines keep 1F1B)",
+        "1f1b, zb-h1, interleaved-1f1b, zb-v and gpipe; the baselines keep 1F1B)",
     )
     parser.add_argument(
         "--cost-model",

@@ -215,11 +215,14 @@ def _transfers(values: Sequence[float], num_stages: int, what: str) -> list[floa
     return [_check_time(v, f"{what}[{i}]") for i, v in enumerate(values)]
 
 
-def simulate(plan: SimPlan, *, check_memory: bool = True) -> SimResult:
+def simulate(
+    plan: SimPlan, *, check_memory: bool = True, order: TaskOrder | None = None
+) -> SimResult:
     """Simulate one iteration of ``plan`` (module docstring); raise PlanError
-    when a stage runs out of device memory (unless ``check_memory`` is false)."""
+    when a stage runs out of device memory (unless ``check_memory`` is false).
+    ``order``: ``plan.task_order()``, where the caller has built it already."""
     fwd_transfer, bwd_transfer = _validate(plan)
-    order = plan.task_order()
+    order = order or plan.task_order()
     in_flight = peak_stage_in_flight(order)
     held = peak_mesh_activations(order, [st.activation_memory for st in plan.stages])
     persistents = [

@@ -60,7 +60,12 @@ from alpa_ir.pipeline.schedule_choice import (
     stage_sim_plan,
 )
 from alpa_ir.pipeline.stage_outline import LayerRanges, StageSlice, fresh_mesh_names, outline_stages
-from alpa_ir.pipeline.virtual_layout import VirtualMesh, balance_chunks, chunk_layout
+from alpa_ir.pipeline.virtual_layout import (
+    VirtualMesh,
+    balance_chunks,
+    chunk_layout,
+    load_bound,
+)
 
 LATENCY_ATTR = "construct_stages.latency"
 SCHEDULES_ATTR = "construct_stages.schedules"
@@ -222,18 +227,18 @@ def _simulated(
     """``plan`` timed and sized by the simulator under ``schedule``."""
     try:
         sim = stage_sim_plan(table, plan.stages, num_micro_batches, schedule, remat, plan.mesh_of)
-        sim.task_order()
+        order = sim.task_order()
     except AlpaError as error:  # the schedule cannot run these sizes
         return ScheduleCandidate(schedule, None, note=str(error))
     plan = replace(plan, phase_times=sim.phase_times)
-    unchecked = simulate(sim, check_memory=False)
-    peak = max(unchecked.peak_memory)
     try:
-        result = simulate(sim)
+        result = simulate(sim, order=order)
     except PlanError as error:
+        peak = max(simulate(sim, check_memory=False, order=order).peak_memory)
         return ScheduleCandidate(
             schedule, plan, peak_memory=peak, in_flight=sim.in_flight_caps, note=str(error)
         )
+    peak = max(result.peak_memory)
     return ScheduleCandidate(schedule, plan, result.iteration_time, peak, sim.in_flight_caps)
 
 
@@ -264,6 +269,11 @@ def _equal_splits(
     return out
 
 
+KEEP_ESTIMATED = 1.1
+"""Virtual plans the simulator times: those whose slowest mesh is estimated
+within this factor of the best one's."""
+
+
 def virtual_plans(
     table: StageCostTable,
     plan: StagePlan | None,
@@ -274,18 +284,31 @@ def virtual_plans(
 ) -> list[StagePlan]:
     """Plans with ``chunks`` layer chunks per mesh in ``schedule``'s layout
     (:mod:`alpa_ir.pipeline.virtual_layout`), on the meshes of ``plan`` (the
-    DP's, if any) and on each equal split of the cluster; each plan's latency
-    is Eq. 2 over its meshes (``Σ t / v + (B − 1)·max`` of the meshes' summed
-    chunk times)."""
+    DP's, if any) and on each equal split of the cluster, those that fit
+    and whose slowest mesh is estimated within :data:`KEEP_ESTIMATED` of the
+    best (all if none fits); each plan's latency is Eq. 2 over its meshes
+    (``Σ t / v + (B − 1)·max`` of the meshes' summed chunk times)."""
     configs = [] if plan is None else [[VirtualMesh(s.submesh, s.mesh) for s in plan.stages]]
     configs += _equal_splits(table, submeshes)
-    out = []
-    for meshes in configs:
-        layout = chunk_layout(schedule, len(meshes), chunks)
-        if len(layout) > table.num_layers:
+    configs = [m for m in configs if len(m) * chunks <= table.num_layers]
+    bounds = [load_bound(table, m) for m in configs]
+    balanced = []
+    fitting: list[float] = []
+    # the most promising first; one whose bound is beyond what is kept is not balanced
+    for bound, meshes in sorted(zip(bounds, configs, strict=True), key=lambda x: x[0]):
+        if fitting and bound > KEEP_ESTIMATED * min(fitting):
             continue
+        layout = chunk_layout(schedule, len(meshes), chunks)
+        found = balance_chunks(table, meshes, layout, schedule, num_micro_batches)
+        balanced.append((meshes, layout, found))
+        if found.overflow == 0:
+            fitting.append(found.slowest)
+    out = []
+    for meshes, layout, found in balanced:
+        if fitting and (found.overflow > 0 or found.slowest > KEEP_ESTIMATED * min(fitting)):
+            continue  # the simulator would not pick it
         stages = []
-        for chunk in balance_chunks(table, meshes, layout, schedule, num_micro_batches):
+        for chunk in found.chunks:
             mesh = meshes[chunk.mesh]
             cost = table.cost(chunk.first, chunk.last, tuple(mesh.mesh.shape))
             if chunk.choice and cost.memory_saving is not None:

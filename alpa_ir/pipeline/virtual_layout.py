@@ -23,6 +23,7 @@ decides (:func:`alpa_ir.pipeline.stage_construction.evaluate_schedule`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -33,6 +34,11 @@ from alpa_ir.errors import PlanError
 from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
 from alpa_ir.pipeline.schedule_kinds import SPLIT_SCHEDULES, build_schedule
 from alpa_ir.pipeline.task_order import peak_stage_in_flight
+
+CAP_SLOWDOWN = 0.5
+"""Under ZB-V, a mesh whose memory holds ``s`` of the ``2p`` chunk activations
+the schedule wants runs about ``(2p / s) ** CAP_SLOWDOWN`` times slower (fit
+to the simulator on GPT-3 15B: 8 of 10 slots cost 9 %, 4 of 10 cost 55 %)."""
 
 
 @dataclass(frozen=True)
@@ -63,27 +69,23 @@ def chunk_layout(schedule: str, meshes: int, chunks: int) -> tuple[int, ...]:
 
 
 class _Prices:
-    """Per mesh, the table's ``[choice, first, last]`` arrays on its view, and
-    what the estimate needs: the share of a range's time its forward and B
-    take, and the seconds its inputs take to arrive (both directions)."""
+    """Per mesh, the table's ``[choice][first][last]`` values on its view, as
+    nested lists (the local search reads single entries, which lists serve
+    faster than arrays)."""
 
     def __init__(self, table: StageCostTable, meshes: Sequence[VirtualMesh]) -> None:
-        by_shape: dict[tuple[int, ...], dict[str, np.ndarray]] = {}
+        by_shape: dict[tuple[int, ...], dict[str, list]] = {}
         for m in meshes:
             shape = tuple(m.mesh.shape)
             if shape not in by_shape:
-                by_shape[shape] = table.arrays(shape)
+                arrays = table.arrays(shape)
+                names = ("latency", "persistent", "transient", "activations")
+                by_shape[shape] = {n: arrays[n].tolist() for n in names}
         of = [by_shape[tuple(m.mesh.shape)] for m in meshes]
         self.latency = [a["latency"] for a in of]
         self.persistent = [a["persistent"] for a in of]
         self.transient = [a["transient"] for a in of]
         self.activations = [a["activations"] for a in of]
-        self.forward_and_b = 1.0 - table.phase_shares()[:, :, 2]
-        self.arrival = [
-            table.transfer_seconds(a["cross_bytes"] - a["backward_bytes"], m.submesh)
-            + table.transfer_seconds(a["backward_bytes"], m.submesh)
-            for a, m in zip(of, meshes, strict=True)
-        ]
 
 
 def _chunks_of(cuts: Sequence[int], num_layers: int) -> list[tuple[int, int]]:
@@ -109,47 +111,49 @@ def _score(
     num_layers: int,
     memory: float,
     demand: _Demand,
-) -> tuple[float, tuple[float, ...], list[int]]:
+) -> tuple[float, tuple[float, ...], list[int], set[int]]:
     """(memory overflow, the meshes' estimated seconds per micro-batch slowest
-    first, each mesh's plan choice). A mesh's estimate is its summed chunk
-    time; under ZB-V it is at least the time a micro-batch spends between its
-    first forward and its last B on the mesh (chunks, B's and arrivals between)
-    over the micro-batches its memory holds at once (Little's law), at most
-    ``p`` of them."""
+    first, each mesh's plan choice, the meshes a move must relieve: the
+    slowest and those out of memory). A mesh's estimate is its summed chunk
+    time; under ZB-V, slowed by :data:`CAP_SLOWDOWN` where its memory holds
+    fewer chunk activations than the schedule wants."""
     meshes = max(layout) + 1
-    chunks = _chunks_of(cuts, num_layers)
-    load = np.zeros((meshes, 2))
-    fixed = np.zeros((meshes, 2))
-    running = np.zeros((meshes, 2))
-    transient = np.zeros((meshes, 2))
-    span = np.zeros(len(chunks))  # per pipeline position: forward + B + arrival
-    for pos, ((first, last), k) in enumerate(zip(chunks, layout, strict=True)):
-        seconds = prices.latency[k][:, first, last]
-        load[k] += seconds
-        fixed[k] += prices.persistent[k][:, first, last]
-        transient[k] = np.maximum(transient[k], prices.transient[k][:, first, last])
-        per = prices.activations[k][:, first, last]
-        if demand.held is None:  # ZB-V: the larger chunk's counts (its caps' rule)
-            running[k] = np.maximum(running[k], 2 * per)
-        else:
-            running[k] += demand.held[pos] * per
-        span[pos] = seconds[0] * prices.forward_and_b[first, last]
-        span[pos] += prices.arrival[k][0, first, last] if pos else 0.0
-    fixed += transient
-    need = fixed + running
-    choices = [0 if need[k, 0] <= memory else int(need[k, 1] < need[k, 0]) for k in range(meshes)]
-    overflow = sum(max(0.0, need[k, c] - memory) for k, c in enumerate(choices))
-    times = []
-    for k, c in enumerate(choices):
-        seconds = float(load[k, c])
-        if demand.held is None:
-            where = [pos for pos, m in enumerate(layout) if m == k]
-            trip = float(span[where[0] : where[-1] + 1].sum())
-            room = max(memory - fixed[k, c], running[k, c])
-            at_once = min(meshes, demand.micro_batches, room / running[k, c])
-            seconds = max(seconds, trip / at_once)
+    load = [[0.0, 0.0] for _ in range(meshes)]
+    fixed = [[0.0, 0.0] for _ in range(meshes)]
+    running = [[0.0, 0.0] for _ in range(meshes)]
+    transient = [[0.0, 0.0] for _ in range(meshes)]
+    for pos, ((first, last), k) in enumerate(
+        zip(_chunks_of(cuts, num_layers), layout, strict=True)
+    ):
+        for c in (0, 1):
+            load[k][c] += prices.latency[k][c][first][last]
+            fixed[k][c] += prices.persistent[k][c][first][last]
+            transient[k][c] = max(transient[k][c], prices.transient[k][c][first][last])
+            per = prices.activations[k][c][first][last]
+            if demand.held is None:  # ZB-V: the larger chunk's counts (its caps' rule)
+                running[k][c] = max(running[k][c], 2 * per)
+            else:
+                running[k][c] += demand.held[pos] * per
+    choices: list[int] = []
+    need_of: list[float] = []
+    overflow = 0.0
+    times: list[float] = []
+    wanted = 2 * min(meshes, demand.micro_batches)
+    for k in range(meshes):
+        held = [fixed[k][c] + transient[k][c] for c in (0, 1)]
+        need = [held[c] + running[k][c] for c in (0, 1)]
+        c = 0 if need[0] <= memory else int(need[1] < need[0])
+        choices.append(c)
+        need_of.append(need[c])
+        overflow += max(0.0, need[c] - memory)
+        seconds = load[k][c]
+        if demand.held is None and running[k][c] > 0:
+            slots = max(2.0, 2 * (memory - held[c]) / running[k][c])
+            seconds *= max(1.0, wanted / slots) ** CAP_SLOWDOWN
         times.append(seconds)
-    return overflow, tuple(sorted(times, reverse=True)), choices
+    slowest = max(range(meshes), key=times.__getitem__)
+    hot = {slowest} | {k for k in range(meshes) if need_of[k] > memory}
+    return overflow, tuple(sorted(times, reverse=True)), choices, hot
 
 
 def _initial_cuts(
@@ -180,13 +184,37 @@ def _demand(schedule: str, meshes: int, micro_batches: int, chunks: int) -> _Dem
     return _Demand(tuple(peak_stage_in_flight(order)), micro_batches)
 
 
+def load_bound(table: StageCostTable, meshes: Sequence[VirtualMesh]) -> float:
+    """About the least seconds per micro-batch the slowest of ``meshes`` can
+    take: all the layers on the fastest-per-device mesh's view, its share of
+    the devices (the mean load, for equal meshes)."""
+    devices = sum(m.submesh[0] * m.submesh[1] for m in meshes)
+    best = math.inf
+    for m in meshes:
+        shape = tuple(m.mesh.shape)
+        total = sum(table.cost(k, k, shape).latency for k in range(table.num_layers))
+        best = min(best, total * m.submesh[0] * m.submesh[1] / devices)
+    return best
+
+
+@dataclass(frozen=True)
+class ChunkLayout:
+    """:func:`balance_chunks`' result: the chunks in pipeline order, the bytes
+    by which the meshes overflow their memory (0: all fit), and the slowest
+    mesh's estimated seconds per micro-batch (:func:`_score`)."""
+
+    chunks: tuple[Chunk, ...]
+    overflow: float
+    slowest: float
+
+
 def balance_chunks(
     table: StageCostTable,
     meshes: Sequence[VirtualMesh],
     layout: Sequence[int],
     schedule: str,
     num_micro_batches: int,
-) -> tuple[Chunk, ...]:
+) -> ChunkLayout:
     """The chunks of ``layout`` (the mesh of each chunk, in pipeline order) on
     ``meshes`` for ``schedule``, balanced as the module docstring says."""
     num = table.num_layers
@@ -205,9 +233,12 @@ def balance_chunks(
     while improved:
         improved = False
         # shift cuts c..d together by one layer: one layer passes from chunk c
-        # to chunk d + 1 (or back) and the chunks between keep their sizes
+        # to chunk d + 1 (or back) and the chunks between keep their sizes;
+        # only a move that touches the slowest mesh or one out of memory helps
         for c in range(len(cuts)):
             for d in range(c, len(cuts)):
+                if layout[c] not in best[3] and layout[d + 1] not in best[3]:
+                    continue
                 for step in (-1, 1):
                     trial = [x + step if c <= i <= d else x for i, x in enumerate(cuts)]
                     edges = [0, *trial, num]
@@ -217,10 +248,18 @@ def balance_chunks(
                     if score[:2] < best[:2]:
                         cuts, best, improved = trial, score, True
     choices = best[2]
-    return tuple(
+    chunks = tuple(
         Chunk(first, last, k, choices[k])
         for (first, last), k in zip(_chunks_of(cuts, num), layout, strict=True)
     )
+    return ChunkLayout(chunks, best[0], best[1][0])
 
 
-__all__ = ["Chunk", "VirtualMesh", "balance_chunks", "chunk_layout"]
+__all__ = [
+    "Chunk",
+    "ChunkLayout",
+    "VirtualMesh",
+    "balance_chunks",
+    "chunk_layout",
+    "load_bound",
+]

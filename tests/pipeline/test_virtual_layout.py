@@ -44,7 +44,7 @@ def test_a_v_gives_the_mesh_with_the_embedding_and_the_head_fewer_layers() -> No
     table = _table([3.0, 1, 1, 1, 1, 1, 1, 3.0], devices=2)
     cluster = table.cluster
     meshes = [VirtualMesh((1, 1), cluster.logical_mesh((1, 1), (d,))) for d in (0, 1)]
-    chunks = balance_chunks(table, meshes, chunk_layout("zb-v", 2, 2), "zb-v", 8)
+    chunks = balance_chunks(table, meshes, chunk_layout("zb-v", 2, 2), "zb-v", 8).chunks
     assert [(c.first, c.last, c.mesh) for c in chunks][::3] == [(0, 0, 0), (7, 7, 0)]
     assert {c.mesh for c in chunks[1:3]} == {1} and chunks[1].last + 1 == chunks[2].first
     plan = plan_stages(table, 8, "zb-v")
