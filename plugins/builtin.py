@@ -103,8 +103,9 @@ def alpa_ir_sharding_rules() -> Mapping[str, Any]:
 @hookimpl
 def alpa_ir_cluster_presets() -> Mapping[str, Callable[..., Any]]:
     from alpa_ir.hardware.clusters import builtin_presets
+    from alpa_ir.p2.system_clusters import p2_cluster_presets
 
-    return builtin_presets()
+    return {**builtin_presets(), **p2_cluster_presets()}
 
 
 @hookimpl

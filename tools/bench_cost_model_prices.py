@@ -29,6 +29,7 @@ from alpa_ir.autosharding.cost_model import AlphaBetaCostModel
 from alpa_ir.hardware.clusters import get_cluster
 from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
 from alpa_ir.p2.calibrated import KINDS, MICROSECONDS, CalibratedCostModel
+from alpa_ir.plugins.registry import default_registry
 
 PRESETS = (
     "alpa-testbed",
@@ -70,7 +71,7 @@ def axis_sets(shape: Sequence[int]) -> list[tuple[int, ...]]:
 
 def meshes(preset: str) -> Iterator[LogicalDeviceMesh]:
     """The logical views of the preset's one-node submesh and of the whole cluster."""
-    cluster = get_cluster(preset)
+    cluster = get_cluster(preset, presets=default_registry().cluster_presets)
     m, n = cluster.devices_per_node, cluster.num_nodes
     for submesh in dict.fromkeys([(1, m), (n, m)]):
         yield from cluster.submesh_logical_meshes(submesh)
@@ -79,7 +80,9 @@ def meshes(preset: str) -> Iterator[LogicalDeviceMesh]:
 def rows(presets: Sequence[str], models: Sequence[str], sizes: Sequence[float]) -> Iterator[Row]:
     alpha_beta = AlphaBetaCostModel()
     for preset in presets:
-        calibrated = CalibratedCostModel.for_cluster(get_cluster(preset))
+        calibrated = CalibratedCostModel.for_cluster(
+            get_cluster(preset, presets=default_registry().cluster_presets)
+        )
         for mesh in meshes(preset):
             scaled = in_microseconds(mesh)
             for axes in axis_sets(mesh.shape):

@@ -330,7 +330,8 @@ class ShardedExecutable:
     def why_text(self, top: int = 5) -> str:
         """Why the plan costs what it costs: its ``top`` largest communication
         terms, each with the op whose value it moves (and the user's line)."""
-        from alpa_ir.api.why_plan import hint_cost_lines, sharding_terms
+        from alpa_ir.api.why_plan import hint_cost_lines
+        from alpa_ir.autosharding.comm_terms import sharding_terms
 
         terms = sharding_terms(self.function, tuple(self.mesh.shape), top)
         lines = [f"largest communication of the plan on mesh {list(self.mesh.shape)}:"]

@@ -240,7 +240,8 @@ class PipeshardExecutable:
         """The pipeline schedule (with the runner-up schedules when it was
         chosen), then per stage program its ``top`` largest communication
         terms, each with the op whose value it moves (and the user's line)."""
-        from alpa_ir.api.why_plan import schedule_lines, sharding_terms
+        from alpa_ir.api.why_plan import schedule_lines
+        from alpa_ir.autosharding.comm_terms import sharding_terms
         from alpa_ir.hardware.device_mesh import function_mesh
 
         lines = schedule_lines(self.module)

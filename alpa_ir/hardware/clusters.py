@@ -322,7 +322,8 @@ ClusterFactory = Callable[[int | None], Cluster]
 """A preset: called with the number of nodes (None = the preset's default)."""
 
 
-def _nodes(preset: str, num_nodes: int | None, default: int) -> int:
+def preset_nodes(preset: str, num_nodes: int | None, default: int) -> int:
+    """A preset's node count: ``num_nodes``, or ``default``; checked."""
     n = default if num_nodes is None else num_nodes
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise AlpaError(f"cluster preset '{preset}': the number of nodes must be >= 1, got {n!r}")
@@ -334,7 +335,7 @@ def _nodes(preset: str, num_nodes: int | None, default: int) -> int:
 # networking per instance (https://aws.amazon.com/ec2/instance-types/p3/).
 # V100 SXM2: 125 TFLOP/s fp16 tensor, 900 GB/s HBM2 (NVIDIA V100 datasheet).
 def alpa_testbed(num_nodes: int | None = None) -> Cluster:
-    n = _nodes("alpa-testbed", num_nodes, 8)
+    n = preset_nodes("alpa-testbed", num_nodes, 8)
     return Cluster(
         "alpa-testbed",
         (
@@ -353,7 +354,7 @@ def alpa_testbed(num_nodes: int | None = None) -> Cluster:
 # 8 x ConnectX-6 200 Gb/s HDR InfiniBand for compute, one per GPU (25 GB/s per
 # GPU, not shared). A100: 312 TFLOP/s dense bf16, 2,039 GB/s HBM2e (A100 datasheet).
 def dgx_a100(num_nodes: int | None = None) -> Cluster:
-    n = _nodes("dgx-a100", num_nodes, 4)
+    n = preset_nodes("dgx-a100", num_nodes, 4)
     return Cluster(
         "dgx-a100",
         (
@@ -372,7 +373,7 @@ def dgx_a100(num_nodes: int | None = None) -> Cluster:
 # ConnectX-7 400 Gb/s NDR InfiniBand, one per GPU (50 GB/s per GPU). H100 SXM:
 # 989 TFLOP/s dense bf16, 3.35 TB/s HBM3 (H100 datasheet).
 def dgx_h100(num_nodes: int | None = None) -> Cluster:
-    n = _nodes("dgx-h100", num_nodes, 4)
+    n = preset_nodes("dgx-h100", num_nodes, 4)
     return Cluster(
         "dgx-h100",
         (
@@ -384,48 +385,6 @@ def dgx_h100(num_nodes: int | None = None) -> Cluster:
         hbm_bandwidth=3350 * GB,
         device_name="H100-SXM5-80GB",
     )
-
-
-# Devices of the P² paper's GCP systems (§5): a2-megagpu-16g has 16 x A100 40 GB,
-# n1 V100 nodes 8 x V100 16 GB. Figures from the NVIDIA datasheets.
-_GCP_DEVICES: Mapping[str, tuple[float, float, float, str]] = {
-    "a100": (40 * GiB, 312e12, 1555 * GB, "A100-SXM4-40GB"),
-    "v100": (16 * GiB, 125e12, 900 * GB, "V100-SXM2-16GB"),
-}
-
-
-def cluster_from_system(system: object, device: str) -> Cluster:
-    """A cluster from a P² system (``alpa_ir.p2.system.System``): each level takes
-    the first interconnect listed for it (the primary one: NVLink over PCIe on a
-    V100 node); a level with devices below it whose interconnect has one port per
-    unit (a NIC) is shared. Device figures from ``device`` (``a100``/``v100``)."""
-    from alpa_ir.p2.system import System
-
-    assert isinstance(system, System)
-    levels = []
-    last = len(system.levels) - 1
-    for j, level in enumerate(system.levels):
-        link = next((c for c in system.interconnects if c.level == j), None)
-        if link is None:
-            raise AlpaError(f"system '{system.name}': no interconnect joins level '{level.name}'")
-        levels.append(
-            ClusterLevel(level.name, level.cardinality, link.bandwidth, link.latency, j < last)
-        )
-    memory, flops, hbm, name = _GCP_DEVICES[device]
-    return Cluster(system.name, tuple(levels), memory, flops, hbm, name)
-
-
-def _gcp(kind: str, fixed_nodes: int | None, preset: str) -> ClusterFactory:
-    def make(num_nodes: int | None = None) -> Cluster:
-        from alpa_ir.p2 import system as p2
-
-        if fixed_nodes is not None and num_nodes not in (None, fixed_nodes):
-            raise AlpaError(f"cluster preset '{preset}' has {fixed_nodes} nodes, got {num_nodes}")
-        n = _nodes(preset, num_nodes if fixed_nodes is None else fixed_nodes, 2)
-        system = p2.gcp_a100(n) if kind == "a100" else p2.gcp_v100(n)
-        return cluster_from_system(system, kind)
-
-    return make
 
 
 # The local JAX devices, with nominal speeds (a CPU core: ~10^11 FLOP/s,
@@ -454,20 +413,14 @@ def local_cpu(num_nodes: int | None = None, *, budget: MemoryBudget | None = Non
 
 
 def builtin_presets() -> dict[str, ClusterFactory]:
-    """The built-in cluster presets (registered by the built-in plugin)."""
+    """The built-in cluster presets of this folder (the built-in plugin registers
+    them with the P² systems' presets, :func:`alpa_ir.p2.system_clusters.p2_cluster_presets`)."""
     presets: dict[str, ClusterFactory] = {
         "alpa-testbed": alpa_testbed,
         "dgx-a100": dgx_a100,
         "dgx-h100": dgx_h100,
-        "gcp-a100": _gcp("a100", None, "gcp-a100"),
-        "gcp-v100": _gcp("v100", None, "gcp-v100"),
         "local-cpu": local_cpu,
     }
-    from alpa_ir.p2.system import PRESETS
-
-    for name in PRESETS:  # gcp-a100-16x2 etc.: the P² paper's fixed systems
-        kind = name.split("-")[1]
-        presets[name] = _gcp(kind, int(name.rsplit("x", 1)[1]), name)
     return presets
 
 
@@ -515,9 +468,9 @@ __all__ = [
     "ClusterLevel",
     "alpa_testbed",
     "builtin_presets",
-    "cluster_from_system",
     "dgx_a100",
     "dgx_h100",
     "get_cluster",
     "local_cpu",
+    "preset_nodes",
 ]

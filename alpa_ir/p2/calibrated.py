@@ -43,13 +43,14 @@ from xdsl.dialects.builtin import ModuleOp, StringAttr
 from alpa_ir.autosharding.cost_model import collective_bytes_on_wire
 from alpa_ir.dialects.mesh import ClusterOp, LogicalMeshOp
 from alpa_ir.errors import AlpaError
-from alpa_ir.hardware.clusters import Cluster, cluster_from_system
+from alpa_ir.hardware.clusters import Cluster
 from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
 from alpa_ir.ir.module_utils import symbol_op
 from alpa_ir.p2.ir_system import SYSTEM_ATTR, system_from_cluster
 from alpa_ir.p2.semantics import Collective
 from alpa_ir.p2.simulator import ALGORITHMS, Simulator
 from alpa_ir.p2.system import System, gcp_a100, gcp_v100, get_system
+from alpa_ir.p2.system_clusters import cluster_from_system
 
 MICROSECONDS = 1e6
 KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")

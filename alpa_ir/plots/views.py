@@ -78,7 +78,7 @@ def module_cluster(module: ModuleOp, cluster: Cluster | None) -> Cluster:
 def largest_tensors(module: ModuleOp, per_stage: int = 3) -> list[ShardedTensor]:
     """The ``per_stage`` largest inputs of each stage's function, with their
     specs and the function's costliest communication term (why)."""
-    from alpa_ir.api.why_plan import sharding_terms
+    from alpa_ir.autosharding.comm_terms import sharding_terms
 
     tensors = []
     for s, (mesh, function) in enumerate(_stages(module)):

@@ -19,6 +19,7 @@ from alpa_ir.p2.ir_collectives import mesh_collectives
 from alpa_ir.p2.semantics import Collective
 from alpa_ir.p2.simulator import Simulator
 from alpa_ir.p2.system import custom_system, gcp_a100, gcp_v100
+from alpa_ir.p2.system_clusters import p2_cluster_presets
 from alpa_ir.passmanager.pass_manager import PassManager
 from alpa_ir.plugins.registry import default_registry
 from alpa_ir.tools.bench_cost_model_prices import PRESETS, axis_sets, in_microseconds, main, meshes
@@ -53,7 +54,7 @@ def test_calibrated_prices_agree_with_the_simulator_on_every_preset_axis(preset:
     """Every kind over every axis set of every view of the one-node and whole-cluster
     submeshes: within 10 % at 256 MB (bandwidth) and at 1 MB (latency-dominated: the
     hop latencies are in α, so these agree too)."""
-    cluster = get_cluster(preset)
+    cluster = get_cluster(preset, presets=default_registry().cluster_presets)
     model = CalibratedCostModel.for_cluster(cluster)
     sim = Simulator(system_of_cluster(cluster))
     checked = 0
@@ -88,7 +89,7 @@ def test_alpha_beta_is_alpas_formulas_unchanged() -> None:
 def test_alpha_beta_all_to_all_is_half_the_wire_on_one_switch() -> None:
     """On one NVSwitch node the α-β all-to-all is (n−1)/(2n)·B·β: half the simulated time
     at bandwidth-dominated sizes; ``calibrated`` prices all (n−1)/n·B."""
-    cluster = get_cluster("gcp-a100-16x2")
+    cluster = get_cluster("gcp-a100-16x2", presets=p2_cluster_presets())
     mesh = cluster.logical_mesh((2, 16))
     sim = Simulator(gcp_a100(2))
     alpha_beta = AlphaBetaCostModel().all_to_all(in_microseconds(mesh), 256 * MB, (1,))
@@ -101,7 +102,7 @@ def test_alpha_beta_all_to_all_is_half_the_wire_on_one_switch() -> None:
 def test_calibrated_is_alpha_beta_on_wire_bytes_with_fitted_alpha_and_beta() -> None:
     """A ring of 16 on one 270 GB/s NVSwitch node: α = 15 hops × 3 µs, β = 1 / 270 GB/s per
     byte on the wire, for every kind (all-to-all: one hop)."""
-    cluster = get_cluster("gcp-a100-16x2")
+    cluster = get_cluster("gcp-a100-16x2", presets=p2_cluster_presets())
     mesh = cluster.logical_mesh((2, 16))
     model = CalibratedCostModel.for_cluster(cluster)
     for kind in ("all_gather", "reduce_scatter", "all_to_all"):
@@ -119,16 +120,24 @@ def test_calibrated_is_alpha_beta_on_wire_bytes_with_fitted_alpha_and_beta() -> 
 def test_gcp_presets_keep_their_p2_systems() -> None:
     """A GCP cluster preset is priced on its own P² system (the V100 NVLink ring and host
     PCIe paths), any other on one switched interconnect per level."""
-    assert system_of_cluster(get_cluster("gcp-v100-8x2")) == gcp_v100(2)
-    assert system_of_cluster(get_cluster("gcp-a100", num_nodes=3)) == gcp_a100(3)
+    assert system_of_cluster(get_cluster("gcp-v100-8x2", presets=p2_cluster_presets())) == gcp_v100(
+        2
+    )
+    assert system_of_cluster(
+        get_cluster("gcp-a100", presets=p2_cluster_presets(), num_nodes=3)
+    ) == gcp_a100(3)
     dgx = system_of_cluster(get_cluster("dgx-a100"))
     assert dgx.hierarchy == (4, 8)
     assert [link.topology for link in dgx.interconnects] == ["switch", "switch"]
-    model = CalibratedCostModel.for_cluster(get_cluster("gcp-v100-8x2"))
-    mesh = get_cluster("gcp-v100-8x2").logical_mesh((4, 4))
+    model = CalibratedCostModel.for_cluster(
+        get_cluster("gcp-v100-8x2", presets=p2_cluster_presets())
+    )
+    mesh = get_cluster("gcp-v100-8x2", presets=p2_cluster_presets()).logical_mesh((4, 4))
     # GPUs 0 and 4 are no NVLink neighbours: host memory over PCIe, far slower than 0-1
     assert model.all_reduce(mesh, 256 * MB, (0,)) > 10 * model.all_reduce(
-        get_cluster("gcp-v100-8x2").logical_mesh((8, 2)), 256 * MB, (1,)
+        get_cluster("gcp-v100-8x2", presets=p2_cluster_presets()).logical_mesh((8, 2)),
+        256 * MB,
+        (1,),
     )
 
 
@@ -138,7 +147,7 @@ def test_calibrated_is_registered_and_binds_to_the_module() -> None:
     assert isinstance(unbound, CalibratedCostModel) and unbound.system is None
     with pytest.raises(AlpaError, match="cost model calibrated needs a system"):
         unbound.all_gather(LogicalDeviceMesh((2, 4)), MB, (0,))
-    cluster = get_cluster("gcp-v100-8x2")
+    cluster = get_cluster("gcp-v100-8x2", presets=p2_cluster_presets())
     mesh = cluster.logical_mesh((2, 8))
     mesh_op = mesh.to_op("mesh")
     mesh_op.properties["cluster"] = FlatSymbolRefAttr("c")

@@ -40,7 +40,7 @@ def test_every_default_is_auto() -> None:
 @pytest.mark.parametrize("preset", GPU_PRESETS)
 def test_the_default_on_every_gpu_preset_is_calibrated(preset: str) -> None:
     """Its prices are then those ``test_cost_model_prices`` checks against the simulator."""
-    cluster = get_cluster(preset)
+    cluster = get_cluster(preset, presets=default_registry().cluster_presets)
     assert DefaultCostModel.for_cluster(cluster) == CalibratedCostModel.for_cluster(cluster)
 
 

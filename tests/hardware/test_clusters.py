@@ -15,11 +15,11 @@ from alpa_ir.hardware.clusters import (
     ClusterLevel,
     GiB,
     builtin_presets,
-    cluster_from_system,
     get_cluster,
 )
 from alpa_ir.ir.text import parse_module
 from alpa_ir.p2.system import gcp_a100
+from alpa_ir.p2.system_clusters import cluster_from_system, p2_cluster_presets
 from alpa_ir.plugins.registry import default_registry
 
 NVLINK, NIC = 150e9, 25e9 / 8
@@ -29,7 +29,7 @@ def test_presets_are_registered_through_the_plugin_hook() -> None:
     registry = default_registry()
     for name in ("alpa-testbed", "dgx-a100", "dgx-h100", "gcp-a100", "gcp-v100-8x4", "local-cpu"):
         assert registry.owners[("cluster_presets", name)] == "builtin"
-    assert set(builtin_presets()) == set(registry.cluster_presets)
+    assert set(builtin_presets()) | set(p2_cluster_presets()) == set(registry.cluster_presets)
 
 
 def test_alpa_testbed_sizes_from_nodes_or_gpus() -> None:
@@ -43,12 +43,12 @@ def test_alpa_testbed_sizes_from_nodes_or_gpus() -> None:
 
 
 def test_gcp_systems_derive_from_p2() -> None:
-    c = get_cluster("gcp-a100-16x2")
+    c = get_cluster("gcp-a100-16x2", presets=p2_cluster_presets())
     system = gcp_a100(2)
     assert c == cluster_from_system(system, "a100")
     assert [lv.cardinality for lv in c.levels] == list(system.hierarchy)
     assert c.levels[0].bandwidth == system.interconnects[0].bandwidth and c.levels[0].shared
-    assert get_cluster("gcp-a100", num_nodes=3).num_devices == 48
+    assert get_cluster("gcp-a100", presets=p2_cluster_presets(), num_nodes=3).num_devices == 48
 
 
 def test_local_cpu_counts_the_jax_devices() -> None:
@@ -122,7 +122,10 @@ def test_unshared_inter_node_links_are_not_divided() -> None:
             "2 nodes of 8 are not 32 devices",
         ),
         (lambda: get_cluster("alpa-testbed", num_nodes=0), "number of nodes must be >= 1"),
-        (lambda: get_cluster("gcp-a100-16x2", num_nodes=4), "has 2 nodes, got 4"),
+        (
+            lambda: get_cluster("gcp-a100-16x2", presets=p2_cluster_presets(), num_nodes=4),
+            "has 2 nodes, got 4",
+        ),
         (
             lambda: get_cluster("alpa-testbed", num_nodes=1).check_devices(16, "plan"),
             "plan: 16 devices requested but cluster 'alpa-testbed' has 8",
