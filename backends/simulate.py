@@ -21,11 +21,11 @@ from alpa_ir.dialects.attrs import BATCH_ATTR, CROSS_BYTES_ATTR
 from alpa_ir.dialects.lax_params import ints_of
 from alpa_ir.dialects.mesh import LogicalMeshOp
 from alpa_ir.dialects.pipeline import PlanOp, TransferOp, plan_stages
+from alpa_ir.dialects.types import dtype_of, shape_of
 from alpa_ir.errors import AlpaError
 from alpa_ir.hardware.clusters import Cluster
 from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
 from alpa_ir.ir.module_utils import main_function, symbol_op, top_level_ops
-from alpa_ir.ir.types import dtype_of, shape_of
 from alpa_ir.pipeline.pipeline_simulation import (
     GiB,
     SimPlan,

@@ -31,7 +31,6 @@ from alpa_ir.autosharding.local_ops import (
     iota_offset,
     linear_axis_index,
 )
-from alpa_ir.autosharding.local_random import local_random_bits
 from alpa_ir.dialects.lax import ConstantOp, LaxOp, PrimitiveOp
 from alpa_ir.dialects.sharding import (
     AllGatherOp,
@@ -43,10 +42,11 @@ from alpa_ir.dialects.sharding import (
     ShardingSpec,
     spec_of_value,
 )
+from alpa_ir.dialects.types import shape_of
 from alpa_ir.errors import AlpaError
 from alpa_ir.frontend.jax_export import bind_lax_op
+from alpa_ir.frontend.local_random import local_random_bits
 from alpa_ir.ir.module_utils import symbol_op
-from alpa_ir.ir.types import shape_of
 from alpa_ir.pipeline.step_partition import StepPartition, deferred_reductions, partition_step
 from alpa_ir.runtime.devices import partition_spec
 from alpa_ir.runtime.interpreter import CompiledFunction
@@ -218,7 +218,7 @@ class _LocalEvaluator:
             self.mesh_shape,
         )
         params = localize(op.jax_params(), ctx)
-        from alpa_ir.frontend.primitives import bind_primitive, lookup_primitive
+        from alpa_ir.dialects.jax_primitives import bind_primitive, lookup_primitive
 
         if name == "random_bits_rows" or (name == "random_bits" and not ctx.operand_shapes[0]):
             offsets = block_offsets(ctx, 0, self.names)

@@ -27,13 +27,13 @@ from alpa_ir.dialects.sharding import (
     result_specs,
     signature_spec,
 )
+from alpa_ir.dialects.types import dtype_of, shape_of
 from alpa_ir.errors import AlpaError
 from alpa_ir.frontend.arguments import abstract_leaf
 from alpa_ir.frontend.jax_export import OpHandler, eval_block
 from alpa_ir.frontend.module_trees import tree_texts
 from alpa_ir.frontend.pytree_codec import TreeTexts
 from alpa_ir.ir.module_utils import main_function, symbol_op
-from alpa_ir.ir.types import dtype_of, shape_of
 from alpa_ir.runtime.devices import jax_mesh, mesh_axis_names, partition_spec
 
 

@@ -34,10 +34,10 @@ from alpa_ir.algorithms import cluster_operators
 from alpa_ir.algorithms.operator_clustering import ClusteringResult, Edge
 from alpa_ir.costs.flops import op_flops
 from alpa_ir.dialects.lax import PRIMITIVE_OPS
+from alpa_ir.dialects.types import nbytes_of
 from alpa_ir.errors import AlpaError
 from alpa_ir.frontend.differentiation import make_marker
 from alpa_ir.ir.module_utils import main_function
-from alpa_ir.ir.types import nbytes_of
 from alpa_ir.pipeline.layer_mirroring import mirror_layers, step_regions
 from alpa_ir.pipeline.stage_outline import is_layer_marker
 

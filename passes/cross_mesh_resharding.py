@@ -49,9 +49,9 @@ from alpa_ir.dialects.attrs import CROSS_BYTES_ATTR
 from alpa_ir.dialects.mesh import MESH_ATTR, mesh_name_of
 from alpa_ir.dialects.pipeline import TransferOp
 from alpa_ir.dialects.sharding import ShardingSpec, signature_spec
+from alpa_ir.dialects.types import dtype_of, shape_of
 from alpa_ir.errors import AlpaError
 from alpa_ir.ir.module_utils import main_function
-from alpa_ir.ir.types import dtype_of, shape_of
 from alpa_ir.pipeline.cross_mesh import TransferPlan, plan_transfer
 from alpa_ir.pipeline.transfer_attrs import (
     RECV_SPEC_ATTR,

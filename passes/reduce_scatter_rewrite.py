@@ -47,11 +47,11 @@ from alpa_ir.dialects.sharding import (
     set_result_specs,
     spec_of_value,
 )
+from alpa_ir.dialects.types import shape_of
 from alpa_ir.errors import AlpaError
 from alpa_ir.frontend.jaxpr_import import ALIASES_ATTR
 from alpa_ir.hardware.device_mesh import function_mesh
 from alpa_ir.ir.module_utils import main_function
-from alpa_ir.ir.types import shape_of
 
 _IDENTITY = ("pipeline_marker", "optimization_barrier")
 

@@ -39,9 +39,9 @@ import numpy as np
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 
+from alpa_ir.dialects.types import dtype_of
 from alpa_ir.errors import AlpaError
 from alpa_ir.ir.module_utils import main_function, symbol_op
-from alpa_ir.ir.types import dtype_of
 from alpa_ir.pipeline.instructions import Key
 from alpa_ir.runtime.collective_transfers import CollectiveTransfer, collective_transfer
 from alpa_ir.runtime.interpreter import CompileFunctions, MeshInterpreter, RuntimeEvent

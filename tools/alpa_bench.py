@@ -329,7 +329,7 @@ def deepspeed_specs(
     over mesh axis 1, other parameters replicated, batch-dependent arguments
     split along their first dimension over all devices where it divides."""
     from alpa_ir.dialects.sharding import ShardingSpec
-    from alpa_ir.ir.types import shape_of
+    from alpa_ir.dialects.types import shape_of
 
     all_axes = tuple(a for a, n in enumerate(mesh_shape) if n > 1)
     devices = math.prod(mesh_shape)
@@ -614,6 +614,7 @@ def bench_module(
     from alpa_ir.costs.stage_table import cost_table
     from alpa_ir.ir.module_utils import main_function
     from alpa_ir.passmanager.pipeline_syntax import format_pipeline
+    from alpa_ir.pipeline.layer_phases import layer_phase_flops
     from alpa_ir.pipeline.stage_construction import StagePlan, plan_stages, write_plan
     from alpa_ir.pipeline.stage_outline import LayerRanges, count_layers
     from alpa_ir.plugins.registry import default_registry
@@ -651,6 +652,7 @@ def bench_module(
         cost_mode=cost_mode,
         workers=workers,
         progress=progress,
+        phase_flops=layer_phase_flops(ranges),
     )
     t3 = time.perf_counter()
     times.costing = t3 - t2

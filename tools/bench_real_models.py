@@ -673,7 +673,7 @@ def data_parallel_specs(
     ILP (``"free"``); an argument no dimension of which splits over all devices
     (a PRNG key, a scalar) replicated; everything else left to the ILP."""
     from alpa_ir.dialects.sharding import ShardingSpec
-    from alpa_ir.ir.types import shape_of
+    from alpa_ir.dialects.types import shape_of
 
     axes = tuple(a for a, n in enumerate(mesh_shape) if n > 1)
     devices = math.prod(mesh_shape)

@@ -6,7 +6,7 @@ the budget comes from.
 The budget is :func:`~alpa_ir.hardware.memory_budget.local_device_budget` of
 the devices the plan uses (a figure given by hand, else the host memory the
 local CPU devices share); the need is the plan's own prediction
-(:mod:`alpa_ir.costs.plan_memory`, every op's result materialized: on the
+(:mod:`alpa_ir.pipeline.plan_memory`, every op's result materialized: on the
 small MLP and GPT plans of ``tests/costs/test_plan_memory.py`` 1.0-1.9 times
 what XLA's ``memory_analysis`` reports for a ``ShardParallel`` program and
 0.86-1.6 times for the functions of a pipeline stage: a bound that errs on
@@ -23,7 +23,6 @@ from collections.abc import Sequence
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 
-from alpa_ir.costs.plan_memory import StagePeak, pipeline_memory, program_memory
 from alpa_ir.errors import PlanError
 from alpa_ir.hardware.memory_budget import (
     MEMORY_ENV,
@@ -33,6 +32,7 @@ from alpa_ir.hardware.memory_budget import (
     given_memory_budget,
     local_device_budget,
 )
+from alpa_ir.pipeline.plan_memory import StagePeak, pipeline_memory, program_memory
 
 _ADVICE = (
     f"nothing was compiled; use more devices or a plan that shards more, or give the "

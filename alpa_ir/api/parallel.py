@@ -390,7 +390,7 @@ class ShardedExecutable:
     def get_input_avals(self) -> Any:
         """A ``jax.ShapeDtypeStruct`` (shape, dtype and sharding) per input array,
         as a pytree like the arguments."""
-        from alpa_ir.ir.types import dtype_of, shape_of
+        from alpa_ir.dialects.types import dtype_of, shape_of
 
         shardings = jax.tree.leaves(
             self.get_input_shardings(), is_leaf=lambda x: isinstance(x, NamedSharding)

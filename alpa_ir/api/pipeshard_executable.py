@@ -203,7 +203,7 @@ class PipeshardExecutable:
         :meth:`stage_function_names`); as lowered for ``HloStatus.UNOPTIMIZED``
         and ``SHARDING_ANNOTATED`` (Alpa's ``get_hlo_text(status)``)."""
         from alpa_ir.api.hlo_status import hlo_text, split_status
-        from alpa_ir.ir.types import dtype_of, shape_of
+        from alpa_ir.dialects.types import dtype_of, shape_of
 
         _, which = split_status((), status)
 
@@ -275,7 +275,7 @@ class PipeshardExecutable:
         """The plan: stages, their layers, meshes and devices, and the
         shardings of each stage's largest forward inputs."""
         from alpa_ir.dialects.sharding import spec_of_value
-        from alpa_ir.ir.types import nbytes_of, shape_of
+        from alpa_ir.dialects.types import nbytes_of, shape_of
 
         placements = self.placements
         lines = [f"pipeline: {len(placements)} stages, {self.num_micro_batches} micro-batches"]

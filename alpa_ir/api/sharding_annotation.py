@@ -10,10 +10,10 @@ from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, FlatSymbolRefAttr, 
 
 from alpa_ir.dialects.mesh import MESH_ATTR, LogicalMeshOp
 from alpa_ir.dialects.sharding import SPEC_ATTR, ShardingSpec
+from alpa_ir.dialects.types import shape_of
 from alpa_ir.errors import AlpaError
 from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
 from alpa_ir.ir.module_utils import main_function
-from alpa_ir.ir.types import shape_of
 
 SpecRule = Callable[[str, tuple[int, ...]], ShardingSpec | None]
 """(value name, global shape) -> spec, or None for replicated."""

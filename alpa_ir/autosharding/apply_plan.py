@@ -31,7 +31,7 @@ from alpa_ir.dialects.sharding import (
     set_result_specs,
     spec_of_value,
 )
-from alpa_ir.ir.types import shape_of
+from alpa_ir.dialects.types import shape_of
 
 
 def step_op(step: ReshardStep, value: SSAValue, before: ShardingSpec) -> Operation:

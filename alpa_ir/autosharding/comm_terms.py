@@ -29,7 +29,7 @@ def _describe(value: object) -> str:
     from xdsl.ir import BlockArgument, Operation
 
     from alpa_ir.dialects.sharding import STRATEGY_ATTR
-    from alpa_ir.ir.types import dtype_of, shape_of
+    from alpa_ir.dialects.types import dtype_of, shape_of
 
     if isinstance(value, BlockArgument):
         hint = f" %{value.name_hint}" if value.name_hint else ""

@@ -29,7 +29,7 @@ from alpa_ir.autosharding.resharding import INF, ReshardCoster, local_nbytes
 from alpa_ir.autosharding.rules import RULES, TRANSPARENT_PRIMITIVES
 from alpa_ir.dialects.lax import ConstantOp, LaxOp, PrimitiveOp
 from alpa_ir.dialects.sharding import ShardingSpec
-from alpa_ir.ir.types import dtype_of, is_key_type, shape_of
+from alpa_ir.dialects.types import dtype_of, is_key_type, shape_of
 
 RuleLookup = Callable[[str], Callable[[LaxOp], object] | None]
 

@@ -25,10 +25,10 @@ from alpa_ir.autosharding.graph import spec_options
 from alpa_ir.dialects.lax import LaxOp
 from alpa_ir.dialects.sharding import ShardingSpec
 from alpa_ir.dialects.sharding_hint import FREE, ShardingHint
+from alpa_ir.dialects.types import shape_of
 from alpa_ir.errors import AlpaError
 from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
 from alpa_ir.ir.text import location_text
-from alpa_ir.ir.types import shape_of
 
 HINT_COST_ATTR = "sharding.hint_cost"
 """On a planned function with hints: what they add to the ILP's objective (the plan

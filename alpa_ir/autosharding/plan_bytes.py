@@ -37,7 +37,7 @@ from alpa_ir.dialects.sharding import (
     ReduceScatterOp,
     spec_of_value,
 )
-from alpa_ir.ir.types import dtype_of
+from alpa_ir.dialects.types import dtype_of
 
 _KINDS: dict[type, str] = {
     AllReduceOp: "all-reduce",

@@ -13,7 +13,7 @@ from xdsl.ir import SSAValue
 from alpa_ir.autosharding.graph import StrategyGraph, value_local_bytes
 from alpa_ir.autosharding.resharding import ReshardCoster
 from alpa_ir.dialects.lax import ConstantOp
-from alpa_ir.ir.types import dtype_of, shape_of
+from alpa_ir.dialects.types import dtype_of, shape_of
 from alpa_ir.solvers.ilp import Edge, ILPProblem
 
 

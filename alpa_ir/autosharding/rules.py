@@ -14,7 +14,7 @@ from types import MappingProxyType
 from alpa_ir.autosharding.factors import Dims, FactorKind, FactorRule
 from alpa_ir.dialects.lax import LaxOp
 from alpa_ir.dialects.lax_primitives import PRIMITIVES, OpKind
-from alpa_ir.ir.types import shape_of
+from alpa_ir.dialects.types import shape_of
 
 P, R, N = FactorKind.PASS_THROUGH, FactorKind.REDUCTION, FactorKind.NEED_REPLICATION
 
@@ -324,7 +324,7 @@ def replicated(op: LaxOp) -> FactorRule:
 def random_bits(op: LaxOp) -> FactorRule:
     """Bits drawn from one threefry key may be split like any new tensor (a
     device draws its block from the global indices, see
-    :mod:`alpa_ir.autosharding.local_random`); the dims of a key array, bits of
+    :mod:`alpa_ir.frontend.local_random`); the dims of a key array, bits of
     another implementation and 64-bit bits stay whole."""
     from alpa_ir.dialects.key_type import KeyType
 

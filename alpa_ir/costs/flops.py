@@ -24,7 +24,7 @@ from xdsl.ir import Operation, SSAValue
 
 from alpa_ir.dialects.lax import LaxOp
 from alpa_ir.dialects.lax_primitives import OpKind
-from alpa_ir.ir.types import dtype_of, shape_of
+from alpa_ir.dialects.types import dtype_of, shape_of
 
 Shapes = Callable[[SSAValue], tuple[int, ...]]
 

@@ -33,7 +33,7 @@ from xdsl.ir import Block, Operation, SSAValue
 from alpa_ir.dialects.lax import ConstantOp, LaxOp
 from alpa_ir.dialects.lax_primitives import OpKind
 from alpa_ir.dialects.sharding import ReshardOp
-from alpa_ir.ir.types import dtype_of
+from alpa_ir.dialects.types import dtype_of
 
 _FUSIBLE = (OpKind.ELEMENTWISE, OpKind.LAYOUT, OpKind.MARKER)
 IDENTITY_PRIMITIVES = frozenset({"pipeline_marker", "optimization_barrier"})

@@ -109,11 +109,11 @@ from alpa_ir.dialects.sharding import (
     ShardingSpec,
     spec_of_value,
 )
+from alpa_ir.dialects.types import dtype_of, shape_of
 from alpa_ir.errors import AlpaError
 from alpa_ir.hardware.clusters import Cluster
 from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
 from alpa_ir.ir.module_utils import main_function
-from alpa_ir.ir.types import dtype_of, shape_of
 
 if TYPE_CHECKING:
     from alpa_ir.plugins.registry import PluginRegistry

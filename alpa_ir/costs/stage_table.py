@@ -1,7 +1,7 @@
 """The stage cost table of ``construct-stages`` (Alpa OSDI'22 §5.2, step 1).
 
 For every layer range ``i..j`` the forward+backward ops of the range become one
-function (:class:`alpa_ir.pipeline.stage_outline.LayerRanges`); the stage cost
+function (:class:`LayerRanges`, which the step's outliner provides); the stage cost
 model (:mod:`alpa_ir.costs.stage_cost`, cached by structural fingerprint, so
 identical ranges such as GPT's repeated layers are planned once) prices it on
 every logical mesh view ``(dp, mp)`` of every submesh of Alpa's space; the
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 import numpy as np
 from xdsl.dialects import func
@@ -47,8 +48,6 @@ from alpa_ir.errors import AlpaError, PlanError
 from alpa_ir.hardware.clusters import Cluster
 from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
 from alpa_ir.passmanager.progress import ProgressBar
-from alpa_ir.pipeline.layer_phases import layer_phase_flops
-from alpa_ir.pipeline.stage_outline import LayerRanges
 
 SUBMESH_SPACES = ("all", "single-node-model-parallel", "one-dimensional")
 COST_MODES = ("range", "layer-sum")
@@ -162,8 +161,6 @@ class StageCostTable:
         """``[first, last, phase]``: each range's share of its compute per phase
         (forward, B, W); without FLOPs, the forward's usual third
         (:data:`~alpa_ir.costs.stage_cost.FORWARD_SHARE`) and the backward halved."""
-        from alpa_ir.pipeline.layer_phases import range_phase_shares
-
         if self.phase_flops is not None:
             return range_phase_shares(self.phase_flops)
         rest = (1.0 - FORWARD_SHARE) / 2
@@ -344,6 +341,35 @@ def submesh_views(
     return out
 
 
+class LayerRanges(Protocol):
+    """What the table needs of a step's layers
+    (:class:`alpa_ir.pipeline.stage_outline.LayerRanges` is one)."""
+
+    @property
+    def num_layers(self) -> int: ...
+
+    def function(self, first: int, last: int) -> func.FuncOp:
+        """Layers ``first..last``' forward and backward ops as one function."""
+        ...
+
+    def internal_bytes_table(self, backward: bool = False) -> np.ndarray:
+        """``[first, last]``: bytes the range's layers pass each other (those
+        sent back, with ``backward``)."""
+        ...
+
+
+def range_phase_shares(flops: np.ndarray) -> np.ndarray:
+    """``[first, last, phase]``: each layer range's share of its FLOPs per phase
+    (``flops``: ``[layer, phase]``; equal thirds where a range has none)."""
+    num = flops.shape[0]
+    prefix = np.concatenate([np.zeros((1, 3)), flops.cumsum(axis=0)])
+    ranged = prefix[None, 1:, :] - prefix[:num, None, :]  # [first, last, phase]
+    total = ranged.sum(axis=-1, keepdims=True)
+    shares = np.where(total > 0, ranged / np.where(total > 0, total, 1.0), 1.0 / 3.0)
+    upper = np.triu(np.ones((num, num), dtype=bool))[..., None]
+    return np.where(upper, shares, 0.0)
+
+
 def cost_table(
     ranges: LayerRanges,
     cluster: Cluster,
@@ -354,10 +380,13 @@ def cost_table(
     progress: bool = True,
     workers: int = 1,
     workers_from_ops: int = WORKERS_FROM_OPS,
+    phase_flops: np.ndarray | None = None,
 ) -> StageCostTable:
     """Price every layer range on every view (module docstring, step 1), in
     ``workers`` processes if the model allows it (:mod:`alpa_ir.costs.costing_workers`)
-    and the work is worth starting them (``workers_from_ops``, :data:`WORKERS_FROM_OPS`)."""
+    and the work is worth starting them (``workers_from_ops``, :data:`WORKERS_FROM_OPS`);
+    ``phase_flops``: the layers' FLOPs per phase, for the schedules
+    (:func:`alpa_ir.pipeline.layer_phases.layer_phase_flops`)."""
     if cost_mode not in COST_MODES:
         raise AlpaError(f"construct-stages: unknown cost mode '{cost_mode}'; expected {COST_MODES}")
     if workers < 1:
@@ -365,7 +394,7 @@ def cost_table(
     views = submesh_views(cluster, space)
     num = ranges.num_layers
     table = StageCostTable(cluster, tuple(views), views, num)
-    table.phase_flops = layer_phase_flops(ranges)
+    table.phase_flops = phase_flops
     all_views = [v for vs in views.values() for v in vs]
     spans = (
         [(i, i) for i in range(num)]

@@ -5,7 +5,7 @@ makes of a raw ``uint32[2]`` key inside ``jax.random.split``) has JAX's
 extended dtype ``key<impl>``, where ``impl`` is the tag of its PRNG
 implementation (``fry`` for threefry2x32, ``rbg``, ``urbg``). In the IR it is
 the element type of an ordinary tensor: ``tensor<2x!lax.key<fry>>``. This
-module needs nothing but xDSL, so that :mod:`alpa_ir.ir.types` can map it
+module needs nothing but xDSL, so that :mod:`alpa_ir.dialects.types` can map it
 without importing a dialect.
 """
 

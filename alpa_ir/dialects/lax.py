@@ -64,7 +64,7 @@ from alpa_ir.dialects.lax_params import (
 )
 from alpa_ir.dialects.lax_primitives import PRIMITIVES, OpKind, PrimitiveSpec
 from alpa_ir.dialects.lax_verifiers import VERIFIERS
-from alpa_ir.ir.types import dtype_of, shape_of
+from alpa_ir.dialects.types import dtype_of, shape_of
 
 # --------------------------------------------------------------------------
 # Shared syntax helpers

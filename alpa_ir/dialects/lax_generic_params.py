@@ -19,8 +19,8 @@ from xdsl.dialects.builtin import (
 )
 from xdsl.ir import Attribute, TypeAttribute
 
+from alpa_ir.dialects.types import element_type, numpy_dtype
 from alpa_ir.errors import AlpaError
-from alpa_ir.ir.types import element_type, numpy_dtype
 
 
 def encode_generic(value: Any, *, where: str = "") -> Attribute:

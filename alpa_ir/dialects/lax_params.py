@@ -39,8 +39,8 @@ from xdsl.parser import AttrParser
 from xdsl.printer import Printer
 
 from alpa_ir.dialects.key_type import KEY_SHAPES, KeyType
+from alpa_ir.dialects.types import element_type, numpy_dtype
 from alpa_ir.errors import AlpaError
-from alpa_ir.ir.types import element_type, numpy_dtype
 
 # --------------------------------------------------------------------------
 # Attributes for structured parameters
@@ -487,7 +487,7 @@ class PrimitiveNameC(Codec):
         return StringAttr(value.name)
 
     def decode(self, attr: Attribute | None) -> Any:
-        from alpa_ir.frontend.primitives import lookup_primitive
+        from alpa_ir.dialects.jax_primitives import lookup_primitive
 
         assert isinstance(attr, StringAttr)
         return lookup_primitive(attr.data)

@@ -16,11 +16,11 @@ from jax import lax
 from xdsl.dialects import func
 from xdsl.ir import Block, Operation, Region, SSAValue
 
+from alpa_ir.dialects.jax_primitives import bind_primitive, lookup_primitive
 from alpa_ir.dialects.lax import ConstantOp, LaxOp, PrimitiveOp, ReturnOp
 from alpa_ir.dialects.lax_primitives import BOUND_AS_IDENTITY
+from alpa_ir.dialects.types import dtype_of, shape_of
 from alpa_ir.errors import AlpaError
-from alpa_ir.frontend.primitives import bind_primitive, lookup_primitive
-from alpa_ir.ir.types import dtype_of, shape_of
 
 OpHandler = Callable[[Operation, list[Any]], list[Any]]
 """Evaluates one non-lax op: (op, operand values) -> result values."""

@@ -37,6 +37,7 @@ from alpa_ir.dialects.lax import PRIMITIVE_OPS, ConstantOp, PrimitiveOp, ReturnO
 from alpa_ir.dialects.lax_generic_params import encode_generic
 from alpa_ir.dialects.lax_params import DroppedC, NoneOnlyC, ints_attr
 from alpa_ir.dialects.lax_primitives import INLINED_PRIMITIVES, PRIMITIVES, PrimitiveSpec
+from alpa_ir.dialects.types import dtype_of, shape_of, tensor_type
 from alpa_ir.errors import AlpaError, UnsupportedPrimitiveError
 from alpa_ir.frontend.arguments import (
     OutputStatics,
@@ -47,7 +48,6 @@ from alpa_ir.frontend.arguments import (
 from alpa_ir.frontend.differentiation import mark_differentiation
 from alpa_ir.frontend.jax_versions import is_jaxpr, jaxpr_and_consts
 from alpa_ir.frontend.pytree_codec import encode_treedef
-from alpa_ir.ir.types import dtype_of, shape_of, tensor_type
 
 IN_TREE_ATTR = "alpa.in_tree"
 OUT_TREE_ATTR = "alpa.out_tree"

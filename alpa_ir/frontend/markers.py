@@ -135,13 +135,12 @@ def _layered(fun: Callable[..., Any]) -> Callable[..., Any]:
         return fun
 
     def marked(*a: Any, **k: Any) -> Any:
-        from xdsl.context import Context
-
         from alpa_ir.frontend.jax_export import eval_block
         from alpa_ir.frontend.jax_versions import eval_jaxpr, jaxpr_and_consts
         from alpa_ir.frontend.jaxpr_import import import_jax
         from alpa_ir.ir.module_utils import main_function
-        from alpa_ir.passes.cluster_operators import ClusterOperators
+        from alpa_ir.passmanager.pass_manager import PassManager
+        from alpa_ir.plugins.registry import default_registry
 
         # The function may close over values of the enclosing trace (the batch):
         # make them explicit arguments so that the forward computation imports.
@@ -157,9 +156,12 @@ def _layered(fun: Callable[..., Any]) -> Callable[..., Any]:
 
         consts = list(closed_consts)
         module = import_jax(explicit, [shape_of(c) for c in consts], *jax.tree.map(shape_of, a))
-        ClusterOperators(
-            layers=option.layers, delta=option.delta, fit_delta=option.fit_delta
-        ).apply(Context(), module)
+        fit = "true" if option.fit_delta else "false"
+        options = f"layers={option.layers} delta={option.delta!r} fit-delta={fit}"
+        # the one pass that plans at trace time (DESIGN.md): through the pass manager
+        PassManager(default_registry(), f"builtin.module(cluster-operators{{{options}}})").run(
+            module
+        )
         outs = eval_block(main_function(module).body.block, [*consts, *jax.tree.leaves(a)])
         return jax.tree.unflatten(jax.tree.structure(out_shape), outs)
 

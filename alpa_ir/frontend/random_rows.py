@@ -7,7 +7,7 @@ numbers, each micro-batch must draw *its rows* of the whole batch's draw:
 ``random_bits_rows(key, start, bit_width, shape=(b, ...), global_shape=(B,
 ...))`` is rows ``start .. start + b`` of ``random_bits(key, global_shape)``
 (JAX's partitionable threefry counts elements by their index in the whole
-shape, see :mod:`alpa_ir.autosharding.local_random`). ``start`` is an int32
+shape, see :mod:`alpa_ir.frontend.local_random`). ``start`` is an int32
 scalar operand: the micro-batch's first row.
 """
 
@@ -27,7 +27,7 @@ random_bits_rows_p = Primitive("random_bits_rows")
 def _impl(
     key: Any, start: Any, *, bit_width: int, shape: Sequence[int], global_shape: Sequence[int]
 ) -> Any:
-    from alpa_ir.autosharding.local_random import local_random_bits
+    from alpa_ir.frontend.local_random import local_random_bits
 
     offsets = [jnp.asarray(start).astype(np.uint32)] + [np.uint32(0)] * (len(shape) - 1)
     return local_random_bits(key, bit_width, tuple(global_shape), tuple(shape), offsets)
@@ -58,7 +58,7 @@ def _split_impl(key: Any, start: Any, *, shape: Sequence[int], global_shape: Seq
     import jax
     from jax.extend.random import threefry2x32_p
 
-    from alpa_ir.autosharding.local_random import global_counters
+    from alpa_ir.frontend.local_random import global_counters
 
     offsets = [jnp.asarray(start).astype(np.uint32)] + [np.uint32(0)] * (len(shape) - 1)
     hi, lo = global_counters(tuple(global_shape), tuple(shape), offsets)

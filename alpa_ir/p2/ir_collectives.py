@@ -15,8 +15,8 @@ from alpa_ir.dialects.sharding import (
     ReduceScatterOp,
     spec_of_value,
 )
+from alpa_ir.dialects.types import dtype_of, shape_of
 from alpa_ir.errors import AlpaError
-from alpa_ir.ir.types import dtype_of, shape_of
 from alpa_ir.p2.semantics import Collective
 
 KINDS: dict[type, Collective] = {

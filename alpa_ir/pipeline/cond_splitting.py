@@ -27,7 +27,7 @@ import math
 from xdsl.ir import Block, Operation, Region, SSAValue
 
 from alpa_ir.dialects.lax import PRIMITIVE_OPS, LaxOp, ReturnOp
-from alpa_ir.ir.types import shape_of
+from alpa_ir.dialects.types import shape_of
 
 
 def _is_scalar(value: SSAValue) -> bool:

@@ -66,16 +66,4 @@ def layer_phase_flops(ranges: LayerRanges) -> np.ndarray:
     return out
 
 
-def range_phase_shares(flops: np.ndarray) -> np.ndarray:
-    """``[first, last, phase]``: each layer range's share of its FLOPs per phase
-    (equal thirds where a range has none)."""
-    num = flops.shape[0]
-    prefix = np.concatenate([np.zeros((1, 3)), flops.cumsum(axis=0)])
-    ranged = prefix[None, 1:, :] - prefix[:num, None, :]  # [first, last, phase]
-    total = ranged.sum(axis=-1, keepdims=True)
-    shares = np.where(total > 0, ranged / np.where(total > 0, total, 1.0), 1.0 / 3.0)
-    upper = np.triu(np.ones((num, num), dtype=bool))[..., None]
-    return np.where(upper, shares, 0.0)
-
-
-__all__ = ["PHASES", "layer_phase_flops", "range_phase_shares"]
+__all__ = ["PHASES", "layer_phase_flops"]

@@ -31,7 +31,7 @@ from alpa_ir.dialects.attrs import BATCH_ATTR
 from alpa_ir.dialects.key_type import KeyType
 from alpa_ir.dialects.lax import PRIMITIVE_OPS, LaxOp
 from alpa_ir.dialects.lax_params import ints_attr
-from alpa_ir.ir.types import shape_of
+from alpa_ir.dialects.types import shape_of
 
 ROWS_NAME = "micro_batch_rows"
 _ROWS = {"random_bits": "random_bits_rows", "random_split": "random_split_rows"}

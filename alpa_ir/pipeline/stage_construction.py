@@ -51,6 +51,7 @@ from alpa_ir.hardware.clusters import Cluster
 from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
 from alpa_ir.hardware.memory_budget import format_gib
 from alpa_ir.ir.module_utils import main_function, top_level_ops
+from alpa_ir.pipeline.layer_phases import layer_phase_flops
 from alpa_ir.pipeline.pipeline_simulation import simulate
 from alpa_ir.pipeline.schedule_choice import (
     AUTO_SCHEDULES,
@@ -521,6 +522,7 @@ def construct_stages(
         cost_mode=cost_mode,
         progress=progress,
         workers=workers,
+        phase_flops=layer_phase_flops(ranges),
     )
     t2 = time.perf_counter()
     plan = plan_stages(

@@ -64,9 +64,9 @@ from alpa_ir.dialects.attrs import BATCH_ATTR, PER_MICRO_BATCH_ATTR
 from alpa_ir.dialects.lax import LaxOp
 from alpa_ir.dialects.mesh import MESH_ATTR, LogicalMeshOp
 from alpa_ir.dialects.pipeline import SCHEDULES, PlanOp, StageOp
+from alpa_ir.dialects.types import dtype_of
 from alpa_ir.errors import AlpaError
 from alpa_ir.ir.module_utils import main_function, top_level_ops
-from alpa_ir.ir.types import dtype_of
 from alpa_ir.pipeline.step_partition import is_grad_marker, partition_step
 
 PHASES = ("forward", "backward", "apply_grad")
@@ -623,7 +623,7 @@ class LayerRanges:
     and cloned into a new function."""
 
     def __init__(self, function: func.FuncOp) -> None:
-        from alpa_ir.ir.types import nbytes_of
+        from alpa_ir.dialects.types import nbytes_of
 
         self.num_layers = count_layers(function)
         slices = [StageSlice(k, k, "") for k in range(self.num_layers)]

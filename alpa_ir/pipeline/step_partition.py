@@ -127,7 +127,7 @@ def _is_count_to_float(op: Operation) -> bool:
     it is converted per micro-batch and averaged as a float."""
     if not (isinstance(op, LaxOp) and op.primitive_name == "convert_element_type"):
         return False
-    from alpa_ir.ir.types import dtype_of
+    from alpa_ir.dialects.types import dtype_of
 
     try:
         src, dst = dtype_of(op.operands[0].type), dtype_of(op.results[0].type)
@@ -143,7 +143,7 @@ def micro_batch_statistics(function: func.FuncOp, batch_args: Sequence[int]) -> 
     differs from one step on the whole batch. Found on the ops before the
     first ``backward`` marker (the forward pass), from the batch arguments'
     leading dimension."""
-    from alpa_ir.ir.types import shape_of
+    from alpa_ir.dialects.types import shape_of
 
     block = function.body.block
     sizes = {shape_of(block.args[k].type)[0] for k in batch_args if shape_of(block.args[k].type)}
@@ -245,7 +245,7 @@ def deferred_reductions(part: StepPartition, function: func.FuncOp) -> frozenset
             return False
         if name in _LINEAR_UNARY and len(user.operands) == 1:
             if name == "convert_element_type":
-                from alpa_ir.ir.types import dtype_of
+                from alpa_ir.dialects.types import dtype_of
 
                 return dtype_of(user.results[0].type).kind == "f"
             return True

@@ -20,9 +20,9 @@ from alpa_ir.dialects.lax_params import ints_attr, ints_of
 from alpa_ir.dialects.mesh import LogicalMeshOp
 from alpa_ir.dialects.pipeline import TransferOp
 from alpa_ir.dialects.sharding import ShardingSpec, ShardingSpecAttr
+from alpa_ir.dialects.types import dtype_of, shape_of
 from alpa_ir.errors import AlpaError
 from alpa_ir.ir.module_utils import symbol_op
-from alpa_ir.ir.types import dtype_of, shape_of
 from alpa_ir.pipeline.cross_mesh import Box, MeshLayout, Send, TransferPlan, gather_steps
 
 RECV_SPEC_ATTR = "pipeline.recv_spec"

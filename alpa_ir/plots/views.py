@@ -21,11 +21,11 @@ from xdsl.dialects.builtin import ModuleOp
 from alpa_ir.dialects.mesh import LogicalMeshOp
 from alpa_ir.dialects.pipeline import plan_of, plan_stages
 from alpa_ir.dialects.sharding import spec_of_value
+from alpa_ir.dialects.types import nbytes_of, shape_of
 from alpa_ir.errors import AlpaError
 from alpa_ir.hardware.clusters import Cluster
 from alpa_ir.hardware.device_mesh import function_mesh
 from alpa_ir.ir.module_utils import main_function, symbol_op
-from alpa_ir.ir.types import nbytes_of, shape_of
 from alpa_ir.plots.devices import StageMesh, draw_devices
 from alpa_ir.plots.shardings import ShardedTensor, draw_shardings
 

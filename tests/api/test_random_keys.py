@@ -14,8 +14,8 @@ import pytest
 from jax._src.random import prng
 
 import alpa_ir
-from alpa_ir.autosharding.local_random import local_random_bits
 from alpa_ir.dialects.sharding import spec_of_value
+from alpa_ir.frontend.local_random import local_random_bits
 from alpa_ir.ir.module_utils import main_function
 
 

@@ -17,8 +17,8 @@ import alpa_ir
 from alpa_ir.costs.flops import op_bytes
 from alpa_ir.costs.fusion import BlockFusion, fused_live_ranges, fused_traffic_bytes
 from alpa_ir.costs.stage_cost import AnalyticalStageCostModel, StageCostOptions, peak_live_bytes
+from alpa_ir.dialects.types import shape_of
 from alpa_ir.ir.module_utils import main_function
-from alpa_ir.ir.types import shape_of
 
 N = 64
 

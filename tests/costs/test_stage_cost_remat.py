@@ -18,9 +18,9 @@ from alpa_ir.costs.stage_cost import (
 )
 from alpa_ir.costs.stage_table import ViewCost, cost_table
 from alpa_ir.dialects.sharding import ShardingSpec
+from alpa_ir.dialects.types import shape_of
 from alpa_ir.errors import AlpaError
 from alpa_ir.ir.module_utils import main_function
-from alpa_ir.ir.types import shape_of
 from alpa_ir.pipeline.stage_outline import LayerRanges
 
 

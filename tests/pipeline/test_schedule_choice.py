@@ -9,11 +9,11 @@ import pytest
 from stage_fixtures import _deep_module, _small_cluster
 
 from alpa_ir.costs.flops import op_flops
-from alpa_ir.costs.stage_table import StageCostTable, ViewCost
+from alpa_ir.costs.stage_table import StageCostTable, ViewCost, range_phase_shares
 from alpa_ir.dialects.pipeline import PlanOp
 from alpa_ir.errors import AlpaError
 from alpa_ir.ir.module_utils import main_function, top_level_ops
-from alpa_ir.pipeline.layer_phases import layer_phase_flops, range_phase_shares
+from alpa_ir.pipeline.layer_phases import layer_phase_flops
 from alpa_ir.pipeline.schedule_choice import dp_latencies, phase_times
 from alpa_ir.pipeline.stage_construction import (
     SCHEDULES_ATTR,

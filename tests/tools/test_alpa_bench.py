@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from alpa_ir.ir.types import shape_of
+from alpa_ir.dialects.types import shape_of
 from alpa_ir.tools.alpa_bench import (
     batch_divisors,
     bench_cluster,

@@ -49,10 +49,10 @@ from alpa_ir.costs.stage_cost import (
     plan_function,
 )
 from alpa_ir.dialects.sharding import spec_of_value
+from alpa_ir.dialects.types import dtype_of, shape_of
 from alpa_ir.errors import AlpaError
 from alpa_ir.hardware.clusters import Cluster
 from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
-from alpa_ir.ir.types import dtype_of, shape_of
 
 
 @dataclass

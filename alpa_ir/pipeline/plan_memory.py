@@ -48,8 +48,8 @@ from alpa_ir.dialects.lax_params import ints_of
 from alpa_ir.dialects.mesh import LogicalMeshOp
 from alpa_ir.dialects.pipeline import PlanOp, StageOp, plan_stages
 from alpa_ir.dialects.sharding import SPEC_ATTR, ShardingSpec, ShardingSpecAttr, spec_of_value
+from alpa_ir.dialects.types import KeyType, numpy_dtype, shape_of
 from alpa_ir.ir.module_utils import main_function, symbol_op, top_level_ops
-from alpa_ir.ir.types import KeyType, numpy_dtype, shape_of
 from alpa_ir.pipeline.schedule_kinds import order_of_plan
 from alpa_ir.pipeline.task_order import peak_stage_in_flight
 

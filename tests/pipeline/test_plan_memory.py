@@ -1,4 +1,4 @@
-"""The memory a plan predicts for itself (alpa_ir.costs.plan_memory) against
+"""The memory a plan predicts for itself (alpa_ir.pipeline.plan_memory) against
 what XLA's compiled programs report (``memory_analysis``: arguments + outputs
 + temporaries − aliased, per device).
 
@@ -25,13 +25,13 @@ from xdsl.dialects import func
 
 import alpa_ir
 from alpa_ir.api.pipeshard import PipeshardParallel, UniformStageOption
-from alpa_ir.costs.plan_memory import pipeline_memory, program_memory
 from alpa_ir.dialects.mesh import MESH_ATTR, LogicalMeshOp
+from alpa_ir.dialects.types import dtype_of, shape_of
 from alpa_ir.ir.module_utils import symbol_op
-from alpa_ir.ir.types import dtype_of, shape_of
 from alpa_ir.models import make_train_step
 from alpa_ir.models.gpt import GPTConfig
 from alpa_ir.models.mlp import MLPConfig
+from alpa_ir.pipeline.plan_memory import pipeline_memory, program_memory
 
 MLP = MLPConfig(input_dim=256, hidden_size=1024, num_layers=4, output_dim=64, batch_size=64)
 GPT = GPTConfig(
