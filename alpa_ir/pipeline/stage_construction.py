@@ -52,7 +52,7 @@ from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
 from alpa_ir.hardware.memory_budget import format_gib
 from alpa_ir.ir.module_utils import main_function, top_level_ops
 from alpa_ir.pipeline.layer_phases import layer_phase_flops
-from alpa_ir.pipeline.pipeline_simulation import simulate
+from alpa_ir.pipeline.pipeline_simulation import SimPlan, simulate
 from alpa_ir.pipeline.schedule_choice import (
     AUTO_SCHEDULES,
     VIRTUAL_STAGES,
@@ -225,22 +225,29 @@ def evaluate_schedule(
 def _simulated(
     table: StageCostTable, plan: StagePlan, num_micro_batches: int, schedule: str, remat: bool
 ) -> ScheduleCandidate:
-    """``plan`` timed and sized by the simulator under ``schedule``."""
+    """``plan`` timed and sized by the simulator under ``schedule``. A
+    list-scheduled order is built with the stages' phase times and with unit
+    times (both greedy; neither always wins): the faster is the plan's."""
     try:
         sim = stage_sim_plan(table, plan.stages, num_micro_batches, schedule, remat, plan.mesh_of)
-        order = sim.task_order()
+        sims = [sim] if sim.phase_times is None else [sim, replace(sim, phase_times=None)]
+        tried = [_simulated_order(replace(plan, phase_times=s.phase_times), s) for s in sims]
     except AlpaError as error:  # the schedule cannot run these sizes
         return ScheduleCandidate(schedule, None, note=str(error))
-    plan = replace(plan, phase_times=sim.phase_times)
+    return min(tried, key=lambda c: (not c.fits, c.iteration_time))
+
+
+def _simulated_order(plan: StagePlan, sim: SimPlan) -> ScheduleCandidate:
+    order = sim.task_order()
     try:
         result = simulate(sim, order=order)
     except PlanError as error:
         peak = max(simulate(sim, check_memory=False, order=order).peak_memory)
         return ScheduleCandidate(
-            schedule, plan, peak_memory=peak, in_flight=sim.in_flight_caps, note=str(error)
+            sim.schedule, plan, peak_memory=peak, in_flight=sim.in_flight_caps, note=str(error)
         )
     peak = max(result.peak_memory)
-    return ScheduleCandidate(schedule, plan, result.iteration_time, peak, sim.in_flight_caps)
+    return ScheduleCandidate(sim.schedule, plan, result.iteration_time, peak, sim.in_flight_caps)
 
 
 def _equal_splits(
