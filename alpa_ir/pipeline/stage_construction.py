@@ -190,20 +190,32 @@ def evaluate_schedule(
     cross_stage_comm: bool = False,
     remat: bool = False,
     submeshes: Sequence[tuple[int, int]] | None = None,
+    solved: dict[str, StagePlan | PlanError] | None = None,
 ) -> ScheduleCandidate:
     """The DP's plan for ``schedule``, simulated under it. For the schedules with
     several chunks per mesh, the chunks are cut anew (:func:`virtual_plans`) on
     the DP's meshes and on every equal split of the cluster; the fastest that
-    fits is the candidate."""
+    fits is the candidate. ``solved``: DP results to reuse, by the latency the
+    DP ran with (GPipe's is 1F1B's)."""
+    key = "1f1b" if schedule == "gpipe" else schedule
+    solved = {} if solved is None else solved
+    if key not in solved:
+        try:
+            solved[key] = solve_stages(
+                table,
+                num_micro_batches,
+                epsilon=epsilon,
+                cross_stage_comm=cross_stage_comm,
+                submeshes=submeshes,
+                schedule=key,
+            )
+        except PlanError as error:
+            solved[key] = error
     try:
-        plan: StagePlan | None = solve_stages(
-            table,
-            num_micro_batches,
-            epsilon=epsilon,
-            cross_stage_comm=cross_stage_comm,
-            submeshes=submeshes,
-            schedule=schedule,
-        )
+        found = solved[key]
+        if isinstance(found, PlanError):
+            raise found
+        plan: StagePlan | None = found
     except PlanError as error:
         if schedule not in VIRTUAL_STAGES:
             return ScheduleCandidate(schedule, None, note=str(error))
@@ -342,8 +354,9 @@ def choose_schedule(
     the earlier in ``schedules``); raise :class:`PlanError` if none fits."""
     if not schedules:
         raise AlpaError("construct-stages: no schedule to choose from")
+    solved: dict[str, StagePlan | PlanError] = {}
     candidates = [
-        evaluate_schedule(table, num_micro_batches, s, **options)  # type: ignore[arg-type]
+        evaluate_schedule(table, num_micro_batches, s, solved=solved, **options)  # type: ignore[arg-type]
         for s in schedules
     ]
     # a candidate must beat an earlier one by more than rounding to take its place
