@@ -219,12 +219,10 @@ class PipeshardParallel:
                 f"virtual_stages={v} needs pipeline_schedule 'interleaved-1f1b' or 'zb-v', got "
                 f"{self.pipeline_schedule!r}"
             )
-        if self.pipeline_schedule in VIRTUAL_SCHEDULES and isinstance(
-            self.stage_option, AutoStageOption
-        ):
+        if v not in (None, 2) and isinstance(self.stage_option, AutoStageOption):
             raise AlpaError(
-                f"pipeline_schedule {self.pipeline_schedule!r} places several chunks on a mesh, "
-                "which automatic stages do not plan yet; give the stages (UniformStageOption)"
+                f"virtual_stages={v}: automatic stages plan 2 chunks per mesh; give the stages "
+                "(UniformStageOption) for more"
             )
         if self.backend not in ("xla", "ray", None):
             raise AlpaError(f"backend must be 'xla' or 'ray', got {self.backend!r}")

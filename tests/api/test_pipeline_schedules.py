@@ -53,7 +53,7 @@ def test_the_planner_chooses_the_schedule_with_the_stages() -> None:
     (plan,) = top_level_ops(executable.module, PlanOp)
     assert isinstance(plan, PlanOp)
     chosen = plan.schedule.data
-    assert chosen in ("1f1b", "zb-h1", "gpipe")
+    assert chosen in ("1f1b", "zb-h1", "interleaved-1f1b", "zb-v", "gpipe")
     assert (
         "construct-stages{" in executable.pass_pipeline
         and "schedule=auto" in executable.pass_pipeline
@@ -62,6 +62,41 @@ def test_the_planner_chooses_the_schedule_with_the_stages() -> None:
     assert lines[0].startswith(f"pipeline schedule {chosen}: ")
     if len(plan.attributes["construct_stages.schedules"].data) > 1:  # type: ignore[attr-defined]
         assert lines[1].startswith("  runner-up: ")
+
+
+@pytest.mark.parametrize("schedule", ["zb-v", "interleaved-1f1b"])
+def test_automatic_stages_plan_two_chunks_per_mesh(schedule: str) -> None:
+    """construct-stages cuts the layers into chunks per mesh for the schedule the
+    user names; the step equals one device under it."""
+    fn, (state, batch) = tiny_step("gpt-tiny")
+    method = PipeshardParallel(
+        num_micro_batches=8,
+        layer_option=AutoLayerOption(layer_num=4),
+        stage_option=AutoStageOption(),
+        pipeline_schedule=schedule,  # type: ignore[arg-type]
+    )
+    parallel = alpa_ir.parallelize(fn, method=method, donate_argnums=())
+    same_steps(parallel, fn, state, batch, STEPS, state_tol=1e-5)
+    module = parallel.get_executable(state, batch).module
+    (plan,) = top_level_ops(module, PlanOp)
+    assert isinstance(plan, PlanOp) and plan.schedule.data == schedule
+    stages = [op for op in module.ops if op.name == "pipeline.stage"]
+    meshes = {op.mesh.root_reference.data for op in stages}  # type: ignore[attr-defined]
+    assert len(stages) == 2 * len(meshes)
+
+
+def test_automatic_stages_take_two_chunks_only() -> None:
+    with pytest.raises(alpa_ir.AlpaError) as info:
+        PipeshardParallel(
+            num_micro_batches=8,
+            stage_option=AutoStageOption(),
+            pipeline_schedule="interleaved-1f1b",
+            virtual_stages=3,
+        )
+    assert str(info.value) == (
+        "virtual_stages=3: automatic stages plan 2 chunks per mesh; give the stages "
+        "(UniformStageOption) for more"
+    )
 
 
 def test_given_stages_keep_1f1b_under_auto() -> None:
