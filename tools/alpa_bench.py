@@ -213,9 +213,11 @@ def outcome(
     remat: bool = False,
     schedule: str = "1f1b",
     mesh_of: Sequence[int] | None = None,
+    phase_times: Sequence[tuple[float, float, float]] | None = None,
 ) -> Outcome:
     """``stages`` simulated under ``schedule`` (``mesh_of``: each stage's mesh
-    where several share one, as ``StagePlan.mesh_of``)."""
+    where several share one; ``phase_times``: the times a zero-bubble order is
+    built with, None for unit times: as ``StagePlan`` has them)."""
     from alpa_ir.backends.simulate import simulate
     from alpa_ir.pipeline.schedule_choice import stage_sim_plan
 
@@ -233,6 +235,7 @@ def outcome(
         (s.pace for s in stages), default=0.0
     )
     plan = stage_sim_plan(table, stages, num_micro_batches, schedule, remat, mesh_of)
+    plan = replace(plan, phase_times=None if phase_times is None else tuple(phase_times))
     unchecked = simulate(plan, check_memory=False)
     out.peak_memory_gib = max(unchecked.peak_memory) / 2**30
     if unchecked.iteration_time > 0:
@@ -685,7 +688,15 @@ def bench_module(
             **plan_options,  # type: ignore[arg-type]
         )
         alpa = outcome(
-            "alpa", table, plan.stages, num_micro_batches, flops, remat, plan.schedule, plan.mesh_of
+            "alpa",
+            table,
+            plan.stages,
+            num_micro_batches,
+            flops,
+            remat,
+            plan.schedule,
+            plan.mesh_of,
+            plan.phase_times,
         )
         result["why"] = [r.text() for r in stage_reasons(table, plan)]
         if plan.candidates:
@@ -727,6 +738,7 @@ def bench_module(
                     remat,
                     with_comm.schedule,
                     with_comm.mesh_of,
+                    with_comm.phase_times,
                 )
             )
         except (AlpaError, PlanError) as error:

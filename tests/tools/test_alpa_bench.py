@@ -4,6 +4,7 @@ remat, the DeepSpeed-style MoE baseline (grid, argument shardings)."""
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import pytest
@@ -87,6 +88,26 @@ def test_tiny_bench_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert times["total"] == pytest.approx(
         times["clustering"] + times["costing"] + times["dp"] + times["other"]
     )
+
+
+@pytest.mark.parametrize("schedule", ["auto", "zb-v", "interleaved-1f1b"])
+def test_the_alpa_row_times_the_plan_as_the_planner_did(
+    capsys: pytest.CaptureFixture[str], schedule: str
+) -> None:
+    """Virtual plans on their shared meshes, zero-bubble ones with the order the
+    plan keeps: the row's time is the chosen candidate's."""
+    argv = ["--models=mlp-tiny", "--cluster=local-cpu", "--gpus=2", "--layers=4",
+            "--micro-batches=4", f"--schedule={schedule}", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    (result,) = json.loads(capsys.readouterr().out)
+    alpa = next(o for o in result["outcomes"] if o["method"] == "alpa")
+    assert alpa["error"] == "" and 0 < alpa["iteration_time"] < math.inf
+    if schedule == "auto":
+        chosen = result["schedules"][alpa["schedule"]]
+        assert alpa["iteration_time"] == pytest.approx(chosen["iteration_time"], rel=1e-9)
+    else:
+        assert alpa["schedule"] == schedule and len(alpa["stages"]) == 4
+        assert len({tuple(s["devices"]) for s in alpa["stages"]}) == 2
 
 
 def test_tiny_bench_table(capsys: pytest.CaptureFixture[str]) -> None:
