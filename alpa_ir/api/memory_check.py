@@ -7,7 +7,7 @@ The budget is :func:`~alpa_ir.hardware.memory_budget.local_device_budget` of
 the devices the plan uses (a figure given by hand, else the host memory the
 local CPU devices share); the need is the plan's own prediction
 (:mod:`alpa_ir.pipeline.plan_memory`, every op's result materialized: on the
-small MLP and GPT plans of ``tests/costs/test_plan_memory.py`` 1.0-1.9 times
+small MLP and GPT plans of ``tests/pipeline/test_plan_memory.py`` 1.0-1.9 times
 what XLA's ``memory_analysis`` reports for a ``ShardParallel`` program and
 0.86-1.6 times for the functions of a pipeline stage: a bound that errs on
 the safe side rather than a guess that may fall short). Plans on the ``ray`` backend (the

@@ -222,7 +222,8 @@ def simulate(
     when a stage runs out of device memory (unless ``check_memory`` is false).
     ``order``: ``plan.task_order()``, where the caller has built it already."""
     fwd_transfer, bwd_transfer = _validate(plan)
-    order = order or plan.task_order()
+    if order is None:
+        order = plan.task_order()
     in_flight = peak_stage_in_flight(order)
     held = peak_mesh_activations(order, [st.activation_memory for st in plan.stages])
     persistents = [

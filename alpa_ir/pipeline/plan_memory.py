@@ -17,7 +17,7 @@ that cannot fit is refused before XLA runs.
   computations unrolled (:mod:`alpa_ir.backends.spmd`) and may schedule them
   side by side: the temporaries are ``B`` times one micro-batch's, an upper
   bound (XLA's CPU compiler kept 1.5-2.6 times one micro-batch's on the small
-  MLP and GPT of ``tests/costs/test_plan_memory.py``).
+  MLP and GPT of ``tests/pipeline/test_plan_memory.py``).
 * **A pipeline** (:func:`pipeline_memory`, ``PipeshardParallel``): per stage,
   on one device of its mesh, what the mesh holds for the whole step (the
   ``@main`` arguments its functions take: parameters, optimizer state), the

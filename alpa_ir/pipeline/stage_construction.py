@@ -211,25 +211,19 @@ def evaluate_schedule(
             )
         except PlanError as error:
             solved[key] = error
-    try:
-        found = solved[key]
-        if isinstance(found, PlanError):
-            raise found
-        plan: StagePlan | None = found
-    except PlanError as error:
-        if schedule not in VIRTUAL_STAGES:
-            return ScheduleCandidate(schedule, None, note=str(error))
-        plan, dp_error = None, error
+    found = solved[key]
     if schedule not in VIRTUAL_STAGES:
-        assert plan is not None
-        return _simulated(table, plan, num_micro_batches, schedule, remat)
+        if isinstance(found, PlanError):
+            return ScheduleCandidate(schedule, None, note=str(found))
+        return _simulated(table, found, num_micro_batches, schedule, remat)
+    # the chunks are cut on the DP's meshes, where it found any, and on equal splits
+    plan = None if isinstance(found, PlanError) else found
     plans = virtual_plans(
         table, plan, num_micro_batches, schedule, VIRTUAL_STAGES[schedule], submeshes
     )
     if not plans:
-        return ScheduleCandidate(
-            schedule, None, note=str(dp_error) if plan is None else "no mesh split has the layers"
-        )
+        note = str(found) if plan is None else "no mesh split has the layers"
+        return ScheduleCandidate(schedule, None, note=note)
     tried = [_simulated(table, p, num_micro_batches, schedule, remat) for p in plans]
     return min(tried, key=lambda c: (not c.fits, c.iteration_time, c.peak_memory))
 

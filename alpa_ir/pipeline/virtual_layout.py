@@ -10,15 +10,21 @@ holds the embedding and the head together.
 
 :func:`balance_chunks` cuts the layers anew for given meshes: ``len(layout)``
 contiguous, non-empty chunks, each priced on its mesh's view from the cost
-table, a mesh's chunks counted together (their times, and their memory with
-one micro-batch in flight on each and the largest recomputed stash; a mesh that does not fit takes its
-chunks' memory-saving plans where that fits). It starts from cuts at equal
-shares of the layers' time, a chunk's share in proportion to its mesh's
-devices, and then moves one cut by one layer at a time while that lowers
-(memory overflow, the meshes' summed times slowest first): a local search to
-a fixed point. Which meshes to try (the DP's own, or the cluster split into
-equal submeshes) and which result to keep is the caller's: the simulator
-decides (:func:`alpa_ir.pipeline.stage_construction.evaluate_schedule`).
+table, a mesh's chunks counted together: their memory (parameters, the
+largest recomputed stash, and the activations the schedule holds: at its
+peak under interleaved's fixed order, one micro-batch through the mesh under
+ZB-V, which sizes its caps from what is left) and their time (summed; under
+ZB-V slower where the memory left holds fewer chunk activations than the
+schedule wants, :data:`CAP_SLOWDOWN`). A mesh that does not fit takes its
+chunks' memory-saving plans where that fits. The search starts from cuts at
+equal shares of the layers' time, a chunk's share in proportion to its
+mesh's devices, and shifts a run of neighbouring cuts by one layer (one
+layer passes between two chunks, the chunks between keep their sizes) while
+that lowers (memory overflow, the meshes' estimated times slowest first): a
+local search to a fixed point. Which meshes to try (the DP's own, or the
+cluster split into equal submeshes) and which result to keep is the
+caller's: the simulator decides
+(:func:`alpa_ir.pipeline.stage_construction.virtual_plans`).
 """
 
 from __future__ import annotations
@@ -61,11 +67,10 @@ class Chunk:
 
 
 def chunk_layout(schedule: str, meshes: int, chunks: int) -> tuple[int, ...]:
-    """The mesh of each chunk in pipeline order: ZB-V down and back up (two
-    chunks per mesh), interleaved ``chunks`` rounds over the meshes."""
-    if schedule == "zb-v":
-        return (*range(meshes), *reversed(range(meshes)))
-    return tuple(k for _ in range(chunks) for k in range(meshes))
+    """The mesh of each chunk in pipeline order, as ``schedule``'s builder
+    places them (ZB-V down and back up, interleaved ``chunks`` rounds over the
+    meshes); the placement does not depend on the micro-batch count."""
+    return build_schedule(schedule, meshes, 1, chunks).mesh_of
 
 
 class _Prices:
@@ -190,10 +195,9 @@ def load_bound(table: StageCostTable, meshes: Sequence[VirtualMesh]) -> float:
     the devices (the mean load, for equal meshes)."""
     devices = sum(m.submesh[0] * m.submesh[1] for m in meshes)
     best = math.inf
-    for m in meshes:
-        shape = tuple(m.mesh.shape)
+    for shape, size in {(tuple(m.mesh.shape), m.submesh[0] * m.submesh[1]) for m in meshes}:
         total = sum(table.cost(k, k, shape).latency for k in range(table.num_layers))
-        best = min(best, total * m.submesh[0] * m.submesh[1] / devices)
+        best = min(best, total * size / devices)
     return best
 
 
