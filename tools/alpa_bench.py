@@ -213,7 +213,7 @@ def outcome(
     remat: bool = False,
     schedule: str = "1f1b",
     mesh_of: Sequence[int] | None = None,
-    phase_times: Sequence[tuple[float, float, float]] | None = None,
+    phase_times: Sequence[tuple[float, ...]] | None = None,
 ) -> Outcome:
     """``stages`` simulated under ``schedule`` (``mesh_of``: each stage's mesh
     where several share one; ``phase_times``: the times a zero-bubble order is

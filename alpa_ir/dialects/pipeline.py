@@ -51,9 +51,10 @@ class PlanOp(PropertiesSymbolOp):
     """The pipeline plan: its stages in order, micro-batch count and schedule.
     ``in_flight`` (optional, one per stage): the micro-batches each stage may
     hold in flight, from its memory; zero-bubble schedules defer W within it.
-    ``phase_times`` (optional, three per stage): each stage's forward, B and W
-    seconds per micro-batch as planned; the zero-bubble schedules build their
-    order with them (without: unit times)."""
+    ``phase_times`` (optional, three or five per stage): each stage's forward,
+    B and W seconds per micro-batch as planned, and optionally the seconds its
+    forward input and its gradient input take to arrive; the zero-bubble
+    schedules build their order with them (without: unit times)."""
 
     name = "pipeline.plan"
     sym_name = prop_def(StringAttr)
@@ -74,12 +75,13 @@ class PlanOp(PropertiesSymbolOp):
     def in_flight_caps(self) -> tuple[int, ...] | None:
         return None if self.in_flight is None else tuple(ints_of(self.in_flight))
 
-    def stage_phase_times(self) -> tuple[tuple[float, float, float], ...] | None:
-        """``phase_times`` as one (forward, B, W) triple per stage."""
+    def stage_phase_times(self) -> tuple[tuple[float, ...], ...] | None:
+        """``phase_times`` per stage: (forward, B, W[, forward in, gradient in])."""
         if self.phase_times is None:
             return None
         flat = [float(x) for x in self.phase_times.get_values()]
-        return tuple((flat[i], flat[i + 1], flat[i + 2]) for i in range(0, len(flat) - 2, 3))
+        n = len(flat) // max(1, len(self.stages.data))
+        return tuple(tuple(flat[i : i + n]) for i in range(0, len(flat), n)) if n else ()
 
     def verify_(self) -> None:
         if not _SCHEDULE_NAME.fullmatch(self.schedule.data):
@@ -97,12 +99,13 @@ class PlanOp(PropertiesSymbolOp):
             )
         if self.phase_times is not None:
             flat = [float(x) for x in self.phase_times.get_values()]
-            if len(flat) != 3 * len(self.stages.data) or not all(
+            n = len(self.stages.data)
+            if len(flat) not in (3 * n, 5 * n) or not all(
                 math.isfinite(x) and x >= 0 for x in flat
             ):
                 raise VerifyException(
-                    f"phase_times needs a forward, B and W time >= 0 per stage "
-                    f"({3 * len(self.stages.data)} numbers), got {flat}"
+                    f"phase_times needs a forward, B and W time >= 0 per stage, and optionally "
+                    f"two transfer times ({3 * n} or {5 * n} numbers), got {flat}"
                 )
 
 

@@ -86,8 +86,9 @@ class SimPlan:
     places them); ``stages`` lists every pipeline stage in order.
     ``in_flight_caps``: per stage, the micro-batches it may hold in flight
     (zero-bubble schedules defer W within them; None: the schedule's own).
-    ``phase_times``: per stage, the forward, B and W times the schedule's order
-    is built with (the plan's; None: unit times), not the times simulated."""
+    ``phase_times``: per stage, the forward, B and W times (and optionally its
+    inputs' transfer times) the schedule's order is built with (the plan's;
+    None: unit times), not the times simulated."""
 
     stages: tuple[SimStage, ...]
     num_micro_batches: int
@@ -96,7 +97,7 @@ class SimPlan:
     backward_transfers: tuple[float, ...] | None = None
     virtual_stages: int = 1
     in_flight_caps: tuple[int, ...] | None = None
-    phase_times: tuple[tuple[float, float, float], ...] | None = None
+    phase_times: tuple[tuple[float, ...], ...] | None = None
 
     def task_order(self) -> TaskOrder:
         """The schedule's task order for these stages."""

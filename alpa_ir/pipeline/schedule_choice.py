@@ -159,6 +159,11 @@ def stage_sim_plan(
     forward = tuple(times[k + 1][0] * apart[k] for k in range(len(stages) - 1))
     backward = tuple(times[k][1] * apart[k] for k in range(len(stages) - 1))
     split = schedule in SPLIT_SCHEDULES
+    # per stage: F, B, W, and when its forward and gradient inputs arrive
+    arrivals = [
+        (forward[s - 1] if s > 0 else 0.0, backward[s] if s < len(sim) - 1 else 0.0)
+        for s in range(len(sim))
+    ]
     return SimPlan(
         tuple(sim),
         num_micro_batches,
@@ -169,7 +174,10 @@ def stage_sim_plan(
         in_flight_caps=in_flight_caps(table, stages, schedule, of),
         # the zero-bubble orders are built with the stages' own times (and
         # written into the plan with them)
-        phase_times=tuple((s.forward, s.backward, s.backward_weight) for s in sim)
+        phase_times=tuple(
+            (s.forward, s.backward, s.backward_weight, *arrival)
+            for s, arrival in zip(sim, arrivals, strict=True)
+        )
         if split
         else None,
     )

@@ -21,16 +21,23 @@
   more than the stage's cap where one is given (at least 1F1B's ``p − k``).
 - ``zb-v``: two chunks per mesh in V order (stage ``k`` and stage
   ``2p − 1 − k`` on mesh ``k``, so the last stage shares the first mesh),
-  backward split. Each mesh runs B first, then a forward (the later chunk
-  first) while it holds fewer than ``2p`` chunk activations (``p`` micro-batches
-  of the whole mesh; under a lower cap, or with phase times, the first chunk
-  leaves one slot to the second, without which unequal times can fill a mesh
-  with first-chunk forwards whose B's wait on it), else a W.
+  backward split. By default each mesh runs B first, then a forward (the
+  later chunk first) while it holds fewer than ``2p`` chunk activations (``p``
+  micro-batches of the whole mesh), or as many as its two caps allow where
+  caps are given (what its memory holds, which may be more), else a W. Under
+  caps, or with phase times, the first chunk leaves one slot to the second,
+  without which unequal times can fill a mesh with first-chunk forwards whose
+  B's wait on it. With phase times the order is the shortest of a few such
+  priority rules (:data:`ZB_V_RULES`), each list-scheduled with the times: no
+  single greedy rule keeps the slowest mesh busy for every ratio of F, B, W
+  and transfer times.
 
 The zero-bubble orders are found by list scheduling: the greedy choice above
 at each moment a mesh is free, with unit times (F = B = W) or with the plan's
-phase times (``times``, per stage F, B and W: ``construct-stages`` writes the
-times it planned with into ``pipeline.plan``'s ``phase_times``; an order
+phase times (``times``, per stage F, B and W, optionally followed by the
+seconds its forward input and its gradient input take to arrive from the
+neighbouring stages: ``construct-stages`` writes the times it planned with
+into ``pipeline.plan``'s ``phase_times``; an order
 built for unit times, replayed when B takes twice F as under remat, leaves a
 third of a ZB-V step idle). The order is part of the plan, not of a run's
 speed: ``emit-instructions`` and the simulator build the same lists from the
@@ -54,8 +61,11 @@ from alpa_ir.errors import AlpaError
 from alpa_ir.pipeline.schedule import Task, schedule_clocks
 from alpa_ir.pipeline.task_order import TaskOrder, check_task_order, dependencies
 
-PhaseTimes = Sequence[tuple[float, float, float]]
-"""Per stage, the forward, B and W times a list-scheduled order is built with."""
+PhaseTimes = Sequence[tuple[float, ...]]
+"""Per stage, the forward, B and W times a list-scheduled order is built with,
+optionally followed by two transfer times: the seconds the stage's forward
+input takes to arrive from the stage before and its gradient input from the
+stage after (0 where both run on one mesh)."""
 ScheduleBuilder = Callable[..., TaskOrder]
 """``(meshes, micro_batches, virtual_stages, caps or None) -> TaskOrder``; a
 builder that orders by time also takes ``times`` (:data:`PhaseTimes`), passed
@@ -160,10 +170,12 @@ def _list_schedule(
     mesh_of: tuple[int, ...],
     policy: Policy,
     times: PhaseTimes | None = None,
-) -> TaskOrder:
+) -> tuple[TaskOrder, float]:
     """Simulate the meshes with ``times`` (None: unit times); each free mesh runs
     the task ``policy`` picks among the ready ones (``policy(mesh, now,
-    is_ready, progress)``)."""
+    is_ready, progress)``). A task is ready when its inputs have arrived (with
+    ``times``' transfer times, where given). Returns the order and when its
+    last task ends."""
     meshes = max(mesh_of) + 1
     order = TaskOrder(kind, micro_batches, mesh_of, True, ())
     ends: dict[Task, float] = {}
@@ -173,9 +185,16 @@ def _list_schedule(
     events: list[float] = [0.0]
     remaining = 3 * micro_batches * len(mesh_of)
     now = 0.0
+    last = len(mesh_of) - 1
+
+    def arrival(task: Task, dep: Task) -> float:
+        end = ends.get(dep, math.inf)
+        if times is None or dep.stage == task.stage or len(times[task.stage]) < 5:
+            return end
+        return end + times[task.stage][3 if dep.phase == "forward" else 4]
 
     def ready(task: Task) -> bool:
-        return all(ends.get(d, float("inf")) <= now for d in dependencies(task, order))
+        return all(arrival(task, d) <= now for d in dependencies(task, order))
 
     while remaining:
         progressed = True
@@ -194,6 +213,10 @@ def _list_schedule(
                 setattr(state, attr, getattr(state, attr) + 1)
                 ends[task] = free[k] = now + duration
                 heapq.heappush(events, now + duration)
+                # the consumer on a neighbouring stage sees it after the transfer
+                consumer = task.stage + 1 if task.phase == "forward" else task.stage - 1
+                if times is not None and task.phase != "backward_weight" and 0 <= consumer <= last:
+                    heapq.heappush(events, arrival(Task(consumer, None, "forward"), task))
                 orders[k].append(task)
                 remaining -= 1
                 progressed = True
@@ -206,16 +229,18 @@ def _list_schedule(
             now = events[0]
     for k in range(meshes):
         orders[k] += [Task(s, None, "apply_grad") for s, m in enumerate(mesh_of) if m == k]
-    return TaskOrder(kind, micro_batches, mesh_of, True, tuple(map(tuple, orders)))
+    built = TaskOrder(kind, micro_batches, mesh_of, True, tuple(map(tuple, orders)))
+    return built, max(free)
 
 
 def _times(kind: str, times: PhaseTimes | None, stages: int) -> PhaseTimes | None:
     if times is None:
         return None
-    if len(times) != stages or any(len(t) != 3 for t in times):
+    if len(times) != stages or any(len(t) not in (3, 5) for t in times):
         raise AlpaError(
-            f"schedule '{kind}': phase times need a forward, B and W time for each of the "
-            f"{stages} stages, got {len(times)} entries"
+            f"schedule '{kind}': phase times need a forward, B and W time (and optionally "
+            f"two transfer times) for each of the {stages} stages, got "
+            f"{[len(t) for t in times]} numbers per stage"
         )
     if not all(math.isfinite(x) and x >= 0 for t in times for x in t):
         raise AlpaError(f"schedule '{kind}': phase times must be finite and >= 0")
@@ -276,7 +301,22 @@ def zb_h1(
             return task
         return w if pending_w else None
 
-    return _list_schedule(kind, m, tuple(range(p)), policy, _times(kind, times, p))
+    return _list_schedule(kind, m, tuple(range(p)), policy, _times(kind, times, p))[0]
+
+
+ZbVRule = tuple[int, tuple[str, ...]]
+"""A ZB-V priority rule: the slots the first chunk leaves to the second, and the
+order in which a free mesh tries B of its first (``B1``) or second (``B2``)
+chunk, a forward of either (``F1``, ``F2``) and a pending W (``W``)."""
+ZB_V_RULES: tuple[ZbVRule, ...] = (
+    (1, ("B1", "B2", "F2", "F1", "W")),  # the default: complete micro-batches first
+    (1, ("B2", "F1", "F2", "B1", "W")),
+    (1, ("F1", "B2", "F2", "W", "B1")),
+    (1, ("B1", "F1", "F2", "B2", "W")),
+    (1, ("F2", "B2", "W", "F1", "B1")),
+    (0, ("F2", "F1", "W", "B1", "B2")),
+)
+"""The rules a timed ZB-V order is chosen among (the first that ends soonest)."""
 
 
 def zb_v(
@@ -294,38 +334,57 @@ def zb_v(
     p, m = meshes, micro_batches
     mesh_of = tuple(s if s < p else 2 * p - 1 - s for s in range(2 * p))
     cap = _caps(kind, caps, 2 * p, 2 * p)
-    mesh_cap = [min(2 * p, cap[k] + cap[2 * p - 1 - k]) for k in range(p)]
+    # the schedule's own 2p chunk activations per mesh, or what the caps allow
+    mesh_cap = [2 * p if caps is None else cap[k] + cap[2 * p - 1 - k] for k in range(p)]
     if min(mesh_cap) < 2:
         raise AlpaError(f"schedule '{kind}': a mesh must hold 2 chunks in flight (one micro-batch)")
     constrained = min(mesh_cap) < 2 * p
+    times = _times(kind, times, 2 * p)
 
-    def policy(
-        k: int, now: float, ready: Callable[[Task], bool], progress: list[_Progress]
-    ) -> Task | None:
-        del now
-        first, second = k, 2 * p - 1 - k
-        for s in (first, second):  # B first: the earlier stage completes a micro-batch
-            state = progress[s]
-            b = Task(s, state.backward, "backward")
-            if state.backward < state.forward and ready(b):
-                return b
-        held = sum(progress[s].forward - progress[s].weight for s in (first, second))
+    def policy_of(rule: ZbVRule) -> Policy:
+        reserve, priority = rule
         # under caps below 2p the first chunk keeps a slot free for the second, which
         # completes a micro-batch (with every mesh at 2p the second chunk's forward
         # arrives in time; one slower mesh delays it for all)
-        reserve = 1 if constrained or times is not None else 0
-        for s, room in ((second, mesh_cap[k]), (first, mesh_cap[k] - reserve)):
-            state = progress[s]
-            f = Task(s, state.forward, "forward")
-            if held < room and state.forward < m and ready(f):
-                return f
-        for s in (first, second):
-            state = progress[s]
-            if state.weight < state.backward:
-                return Task(s, state.weight, "backward_weight")
-        return None
+        reserve = reserve if constrained or times is not None else 0
 
-    return _list_schedule(kind, m, mesh_of, policy, _times(kind, times, 2 * p))
+        def policy(
+            k: int, now: float, ready: Callable[[Task], bool], progress: list[_Progress]
+        ) -> Task | None:
+            del now
+            chunks = (k, 2 * p - 1 - k)
+            held = sum(progress[s].forward - progress[s].weight for s in chunks)
+            for choice in priority:
+                if choice == "W":
+                    for s in chunks:
+                        if progress[s].weight < progress[s].backward:
+                            return Task(s, progress[s].weight, "backward_weight")
+                    continue
+                s = chunks[int(choice[1]) - 1]
+                state = progress[s]
+                if choice[0] == "B":
+                    task = Task(s, state.backward, "backward")
+                    if state.backward < state.forward and ready(task):
+                        return task
+                    continue
+                room = mesh_cap[k] - (reserve if s == k else 0)
+                task = Task(s, state.forward, "forward")
+                if held < room and state.forward < m and ready(task):
+                    return task
+            return None
+
+        return policy
+
+    built: list[tuple[TaskOrder, float]] = []
+    for rule in ZB_V_RULES if times is not None else ZB_V_RULES[:1]:
+        try:
+            built.append(_list_schedule(kind, m, mesh_of, policy_of(rule), times))
+        except AlpaError:
+            if not built and rule == ZB_V_RULES[-1]:
+                raise
+    if not built:  # every rule stuck: the default rule's error
+        _list_schedule(kind, m, mesh_of, policy_of(ZB_V_RULES[0]), times)
+    return min(built, key=lambda b: b[1])[0]  # the first of the soonest
 
 
 BUILTIN_SCHEDULES: Mapping[str, ScheduleBuilder] = {
@@ -400,6 +459,7 @@ def order_of_plan(
 __all__ = [
     "BUILTIN_SCHEDULES",
     "SPLIT_SCHEDULES",
+    "ZB_V_RULES",
     "PhaseTimes",
     "ScheduleBuilder",
     "build_schedule",

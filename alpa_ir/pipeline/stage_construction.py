@@ -116,8 +116,9 @@ class StagePlan:
     mesh_of: tuple[int, ...] | None = None
     """Each stage's mesh where several stages share one (virtual stages): the
     index of the mesh's first stage among the distinct meshes; None: one each."""
-    phase_times: tuple[tuple[float, float, float], ...] | None = None
-    """Per stage, the forward, B and W seconds the zero-bubble order is built with."""
+    phase_times: tuple[tuple[float, ...], ...] | None = None
+    """Per stage, the forward, B and W seconds (and when its forward and gradient
+    inputs arrive) the zero-bubble order is built with."""
 
 
 def solve_stages(

@@ -98,6 +98,21 @@ def test_zb_v_under_uneven_caps_keeps_a_slot_for_the_second_chunk() -> None:
     assert order.mesh_of == (0, 1, 1, 0)
 
 
+def test_zb_v_holds_what_the_caps_allow_not_only_2p() -> None:
+    """Without caps a mesh holds at most 2p chunk activations (ZB-V's p·M_B);
+    with caps it may hold their sum, which the planner derives from memory."""
+    from alpa_ir.pipeline.task_order import peak_mesh_activations
+
+    times = ((1.0, 2.0, 1.0),) * 6
+    own = build_schedule("zb-v", 3, 12, 2, None, times)
+    assert peak_mesh_activations(own, [1.0] * 6) == [6.0, 6.0, 6.0]
+    capped = build_schedule("zb-v", 3, 12, 2, [2, 5, 5, 5, 5, 2], times)
+    held = peak_mesh_activations(capped, [1.0] * 6)
+    assert held[0] <= 4 and max(held) > 6 and max(held) <= 10
+    with pytest.raises(AlpaError, match=r"phase times need a forward, B and W time"):
+        build_schedule("zb-v", 3, 12, 2, None, ((1.0, 2.0, 1.0, 0.1),) * 6)
+
+
 def test_zb_v_places_the_stages_in_a_v() -> None:
     order = build_schedule("zb-v", 3, 6, 2)
     assert order.mesh_of == (0, 1, 2, 2, 1, 0)

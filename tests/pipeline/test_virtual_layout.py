@@ -99,6 +99,36 @@ def test_a_zero_bubble_order_built_with_the_phase_times_keeps_the_meshes_busy(
     assert simulate(timed).iteration_time <= 1.05 * work
 
 
+def test_a_zb_v_order_built_with_transfer_times_and_memory_caps_keeps_the_slowest_mesh_busy() -> (
+    None
+):
+    """GPT-3 15B's chunks at 32 micro-batches on 4 meshes (the first mesh holds
+    the embedding and the head), 0.107 s per transfer: built with the transfer
+    times and the memory's caps (more than ZB-V's own 2p chunks per mesh), the
+    step is the first mesh's work; without the transfer times, or held to 2p
+    chunks, it idles."""
+    p, m, t = 4, 32, 0.107
+    times = [(0.343, 0.637, 0.39)] + [(0.342, 0.695, 0.331)] * 6 + [(0.416, 0.754, 0.361)]
+    stages = tuple(SimStage(f, b, activation_memory=1.0, backward_weight=w) for f, b, w in times)
+    transfers = tuple(0.0 if k == p - 1 else t for k in range(2 * p - 1))  # mesh 3 holds 3 and 4
+    arrivals = [
+        (transfers[s - 1] if s else 0.0, transfers[s] if s < 2 * p - 1 else 0.0)
+        for s in range(2 * p)
+    ]
+    with_transfers = tuple((*x, *a) for x, a in zip(times, arrivals, strict=True))
+
+    def step(phase_times: tuple[tuple[float, ...], ...], caps: tuple[int, ...] | None) -> float:
+        plan = SimPlan(stages, m, "zb-v", transfers, virtual_stages=2, in_flight_caps=caps,
+                       phase_times=phase_times)  # fmt: skip
+        return simulate(plan).iteration_time
+
+    caps = (6, 9, 9, 9, 9, 9, 9, 6)
+    work = m * (sum(times[0]) + sum(times[-1]))
+    assert step(with_transfers, caps) == pytest.approx(work, rel=1e-3)
+    assert step(tuple(times), caps) > 1.01 * work
+    assert step(with_transfers, None) > 1.03 * work
+
+
 def test_the_plan_carries_the_phase_times_its_order_is_built_with() -> None:
     from stage_fixtures import _deep_module
     from xdsl.dialects.builtin import DenseArrayBase, f64
@@ -119,7 +149,11 @@ def test_the_plan_carries_the_phase_times_its_order_is_built_with() -> None:
     assert written is not None
     flat = [t for times in plan.phase_times for t in times]
     assert [t for times in written for t in times] == pytest.approx(flat)
+    assert all(len(times) == 5 for times in written)  # F, B, W and the two arrivals
     op.verify()
+    op.properties["phase_times"] = DenseArrayBase.from_list(f64, [1.0, 2.0, 3.0] * 4)
+    op.verify()  # three per stage: no transfer times
+    assert op.stage_phase_times() == ((1.0, 2.0, 3.0),) * 4
     op.properties["phase_times"] = DenseArrayBase.from_list(f64, [1.0, 2.0])
     with pytest.raises(VerifyException, match=r"phase_times needs a forward, B and W time"):
         op.verify()
