@@ -23,10 +23,12 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 
+from alpa_ir.dialects.pipeline import SCHEDULES
 from alpa_ir.errors import AlpaError
 from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
 from alpa_ir.ir.module_utils import main_function
 from alpa_ir.pipeline.stage_outline import StageSlice, fresh_mesh_names, outline_stages
+from alpa_ir.plugins.registry import registry_of
 
 
 def _pair(text: str, sep: str, what: str) -> tuple[int, int]:
@@ -94,7 +96,7 @@ class OutlineStages(ModulePass):
         return out
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        del ctx
+        known = dict.fromkeys((*SCHEDULES, *registry_of(ctx).schedules))
         meshes = self.stage_meshes()
         ranges = [_pair(r, "-", "layer range") for r in self.layers]
         names = fresh_mesh_names(op, len(meshes))
@@ -103,4 +105,4 @@ class OutlineStages(ModulePass):
             op.body.block.insert_op_before(mesh.to_op(name), main)
         of = self.stage_mesh_indices()
         slices = [StageSlice(a, b, names[of[k]]) for k, (a, b) in enumerate(ranges)]
-        outline_stages(op, slices, self.num_micro_batches, self.schedule, self.remat)
+        outline_stages(op, slices, self.num_micro_batches, self.schedule, self.remat, tuple(known))

@@ -18,7 +18,8 @@ unless the budget is given by hand for local devices.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
@@ -98,13 +99,17 @@ def _stage_parts(stage: StagePeak) -> str:
 
 
 def check_pipeline_memory(
-    module: ModuleOp, budget: MemoryBudget, where: str = "PipeshardParallel"
+    module: ModuleOp,
+    budget: MemoryBudget,
+    where: str = "PipeshardParallel",
+    schedules: Mapping[str, Any] | None = None,
 ) -> None:
     """Raise :class:`PlanError` when a stage of the outlined, sharded pipeline
-    ``module`` needs more than ``budget`` per device (the neediest stage is named)."""
+    ``module`` needs more than ``budget`` per device (the neediest stage is named;
+    ``schedules``: plugin schedule builders by name, for a plan that runs one)."""
     if not budget.enforced:
         return
-    peaks = pipeline_memory(module)
+    peaks = pipeline_memory(module, schedules=schedules)
     by_mesh: dict[str, list[StagePeak]] = {}
     for peak in peaks:
         by_mesh.setdefault(peak.mesh, []).append(peak)

@@ -138,6 +138,13 @@ stages, 1F1B for given ones; ``interleaved-1f1b`` and ``zb-v`` place
 VIRTUAL_SCHEDULES = ("interleaved-1f1b", "zb-v")
 
 
+def plugin_schedules() -> tuple[str, ...]:
+    """The schedules installed plugins add (hook ``alpa_ir_schedules``)."""
+    from alpa_ir.plugins.registry import default_registry
+
+    return tuple(k for k in default_registry().schedules if k not in PIPESHARD_SCHEDULES)
+
+
 @dataclass(frozen=True)
 class PipeshardParallel:
     """Pipeline stages on submeshes, each stage auto-sharded on its submesh.
@@ -155,9 +162,7 @@ class PipeshardParallel:
     stage_option: StageOption | Literal["uniform", "auto"] = field(
         default_factory=UniformStageOption
     )
-    pipeline_schedule: Literal["auto", "1f1b", "gpipe", "zb-h1", "interleaved-1f1b", "zb-v"] = (
-        "auto"
-    )
+    pipeline_schedule: str = "auto"
     """``1f1b``, ``gpipe``, ``zb-h1`` (zero-bubble: each stage's backward is
     split into B and W by ``split-backward`` and W fills the bubbles), or
     ``auto``: with :class:`AutoStageOption` the planner picks the fastest that
@@ -165,7 +170,10 @@ class PipeshardParallel:
     given stages, ``1f1b``. ``interleaved-1f1b`` (Megatron-LM) and ``zb-v``
     (zero-bubble, V order) run ``virtual_stages`` chunks of layers on each
     stage's mesh: given stages cut the layers into ``num_stages ×
-    virtual_stages`` chunks; automatic stages cut each mesh's layers in two."""
+    virtual_stages`` chunks; automatic stages cut each mesh's layers in two.
+    Or the name of a schedule an installed plugin adds (hook
+    ``alpa_ir_schedules``), on given stages: the backward is split, so its
+    order may run W apart from B."""
     virtual_stages: int | None = None
     """Chunks of layers per stage mesh: ``interleaved-1f1b`` (default 2), ``zb-v``
     (2); 1 for the other schedules."""
@@ -203,18 +211,27 @@ class PipeshardParallel:
             raise AlpaError(f"stage_option must be a stage option, got {type(stage).__name__}")
         if self.default_auto_sharding_option is not None:
             object.__setattr__(self, "auto_sharding_option", self.default_auto_sharding_option)
-        if self.pipeline_schedule not in PIPESHARD_SCHEDULES:
-            known = ", ".join(f"'{k}'" for k in PIPESHARD_SCHEDULES)
-            raise AlpaError(
-                f"pipeline_schedule must be one of {known}, got {self.pipeline_schedule!r}"
-            )
+        plugin = self.pipeline_schedule not in PIPESHARD_SCHEDULES
+        if plugin:
+            known = (*PIPESHARD_SCHEDULES, *plugin_schedules())
+            if self.pipeline_schedule not in known:
+                listed = ", ".join(f"'{k}'" for k in known)
+                raise AlpaError(
+                    f"pipeline_schedule must be one of {listed}, got {self.pipeline_schedule!r}"
+                )
+            if isinstance(self.stage_option, AutoStageOption):
+                raise AlpaError(
+                    f"pipeline_schedule {self.pipeline_schedule!r} is a plugin's: it runs on "
+                    "given stages (UniformStageOption or ManualStageOption); automatic stages "
+                    f"plan for {', '.join(PIPESHARD_SCHEDULES)}"
+                )
         v = self.virtual_stages
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
             raise AlpaError(f"virtual_stages must be a positive integer, got {v!r}")
         need = {"zb-v": 2}.get(self.pipeline_schedule)
         if v is not None and need is not None and v != need:
             raise AlpaError(f"virtual_stages: zb-v places 2 chunks per mesh, got {v}")
-        if v not in (None, 1) and self.pipeline_schedule not in VIRTUAL_SCHEDULES:
+        if v not in (None, 1) and not plugin and self.pipeline_schedule not in VIRTUAL_SCHEDULES:
             raise AlpaError(
                 f"virtual_stages={v} needs pipeline_schedule 'interleaved-1f1b' or 'zb-v', got "
                 f"{self.pipeline_schedule!r}"
@@ -235,7 +252,14 @@ class PipeshardParallel:
             return 2
         if self.pipeline_schedule == "interleaved-1f1b":
             return self.virtual_stages or 2
+        if self.is_plugin_schedule:
+            return self.virtual_stages or 1
         return 1
+
+    @property
+    def is_plugin_schedule(self) -> bool:
+        """Whether ``pipeline_schedule`` is a plugin's (not a built-in one)."""
+        return self.pipeline_schedule not in PIPESHARD_SCHEDULES
 
     @property
     def remat_layer(self) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -323,14 +323,19 @@ def _layer_passes(module: ModuleOp, method: PipeshardParallel) -> list[str]:
 
 def _split_pass(method: PipeshardParallel) -> list[str]:
     """``split-backward`` where the schedule runs B and W apart, or may."""
-    if method.pipeline_schedule in SPLIT_SCHEDULES:
-        return ["split-backward"]
+    if method.pipeline_schedule in SPLIT_SCHEDULES or method.is_plugin_schedule:
+        return ["split-backward"]  # a plugin's order may run W apart from B
     if method.pipeline_schedule == "auto" and isinstance(method.stage_option, AutoStageOption):
         return ["split-backward{zero-bubble-only=true}"]
     return []
 
 
-def _stage_pass(method: PipeshardParallel, num_layers: int, devices: tuple[int, ...]) -> str:
+def _stage_pass(
+    method: PipeshardParallel,
+    num_layers: int,
+    devices: tuple[int, ...],
+    schedules: Mapping[str, Any] | None = None,
+) -> str:
     """``outline-stages`` with the uniform or manual slicing, or ``construct-stages``."""
     option = method.stage_option
     b, schedule = method.num_micro_batches, method.pipeline_schedule
@@ -361,14 +366,19 @@ def _stage_pass(method: PipeshardParallel, num_layers: int, devices: tuple[int, 
         layers = ",".join(f"{p.first}-{p.last}" for p in placements)
         mesh_of = ""
     else:
-        layers, mesh_of = _chunks(num_layers, len(placements), method)
+        layers, mesh_of = _chunks(num_layers, len(placements), method, schedules)
     return (
         f"outline-stages{{layers={layers} meshes={meshes}{mesh_of} devices={ids} "
         f"num-micro-batches={b} schedule={schedule} remat={remat}}}"
     )
 
 
-def _chunks(num_layers: int, meshes: int, method: PipeshardParallel) -> tuple[str, str]:
+def _chunks(
+    num_layers: int,
+    meshes: int,
+    method: PipeshardParallel,
+    schedules: Mapping[str, Any] | None = None,
+) -> tuple[str, str]:
     """The layers cut into ``meshes × v`` chunks and each chunk's mesh, as the
     schedule places them (``outline-stages``' ``layers`` and `` mesh-of=``)."""
     from alpa_ir.pipeline.schedule_kinds import build_schedule
@@ -380,7 +390,9 @@ def _chunks(num_layers: int, meshes: int, method: PipeshardParallel) -> tuple[st
             f"pipeline_schedule {method.pipeline_schedule!r}: {meshes} stages x {v} chunks need "
             f"{count} layers, the step has {num_layers}"
         )
-    order = build_schedule(method.pipeline_schedule, meshes, method.num_micro_batches, v)
+    order = build_schedule(
+        method.pipeline_schedule, meshes, method.num_micro_batches, v, schedules=schedules
+    )
     bounds = [round(k * num_layers / count) for k in range(count + 1)]
     layers = ",".join(f"{bounds[k]}-{bounds[k + 1] - 1}" for k in range(count))
     return layers, " mesh-of=" + ",".join(str(m) for m in order.mesh_of)
@@ -460,7 +472,7 @@ def compile_pipeshard(
     warn_micro_batch_statistics(main, batch_leaves_of(main), b)
     inner = method.auto_sharding_option.pipeline(1).removeprefix("builtin.module(")[:-1]
     plan_passes = [
-        _stage_pass(method, count_layers(main), devices),
+        _stage_pass(method, count_layers(main), devices, registry.schedules),
         f'shard-stages{{stage-pipeline="{inner}"}}',
         *_split_pass(method),
         "cross-mesh-resharding",
@@ -474,7 +486,7 @@ def compile_pipeshard(
         batch = arguments.dynamic_positions(batch_argnums)
         first = jax.tree.leaves(arguments.arrays[batch[0]])[0]
         signature = replace(signature, micro_batch_rows=int(np.shape(first)[0]))
-    check_pipeline_memory(module, budget)  # before anything compiles
+    check_pipeline_memory(module, budget, schedules=registry.schedules)  # before compiling
     runner = compile_module(module, backend=method.backend, registry=registry)
     executable = PipeshardExecutable(module, signature, runner, input_module, pass_pipeline)
     executable.pass_statistics = statistics

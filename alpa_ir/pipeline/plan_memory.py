@@ -35,7 +35,7 @@ that cannot fit is refused before XLA runs.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from xdsl.dialects import func
@@ -50,7 +50,7 @@ from alpa_ir.dialects.pipeline import PlanOp, StageOp, plan_stages
 from alpa_ir.dialects.sharding import SPEC_ATTR, ShardingSpec, ShardingSpecAttr, spec_of_value
 from alpa_ir.dialects.types import KeyType, numpy_dtype, shape_of
 from alpa_ir.ir.module_utils import main_function, symbol_op, top_level_ops
-from alpa_ir.pipeline.schedule_kinds import order_of_plan
+from alpa_ir.pipeline.schedule_kinds import ScheduleBuilder, order_of_plan
 from alpa_ir.pipeline.task_order import peak_stage_in_flight
 
 
@@ -253,17 +253,28 @@ def _stage_peak(
     )
 
 
-def pipeline_memory(module: ModuleOp, *, fusion: bool = False) -> tuple[StagePeak, ...]:
+def pipeline_memory(
+    module: ModuleOp,
+    *,
+    fusion: bool = False,
+    schedules: Mapping[str, ScheduleBuilder] | None = None,
+) -> tuple[StagePeak, ...]:
     """The predicted memory of each stage of an outlined, sharded pipeline
     module, on one device of its mesh (module docstring; ``fusion``: the
-    temporaries under XLA's fusion model)."""
+    temporaries under XLA's fusion model; ``schedules``: plugin schedule
+    builders by name)."""
     plan = next(iter(top_level_ops(module, PlanOp)))
     assert isinstance(plan, PlanOp)
     stages = plan_stages(module)
     b = int(plan.num_micro_batches.value.data)
     meshes = [stage.mesh.root_reference.data for stage in stages]
     order = order_of_plan(
-        plan.schedule.data, meshes, b, plan.in_flight_caps(), plan.stage_phase_times()
+        plan.schedule.data,
+        meshes,
+        b,
+        plan.in_flight_caps(),
+        plan.stage_phase_times(),
+        schedules=schedules,
     )
     in_flight = peak_stage_in_flight(order)
     calls = _Calls.of(module)

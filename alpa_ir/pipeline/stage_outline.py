@@ -44,7 +44,7 @@ once per micro-batch; results of theirs that apply-grad functions use or
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -518,14 +518,18 @@ def outline_stages(
     num_micro_batches: int = 1,
     schedule: str = "1f1b",
     remat: bool = False,
+    schedules: Collection[str] = SCHEDULES,
 ) -> None:
     """Rewrite ``module``'s ``@main`` into the outlined pipeline form (see module
     doc). With ``remat`` (Alpa's ``remat_layer``) the backward function of every
     stage but the last recomputes its stage's forward values from the forward
     function's inputs instead of receiving them: a stage keeps only its inputs
-    per micro-batch in flight, not its activations."""
-    if schedule not in SCHEDULES:
-        raise AlpaError(f"unknown pipeline schedule '{schedule}'; expected one of {SCHEDULES}")
+    per micro-batch in flight, not its activations. ``schedules``: the schedule
+    names known (the built-in ones, and a plugin's where the caller has them)."""
+    if schedule not in schedules:
+        raise AlpaError(
+            f"unknown pipeline schedule '{schedule}'; expected one of {', '.join(schedules)}"
+        )
     if num_micro_batches < 1:
         raise AlpaError(f"num_micro_batches must be at least 1, got {num_micro_batches}")
     main = main_function(module)
