@@ -19,12 +19,10 @@ from alpa_ir.dialects.pipeline import (
 from alpa_ir.errors import AlpaError
 from alpa_ir.ir.module_utils import top_level_ops
 from alpa_ir.ir.text import parse_module, print_module
-from alpa_ir.passes.emit_instructions import (
-    EmitInstructions,
-    Instruction,
-    emit_programs,
-    needs_broadcast,
-)
+from alpa_ir.passes.emit_instructions import EmitInstructions
+from alpa_ir.pipeline.instructions import Instruction
+from alpa_ir.pipeline.outlined_pipeline import needs_broadcast
+from alpa_ir.pipeline.program_emission import emit_programs
 from alpa_ir.pipeline.schedule import schedule_clocks
 
 T = "tensor<2x4xf32>"

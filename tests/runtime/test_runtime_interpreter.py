@@ -66,7 +66,7 @@ def test_two_meshes_equal_one_device(micro_batches: int) -> None:
 
 
 def test_programs_read_from_the_ir_equal_the_emitted_ones() -> None:
-    from alpa_ir.passes.emit_instructions import emit_programs
+    from alpa_ir.pipeline.program_emission import emit_programs
 
     emitted = emit_programs(two_mesh_module(passes="cross-mesh-resharding"))
     written = two_mesh_module()
