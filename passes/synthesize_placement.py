@@ -36,6 +36,7 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import FloatAttr, ModuleOp, f64
 from xdsl.passes import ModulePass
 
+from alpa_ir.autosharding.planner import OBJECTIVE_ATTR, ShardingOptions, ShardingPlanner
 from alpa_ir.dialects.attrs import TIME_ATTR
 from alpa_ir.dialects.sharding import AllReduceProgramOp
 from alpa_ir.errors import AlpaError
@@ -56,7 +57,6 @@ from alpa_ir.p2.plan_time import plan_comm_seconds
 from alpa_ir.p2.simulator import default_bytes
 from alpa_ir.p2.synthesis import DEFAULT_MAX_SIZE
 from alpa_ir.p2.system import System
-from alpa_ir.passes.auto_sharding import OBJECTIVE_ATTR, AutoSharding
 
 
 def placement_time(
@@ -162,12 +162,10 @@ class SynthesizePlacement(ModulePass):
             function = main_function(candidate)
             placed = logical_mesh(candidate, function, self.name)
             place_mesh(placed, matrix, system_name)
-            AutoSharding(
-                solver=self.solver,
-                time_limit=self.time_limit,
-                cost_model="p2",
-                system=self.system,
-            ).apply(ctx, candidate)
+            options = ShardingOptions(
+                solver=self.solver, time_limit=self.time_limit, cost_model="p2", system=self.system
+            )
+            ShardingPlanner(options).plan(ctx, candidate)
             mesh = LogicalDeviceMesh.from_op(placed)
             seconds = sum(plan_comm_seconds(function, mesh, model).values())
             placed.attributes[TIME_ATTR] = FloatAttr(seconds, f64)

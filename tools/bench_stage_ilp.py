@@ -135,7 +135,7 @@ def load_instance(path: str) -> Instance:
 
 
 def dump(args: argparse.Namespace) -> None:
-    import alpa_ir.passes.auto_sharding as auto_sharding
+    import alpa_ir.autosharding.planner as auto_sharding
     from alpa_ir.costs.stage_cost import StageCostOptions, plan_function
 
     function = _layer_function(args.model, args.layers, args.first, args.last)

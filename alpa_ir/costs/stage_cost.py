@@ -732,14 +732,15 @@ def plan_function(
     module, with ``cluster``'s ``mesh.cluster`` op for the cost model to bind
     to). ``strategy_caches``: where to keep (and find) the strategies of
     the ILP mesh, for many functions planned on the same meshes;
-    ``statistics``: a list that receives the pass statistics of the plan.
-    The planner is the pass ``registry`` (default: the default registry)
-    names ``auto-sharding``: a cost model never imports a pass."""
+    ``statistics``: a list that receives the planner's statistics. The
+    planner is :class:`~alpa_ir.autosharding.planner.ShardingPlanner` (the
+    library of ``auto-sharding``) with ``registry``'s rules, cost models and
+    solvers (default: the default registry)."""
+    from alpa_ir.autosharding.planner import ShardingOptions, ShardingPlanner
     from alpa_ir.ir.context import make_context
     from alpa_ir.plugins.registry import default_registry
 
     registry = registry or default_registry()
-    AutoSharding = registry.get_pass("auto-sharding")
 
     clone = function.clone()
     clone.sym_name = StringAttr("main")
@@ -769,15 +770,17 @@ def plan_function(
     mesh_op = ilp_mesh.to_op("mesh")
     clone.attributes[MESH_ATTR] = FlatSymbolRefAttr("mesh")
     module = ModuleOp([*([cluster.to_op()] if cluster is not None else []), mesh_op, clone])
-    auto_sharding = AutoSharding(
-        cost_model=options.cost_model,
-        solver=options.solver,
-        time_limit=options.time_limit,
-        memory_budget=options.memory_budget,
-        allow_all_gather=options.allow_all_gather,
-        allow_replicated_parameters=options.allow_replicated_parameters,
-        mip_gap=options.mip_gap,
-        repeated_layers=options.repeated_layers,
+    planner = ShardingPlanner(
+        ShardingOptions(
+            cost_model=options.cost_model,
+            solver=options.solver,
+            time_limit=options.time_limit,
+            memory_budget=options.memory_budget,
+            allow_all_gather=options.allow_all_gather,
+            allow_replicated_parameters=options.allow_replicated_parameters,
+            mip_gap=options.mip_gap,
+            repeated_layers=options.repeated_layers,
+        )
     )
     ctx = make_context(registry)
     ctx.statistics = statistics
@@ -794,8 +797,8 @@ def plan_function(
         )
         cache = strategy_caches.get(key)
         if cache is None:
-            cache = strategy_caches[key] = auto_sharding.strategy_cache(ctx, ilp_mesh, model)
-    auto_sharding.plan(ctx, module, cache)
+            cache = strategy_caches[key] = planner.strategy_cache(ctx, ilp_mesh, model)
+    planner.plan(ctx, module, cache)
     return main_function(module)
 
 

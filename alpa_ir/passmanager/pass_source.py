@@ -5,7 +5,8 @@ registry names lazily (:class:`~alpa_ir.plugins.registry.Lazy`) is listed
 from the text of its module: the class's docstring gives the summary, each
 annotated field an option (type from the annotation, default from the
 literal or the module-level constant it names, help from the docstring
-written under it), exactly as :func:`~alpa_ir.passmanager.pass_options.pass_options`
+written under it; a base class's fields first, read from its module where
+it is an ``alpa_ir`` one), exactly as :func:`~alpa_ir.passmanager.pass_options.pass_options`
 reads them from the imported class. Nothing is imported, so listing passes
 costs neither JAX nor a solver.
 """
@@ -89,13 +90,38 @@ def _class(tree: ast.Module, name: str) -> ast.ClassDef:
     raise PipelineError(f"no class {name} in the module's source")
 
 
-def read_pass_source(module: str, attribute: str) -> PassSource:
-    """The summary and options of class ``attribute`` of ``module``, from its source."""
+def _parse(module: str) -> ast.Module:
     spec = importlib.util.find_spec(module)
     if spec is None or spec.origin is None:
         raise PipelineError(f"module {module} not found")
     with open(spec.origin, encoding="utf-8") as f:
-        tree = ast.parse(f.read())
+        return ast.parse(f.read())
+
+
+def _imported_from(tree: ast.Module, name: str) -> str | None:
+    """The module ``name`` is imported from (``from M import name``), if it is."""
+    for stmt in tree.body:
+        if isinstance(stmt, ast.ImportFrom) and stmt.module and stmt.level == 0:
+            if any((a.asname or a.name) == name for a in stmt.names):
+                return stmt.module
+    return None
+
+
+def _options(tree: ast.Module, cls: ast.ClassDef) -> list[OptionInfo]:
+    """The options of ``cls``: its bases' first (a dataclass's field order; a
+    base defined in this module or imported from an ``alpa_ir`` module, such
+    as a planner's options a pass inherits), then its own."""
+    options: list[OptionInfo] = []
+    for base in cls.bases:
+        if not isinstance(base, ast.Name):
+            continue
+        if any(isinstance(s, ast.ClassDef) and s.name == base.id for s in tree.body):
+            options += _options(tree, _class(tree, base.id))
+            continue
+        origin = _imported_from(tree, base.id)
+        if origin is not None and origin.split(".")[0] == "alpa_ir":
+            base_tree = _parse(origin)
+            options += _options(base_tree, _class(base_tree, base.id))
     constants = {
         target.id: stmt.value
         for stmt in tree.body
@@ -103,12 +129,7 @@ def read_pass_source(module: str, attribute: str) -> PassSource:
         for target in stmt.targets
         if isinstance(target, ast.Name)
     }
-    cls = _class(tree, attribute)
-    doc = ast.get_docstring(cls) or ""
-    lines = inspect.cleandoc(doc).splitlines()
-    summary = lines[0].strip() if lines else "(no description)"
     docs = field_docs(cls)
-    options: list[OptionInfo] = []
     for stmt in cls.body:
         if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
             continue
@@ -127,4 +148,14 @@ def read_pass_source(module: str, attribute: str) -> PassSource:
                 help=help_text,
             )
         )
-    return PassSource(summary, tuple(options))
+    return options
+
+
+def read_pass_source(module: str, attribute: str) -> PassSource:
+    """The summary and options of class ``attribute`` of ``module``, from its source."""
+    tree = _parse(module)
+    cls = _class(tree, attribute)
+    doc = ast.get_docstring(cls) or ""
+    lines = inspect.cleandoc(doc).splitlines()
+    summary = lines[0].strip() if lines else "(no description)"
+    return PassSource(summary, tuple(_options(tree, cls)))

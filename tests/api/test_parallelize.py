@@ -321,10 +321,11 @@ def test_unknown_solver_is_named() -> None:
 
 
 def test_mip_gap_option() -> None:
+    from alpa_ir.autosharding.planner import OBJECTIVE_ATTR
     from alpa_ir.frontend.jaxpr_import import import_jax
     from alpa_ir.ir.context import make_context
     from alpa_ir.ir.module_utils import main_function
-    from alpa_ir.passes.auto_sharding import OBJECTIVE_ATTR, AutoSharding
+    from alpa_ir.passes.auto_sharding import AutoSharding
 
     fn, args = tiny_step("mlp-tiny")
 

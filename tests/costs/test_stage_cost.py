@@ -247,11 +247,12 @@ def test_functions_planned_with_shared_strategies_get_the_same_plans() -> None:
 
 
 def test_a_strategy_cache_of_another_mesh_is_refused() -> None:
+    from alpa_ir.autosharding.planner import ShardingOptions, ShardingPlanner
     from alpa_ir.ir.context import make_context
-    from alpa_ir.passes.auto_sharding import AutoSharding
 
     c = _cluster()
-    other = AutoSharding().strategy_cache(make_context(), c.logical_mesh((1, 8)))
+    planner = ShardingPlanner(ShardingOptions())
+    other = planner.strategy_cache(make_context(), c.logical_mesh((1, 8)))
     caches = {}
     plan_function(_stage(0), c.logical_mesh((2, 4)), StageCostOptions(), caches)
     (key,) = caches

@@ -10,6 +10,7 @@ from zoo_fixtures import max_abs_diff, reference_outputs, tiny_step
 
 from alpa_ir import import_jax
 from alpa_ir.autosharding.cost_model import AlphaBetaCostModel
+from alpa_ir.autosharding.planner import OBJECTIVE_ATTR
 from alpa_ir.backends.spmd import compile_spmd
 from alpa_ir.dialects.attrs import TIME_ATTR
 from alpa_ir.dialects.lax_params import ints_of
@@ -26,7 +27,6 @@ from alpa_ir.p2.plan_time import plan_comm_seconds
 from alpa_ir.p2.semantics import Collective
 from alpa_ir.p2.simulator import Simulator
 from alpa_ir.p2.system import custom_system
-from alpa_ir.passes.auto_sharding import OBJECTIVE_ATTR
 from alpa_ir.passmanager.pass_manager import PassManager
 from alpa_ir.plugins.registry import default_registry
 from alpa_ir.runtime.devices import jax_mesh, mesh_axis_names

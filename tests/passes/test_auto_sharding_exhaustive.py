@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import alpa_ir
-import alpa_ir.passes.auto_sharding as auto_sharding
+import alpa_ir.autosharding.planner as auto_sharding
 from alpa_ir.passmanager.pass_manager import PassManager
 from alpa_ir.plugins.registry import default_registry
 from alpa_ir.solvers import MipSolver

@@ -161,7 +161,7 @@ def test_auto_shares_only_large_graphs_with_many_strategy_pairs() -> None:
     """``repeated-layers=auto`` keeps the exact ILP for small graphs and for
     large ones of few strategies per node (1-D meshes), and shares for large
     graphs of many pairs (2-D meshes), where the exact LP gets slow."""
-    from alpa_ir.passes.auto_sharding import (
+    from alpa_ir.autosharding.planner import (
         SHARE_LAYERS_FROM,
         SHARE_PAIRS_FROM,
         share_automatically,
