@@ -59,7 +59,7 @@ from dataclasses import dataclass
 
 from alpa_ir.errors import AlpaError
 from alpa_ir.pipeline.schedule import Task, schedule_clocks
-from alpa_ir.pipeline.task_order import TaskOrder, check_task_order, dependencies
+from alpa_ir.pipeline.task_order import TaskOrder, check_task_order
 
 PhaseTimes = Sequence[tuple[float, ...]]
 """Per stage, the forward, B and W times a list-scheduled order is built with,
@@ -161,7 +161,9 @@ class _Progress:
     weight: int = 0
 
 
-Policy = Callable[[int, float, Callable[[Task], bool], list[_Progress]], Task | None]
+Ready = Callable[[int, str, int], bool]
+"""``ready(stage, phase, micro_batch)``: whether that task's inputs have arrived."""
+Policy = Callable[[int, float, Ready, list[_Progress]], Task | None]
 
 
 def _list_schedule(
@@ -177,8 +179,7 @@ def _list_schedule(
     ``times``' transfer times, where given). Returns the order and when its
     last task ends."""
     meshes = max(mesh_of) + 1
-    order = TaskOrder(kind, micro_batches, mesh_of, True, ())
-    ends: dict[Task, float] = {}
+    ends: dict[tuple[int, str, int | None], float] = {}  # (stage, phase, micro-batch)
     progress = [_Progress() for _ in mesh_of]
     orders: list[list[Task]] = [[] for _ in range(meshes)]
     free = [0.0] * meshes
@@ -186,15 +187,29 @@ def _list_schedule(
     remaining = 3 * micro_batches * len(mesh_of)
     now = 0.0
     last = len(mesh_of) - 1
+    # when a stage's forward input and its gradient input arrive after they are produced
+    transfer_in = [
+        (t[3], t[4]) if times is not None and len(t) == 5 else (0.0, 0.0)
+        for t in (times or [()] * len(mesh_of))
+    ]
 
-    def arrival(task: Task, dep: Task) -> float:
-        end = ends.get(dep, math.inf)
-        if times is None or dep.stage == task.stage or len(times[task.stage]) < 5:
-            return end
-        return end + times[task.stage][3 if dep.phase == "forward" else 4]
-
-    def ready(task: Task) -> bool:
-        return all(arrival(task, d) <= now for d in dependencies(task, order))
+    def ready(s: int, phase: str, b: int) -> bool:
+        """Whether the inputs of the task have arrived (task_order.dependencies)."""
+        if phase == "forward":
+            if s == 0:
+                return True
+            end = ends.get((s - 1, "forward", b))
+            return end is not None and end + transfer_in[s][0] <= now
+        if phase == "backward":
+            end = ends.get((s, "forward", b))
+            if end is None or end > now:
+                return False
+            if s == last:
+                return True
+            end = ends.get((s + 1, "backward", b))
+            return end is not None and end + transfer_in[s][1] <= now
+        end = ends.get((s, "backward", b))
+        return end is not None and end <= now
 
     while remaining:
         progressed = True
@@ -211,21 +226,22 @@ def _list_schedule(
                 duration = 1.0 if times is None else times[task.stage][phase]
                 attr = {"forward": "forward", "backward": "backward"}.get(task.phase, "weight")
                 setattr(state, attr, getattr(state, attr) + 1)
-                ends[task] = free[k] = now + duration
-                heapq.heappush(events, now + duration)
+                end = free[k] = now + duration
+                ends[(task.stage, task.phase, task.micro_batch)] = end
+                heapq.heappush(events, end)
                 # the consumer on a neighbouring stage sees it after the transfer
-                consumer = task.stage + 1 if task.phase == "forward" else task.stage - 1
-                if times is not None and task.phase != "backward_weight" and 0 <= consumer <= last:
-                    heapq.heappush(events, arrival(Task(consumer, None, "forward"), task))
+                if task.phase == "forward" and task.stage < last:
+                    heapq.heappush(events, end + transfer_in[task.stage + 1][0])
+                elif task.phase == "backward" and task.stage > 0:
+                    heapq.heappush(events, end + transfer_in[task.stage - 1][1])
                 orders[k].append(task)
                 remaining -= 1
                 progressed = True
-        later = [e for e in events if e > now]
-        if remaining and not later:
-            raise AlpaError(f"schedule '{kind}': the list scheduler is stuck (a policy bug)")
         while events and events[0] <= now:
             heapq.heappop(events)
         if remaining:
+            if not events:
+                raise AlpaError(f"schedule '{kind}': the list scheduler is stuck (a policy bug)")
             now = events[0]
     for k in range(meshes):
         orders[k] += [Task(s, None, "apply_grad") for s, m in enumerate(mesh_of) if m == k]
@@ -286,9 +302,7 @@ def zb_h1(
         for k in range(p)
     ]
 
-    def policy(
-        k: int, now: float, ready: Callable[[Task], bool], progress: list[_Progress]
-    ) -> Task | None:
+    def policy(k: int, now: float, ready: Ready, progress: list[_Progress]) -> Task | None:
         del now
         state = progress[k]
         position = state.forward + state.backward
@@ -297,7 +311,7 @@ def zb_h1(
         task = fb_orders[k][position] if position < 2 * m else None
         if task is not None and task.phase == "forward" and state.forward - state.weight >= cap[k]:
             return w  # the memory cap: release a micro-batch first
-        if task is not None and ready(task):
+        if task is not None and ready(task.stage, task.phase, task.micro_batch):  # type: ignore[arg-type]
             return task
         return w if pending_w else None
 
@@ -348,9 +362,7 @@ def zb_v(
         # arrives in time; one slower mesh delays it for all)
         reserve = reserve if constrained or times is not None else 0
 
-        def policy(
-            k: int, now: float, ready: Callable[[Task], bool], progress: list[_Progress]
-        ) -> Task | None:
+        def policy(k: int, now: float, ready: Ready, progress: list[_Progress]) -> Task | None:
             del now
             chunks = (k, 2 * p - 1 - k)
             held = sum(progress[s].forward - progress[s].weight for s in chunks)
@@ -363,27 +375,25 @@ def zb_v(
                 s = chunks[int(choice[1]) - 1]
                 state = progress[s]
                 if choice[0] == "B":
-                    task = Task(s, state.backward, "backward")
-                    if state.backward < state.forward and ready(task):
-                        return task
+                    if state.backward < state.forward and ready(s, "backward", state.backward):
+                        return Task(s, state.backward, "backward")
                     continue
                 room = mesh_cap[k] - (reserve if s == k else 0)
-                task = Task(s, state.forward, "forward")
-                if held < room and state.forward < m and ready(task):
-                    return task
+                if held < room and state.forward < m and ready(s, "forward", state.forward):
+                    return Task(s, state.forward, "forward")
             return None
 
         return policy
 
     built: list[tuple[TaskOrder, float]] = []
+    errors: list[AlpaError] = []
     for rule in ZB_V_RULES if times is not None else ZB_V_RULES[:1]:
         try:
             built.append(_list_schedule(kind, m, mesh_of, policy_of(rule), times))
-        except AlpaError:
-            if not built and rule == ZB_V_RULES[-1]:
-                raise
-    if not built:  # every rule stuck: the default rule's error
-        _list_schedule(kind, m, mesh_of, policy_of(ZB_V_RULES[0]), times)
+        except AlpaError as error:  # a rule that gets stuck on these caps
+            errors.append(error)
+    if not built:
+        raise errors[0]
     return min(built, key=lambda b: b[1])[0]  # the first of the soonest
 
 
