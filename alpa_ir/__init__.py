@@ -10,6 +10,9 @@ that need no JAX):
 - ``parallelize(fn, method=ShardParallel(...))``: plan and run a training step
   on the local devices (methods ``ShardParallel``, ``DataParallel``,
   ``Zero2Parallel``, ``Zero3Parallel``, ``HeuristicParallel``, ``ManualShardParallel``).
+- ``compile(fn, *args, method=...)`` -> ``Plan``: the plan without running it
+  (modules, pass pipeline, statistics, predicted memory and step time;
+  printable, ``save``/``Plan.load``, ``executable()``).
 - ``save_checkpoint(path, state, step)``, ``restore_checkpoint(path, target)``:
   plan-independent checkpoints of (sharded) training states.
 - ``hlo_collectives(text)``: the collectives of compiled HLO text.
@@ -41,6 +44,8 @@ _EXPORTS: dict[str, str] = {
     "AlpaError": "alpa_ir.errors",
     "hlo_collectives": "alpa_ir.costs.collective_accounting",
     "parallelize": "alpa_ir.api.parallel",
+    "compile": "alpa_ir.api.plan",
+    "Plan": "alpa_ir.api.plan",
     "ShardParallel": "alpa_ir.api.parallel",
     "DataParallel": "alpa_ir.api.parallel",
     "Zero2Parallel": "alpa_ir.api.parallel",

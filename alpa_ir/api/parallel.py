@@ -23,6 +23,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from xdsl.dialects import func
 from xdsl.dialects.builtin import FlatSymbolRefAttr, FloatAttr, ModuleOp
 
+from alpa_ir.api.executable import PlannedExecutable
 from alpa_ir.api.manual_sharding import (
     ManualShardingOption,
     annotate_inputs,
@@ -43,6 +44,7 @@ from alpa_ir.frontend.arguments import (
 )
 from alpa_ir.hardware.device_mesh import Devices, LogicalDeviceMesh, resolve_mesh
 from alpa_ir.hardware.memory_budget import check_memory_option
+from alpa_ir.ir.module_utils import main_function
 from alpa_ir.passmanager.pass_manager import PassManager
 from alpa_ir.pipeline.step_partition import batch_leaves_of, warn_micro_batch_statistics
 from alpa_ir.plugins.registry import PluginRegistry, default_registry
@@ -145,7 +147,7 @@ def partition_spec_of(spec: ShardingSpec, names: Sequence[str]) -> PartitionSpec
     )
 
 
-class ShardedExecutable:
+class ShardedExecutable(PlannedExecutable):
     """A step planned and compiled for a mesh of local devices."""
 
     def __init__(
@@ -160,16 +162,9 @@ class ShardedExecutable:
         out_specs: Sequence[PartitionSpec | None] | None = None,
         compile_locally: bool = True,
     ) -> None:
-        from alpa_ir.ir.module_utils import main_function
-
-        self.module = module
+        super().__init__(module, signature)
         self.mesh = mesh
         self.function: func.FuncOp = main_function(module)
-        self.pass_statistics: tuple[Any, ...] = ()
-        """What the passes recorded while planning (ILP size, solve time; see
-        :mod:`alpa_ir.passmanager.pass_statistics`)."""
-        self.signature = signature
-        self.in_tree, self.out_tree = signature.in_tree, signature.out_tree
         self.batch_leaves = tuple(batch_leaves)
         self.num_micro_batches = num_micro_batches
         self.donated = () if propagate else donated_leaves(self.function)
@@ -256,11 +251,6 @@ class ShardedExecutable:
     remote: Any = None
     """The Ray executable (one worker per host) when the step runs on the ray backend."""
 
-    def close(self) -> None:
-        """Stop the Ray workers of a step on the ray backend."""
-        if self.remote is not None:
-            self.remote.close()
-
     def _flat_inputs(self, args: tuple[Any, ...]) -> list[Any]:
         in_shardings = self._compile_local()[1]
         return jax.device_put(self._host_inputs(args), list(in_shardings))
@@ -311,11 +301,6 @@ class ShardedExecutable:
         run = self._compile_local()[0]
         return hlo_text(run.lower(*self._flat_inputs(args)), which)
 
-    input_module: ModuleOp | None = None
-    """The step's module as imported, before the pass pipeline."""
-    pass_pipeline: str = ""
-    """The pass pipeline that planned the step (``alpa-opt --pass-pipeline``)."""
-
     def plan_text(self) -> str:
         """The plan: the mesh and the sharding of every input."""
         assert self.mesh.axis_names is not None
@@ -352,21 +337,10 @@ class ShardedExecutable:
 
         return plot_module(self.module, kind, path)
 
-    def dump_debug_info(self, folder: str, *args: Any) -> Any:
-        """Write the imported module, the pass pipeline, the planned module, the
-        plan and the compiled HLO under ``folder`` (see :mod:`alpa_ir.api.debug_info`)."""
-        from alpa_ir.api.debug_info import write_debug_info
-
-        files = {
-            "module.mlir": str(self.module),
-            "plan.txt": self.plan_text(),
-            "hlo/step.hlo": self.get_hlo_text(*args),
-        }
-        if self.input_module is not None:
-            files["input_module.mlir"] = str(self.input_module)
-        if self.pass_pipeline:
-            files["pass_pipeline.txt"] = self.pass_pipeline
-        return write_debug_info(folder, files)
+    def hlo_files(self, *args: Any) -> dict[str, str]:
+        """The compiled SPMD program (``args``: example arguments, default those
+        of the first call)."""
+        return {"hlo/step.hlo": self.get_hlo_text(*args)}
 
     def get_input_placement_specs(self) -> Any:
         assert self.mesh.axis_names is not None
@@ -439,6 +413,37 @@ def donated_leaves(function: func.FuncOp) -> tuple[int, ...]:
     return tuple(sorted(out))
 
 
+@dataclass(frozen=True)
+class PlannedStep:
+    """A step planned for one mesh, before any backend compiles it
+    (:func:`plan_step`)."""
+
+    module: ModuleOp
+    mesh: LogicalDeviceMesh
+    signature: CompiledSignature
+    batch_leaves: tuple[int, ...]
+    num_micro_batches: int
+    propagate: bool
+    out_specs: Sequence[PartitionSpec | None] | None
+    input_module: ModuleOp
+    pass_pipeline: str
+    statistics: tuple[Any, ...]
+    backend: str
+
+    def peak_memory(self) -> float:
+        """Predicted bytes per device of the planned program."""
+        from alpa_ir.pipeline.plan_memory import program_memory
+
+        function = main_function(self.module)
+        return program_memory(
+            function,
+            self.mesh.shape,
+            donated=donated_leaves(function),
+            batch_args=self.batch_leaves,
+            num_micro_batches=self.num_micro_batches,
+        ).peak
+
+
 def compile_step(
     fn: Callable[..., Any],
     args: tuple[Any, ...],
@@ -450,9 +455,47 @@ def compile_step(
     registry: PluginRegistry | None = None,
 ) -> ShardedExecutable:
     """Plan and compile ``fn`` for ``args`` with ``method`` (no execution)."""
+    planned = plan_step(
+        fn,
+        args,
+        method,
+        donate_argnums=donate_argnums,
+        batch_argnums=batch_argnums,
+        static_argnums=static_argnums,
+        registry=registry,
+    )
+    module, b, batch_leaves = planned.module, planned.num_micro_batches, planned.batch_leaves
+    on_ray = planned.backend == "ray"
+    if not (planned.propagate or on_ray):  # XLA lays out what is only propagated
+        _check_memory(main_function(module), planned.mesh, batch_leaves, b, method)
+    executable = ShardedExecutable(
+        module, planned.mesh, planned.signature, batch_leaves, b, propagate=planned.propagate,
+        out_specs=planned.out_specs, compile_locally=not on_ray,
+    )  # fmt: skip
+    if on_ray:
+        from alpa_ir.backends.ray_hosts import RayHostsExecutable
+
+        executable.remote = RayHostsExecutable(module, num_micro_batches=b, batch_args=batch_leaves)
+    executable._example_args = args
+    executable.input_module, executable.pass_pipeline = planned.input_module, planned.pass_pipeline
+    executable.pass_statistics = planned.statistics
+    return executable
+
+
+def plan_step(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    method: Method,
+    *,
+    donate_argnums: Sequence[int],
+    batch_argnums: Sequence[int],
+    static_argnums: StaticArgnums = (),
+    registry: PluginRegistry | None = None,
+) -> PlannedStep:
+    """Import ``fn`` for ``args`` and plan it with ``method``'s pass pipeline;
+    nothing is compiled."""
     from alpa_ir.api.runtime_api import session_backend
     from alpa_ir.frontend.jaxpr_import import import_step
-    from alpa_ir.ir.module_utils import main_function
     from alpa_ir.runtime.ray_cluster import backend_devices
 
     registry = registry or default_registry()
@@ -525,21 +568,10 @@ def compile_step(
     if rows:
         signature = replace(signature, micro_batch_rows=_batch_size(signature, batch_leaves))
         batch_leaves.append(len(signature.avals))
-    on_ray = backend == "ray"
-    if not (propagate or on_ray):  # XLA lays out what is only propagated
-        _check_memory(main_function(module), mesh, batch_leaves, b, method)
-    executable = ShardedExecutable(
-        module, mesh, signature, batch_leaves, b, propagate=propagate, out_specs=out_specs,
-        compile_locally=not on_ray,
+    return PlannedStep(
+        module, mesh, signature, tuple(batch_leaves), b, propagate, out_specs, input_module,
+        pass_pipeline, tuple(statistics), backend,
     )  # fmt: skip
-    if on_ray:
-        from alpa_ir.backends.ray_hosts import RayHostsExecutable
-
-        executable.remote = RayHostsExecutable(module, num_micro_batches=b, batch_args=batch_leaves)
-    executable._example_args = args
-    executable.input_module, executable.pass_pipeline = input_module, pass_pipeline
-    executable.pass_statistics = statistics
-    return executable
 
 
 def _check_memory(

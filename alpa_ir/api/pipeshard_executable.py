@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import jax
@@ -13,6 +13,7 @@ import numpy as np
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 
+from alpa_ir.api.executable import PlannedExecutable
 from alpa_ir.api.memory_check import check_pipeline_memory, plan_memory_budget
 from alpa_ir.api.pipeshard import (
     AutoLayerOption,
@@ -41,6 +42,7 @@ from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
 from alpa_ir.hardware.memory_budget import MemoryBudget
 from alpa_ir.ir.module_utils import main_function, symbol_op
 from alpa_ir.passmanager.pipeline_syntax import format_pipeline
+from alpa_ir.pipeline.plan_memory import StagePeak
 from alpa_ir.pipeline.schedule_kinds import SPLIT_SCHEDULES
 from alpa_ir.pipeline.step_partition import batch_leaves_of, warn_micro_batch_statistics
 from alpa_ir.plugins.registry import PluginRegistry, default_registry
@@ -48,7 +50,7 @@ from alpa_ir.runtime.interpreter import CompiledFunction, RuntimeEvent
 from alpa_ir.runtime.program import StepProgram
 
 
-class PipeshardExecutable:
+class PipeshardExecutable(PlannedExecutable):
     """A step compiled into pipeline stages on submeshes of the devices.
 
     ``module`` is the planned module: ``input_module`` (the step as imported)
@@ -68,17 +70,9 @@ class PipeshardExecutable:
         input_module: ModuleOp,
         pass_pipeline: str,
     ) -> None:
-        self.module = module
+        super().__init__(module, signature, input_module, pass_pipeline)
         self.program: StepProgram = runner.program
-        self.signature = signature
-        self.in_tree, self.out_tree = signature.in_tree, signature.out_tree
         self.runner = runner
-        self.input_module = input_module
-        """The step's module as imported, before any pass."""
-        self.pass_pipeline = pass_pipeline
-        """The exact pipeline that turns ``input_module`` into ``module``
-        (``alpa-opt --pass-pipeline=...`` replays it)."""
-        self.pass_statistics: tuple[Any, ...] = ()
         self._local: LocalPipelineExecutable | None = (
             runner if isinstance(runner, LocalPipelineExecutable) else None
         )
@@ -178,11 +172,6 @@ class PipeshardExecutable:
         ]
         return jax.tree.unflatten(self.in_tree, avals)
 
-    def close(self) -> None:
-        """Stop the Ray workers of a step on the ray backend."""
-        if self.remote is not None:
-            self.remote.close()
-
     def stage_mesh_names(self) -> list[str]:
         """The symbol of each stage's logical mesh, in stage order."""
         return [stage.mesh.root_reference.data for stage in plan_stages(self.module)]
@@ -221,20 +210,11 @@ class PipeshardExecutable:
             texts.append(hlo_text(compiled.run.lower(*avals), which))  # type: ignore[attr-defined]
         return texts
 
-    def dump_debug_info(self, folder: str) -> Any:
-        """Write the imported module, the planned module, the plan and each stage
-        program's HLO under ``folder`` (see :mod:`alpa_ir.api.debug_info`)."""
-        from alpa_ir.api.debug_info import write_debug_info
-
-        files = {
-            "module.mlir": str(self.module),
-            "plan.txt": self.plan_text(),
-            "input_module.mlir": str(self.input_module),
-            "pass_pipeline.txt": self.pass_pipeline,
-        }
-        for name, text in zip(self.stage_function_names(), self.get_hlo_text(), strict=True):
-            files[f"hlo/{name}.hlo"] = text
-        return write_debug_info(folder, files)
+    def hlo_files(self, *args: Any) -> dict[str, str]:
+        """Each stage program's compiled HLO (no example arguments needed)."""
+        del args
+        names = self.stage_function_names()
+        return {f"hlo/{n}.hlo": t for n, t in zip(names, self.get_hlo_text(), strict=True)}
 
     def why_text(self, top: int = 3) -> str:
         """The pipeline schedule (with the runner-up schedules when it was
@@ -423,6 +403,27 @@ def _planning_cluster(method: PipeshardParallel, num_devices: int, budget: Memor
     return node.across_hosts(num_devices // m, link.bandwidth, link.latency)
 
 
+@dataclass(frozen=True)
+class PlannedPipeline:
+    """A step planned into pipeline stages, before any backend compiles it
+    (:func:`plan_pipeshard`)."""
+
+    module: ModuleOp
+    signature: CompiledSignature
+    input_module: ModuleOp
+    pass_pipeline: str
+    statistics: tuple[Any, ...]
+    budget: MemoryBudget
+    backend: str
+    registry: PluginRegistry
+
+    def stage_peaks(self) -> tuple[StagePeak, ...]:
+        """Predicted memory of each stage, on one device of its mesh."""
+        from alpa_ir.pipeline.plan_memory import pipeline_memory
+
+        return pipeline_memory(self.module, schedules=self.registry.schedules)
+
+
 def compile_pipeshard(
     fn: Callable[..., Any],
     args: tuple[Any, ...],
@@ -434,7 +435,39 @@ def compile_pipeshard(
     registry: PluginRegistry | None = None,
 ) -> PipeshardExecutable:
     """Plan ``fn`` for ``args`` with ``method`` as one pass pipeline on the
-    imported step, and compile the planned module for the method's backend."""
+    imported step (:func:`plan_pipeshard`), and compile the planned module for
+    the method's backend."""
+    planned = plan_pipeshard(
+        fn,
+        args,
+        method,
+        donate_argnums=donate_argnums,
+        batch_argnums=batch_argnums,
+        static_argnums=static_argnums,
+        registry=registry,
+    )
+    module, registry = planned.module, planned.registry
+    check_pipeline_memory(module, planned.budget, schedules=registry.schedules)  # before compiling
+    runner = compile_module(module, backend=planned.backend, registry=registry)
+    executable = PipeshardExecutable(
+        module, planned.signature, runner, planned.input_module, planned.pass_pipeline
+    )
+    executable.pass_statistics = planned.statistics
+    return executable
+
+
+def plan_pipeshard(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    method: PipeshardParallel,
+    *,
+    donate_argnums: Sequence[int],
+    batch_argnums: Sequence[int],
+    static_argnums: StaticArgnums = (),
+    registry: PluginRegistry | None = None,
+) -> PlannedPipeline:
+    """Import ``fn`` for ``args`` and plan it with ``method``'s pass pipeline;
+    nothing is compiled."""
     from alpa_ir.api.runtime_api import session_backend
     from alpa_ir.passmanager.pass_manager import PassManager
     from alpa_ir.pipeline.stage_outline import count_layers
@@ -486,8 +519,7 @@ def compile_pipeshard(
         batch = arguments.dynamic_positions(batch_argnums)
         first = jax.tree.leaves(arguments.arrays[batch[0]])[0]
         signature = replace(signature, micro_batch_rows=int(np.shape(first)[0]))
-    check_pipeline_memory(module, budget, schedules=registry.schedules)  # before compiling
-    runner = compile_module(module, backend=method.backend, registry=registry)
-    executable = PipeshardExecutable(module, signature, runner, input_module, pass_pipeline)
-    executable.pass_statistics = statistics
-    return executable
+    return PlannedPipeline(
+        module, signature, input_module, pass_pipeline, tuple(statistics), budget,
+        method.backend or "xla", registry,
+    )  # fmt: skip

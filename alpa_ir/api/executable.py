@@ -1,0 +1,99 @@
+"""What every executable of a planned step is: its modules, its pass pipeline
+and the methods a user calls on it, whichever method planned it.
+
+:class:`~alpa_ir.api.parallel.ShardedExecutable` (one mesh) and
+:class:`~alpa_ir.api.pipeshard_executable.PipeshardExecutable` (pipeline
+stages on submeshes) derive from :class:`PlannedExecutable`: the planned
+``module``, the ``input_module`` it was planned from and the
+``pass_pipeline`` that replays it (``alpa-opt``), the pass statistics, and
+one signature for calling, explaining, drawing and dumping the plan.
+"""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from typing import Any
+
+from xdsl.dialects.builtin import ModuleOp
+
+from alpa_ir.frontend.arguments import CompiledSignature
+
+
+class PlannedExecutable(ABC):
+    """A step planned by a pass pipeline and compiled by a backend."""
+
+    def __init__(
+        self,
+        module: ModuleOp,
+        signature: CompiledSignature,
+        input_module: ModuleOp | None = None,
+        pass_pipeline: str = "",
+    ) -> None:
+        self.module = module
+        """The planned module: ``input_module`` after every pass of ``pass_pipeline``."""
+        self.signature = signature
+        self.in_tree, self.out_tree = signature.in_tree, signature.out_tree
+        self.input_module = input_module
+        """The step's module as imported, before any pass."""
+        self.pass_pipeline = pass_pipeline
+        """The exact pipeline that turns ``input_module`` into ``module``
+        (``alpa-opt --pass-pipeline=...`` replays it)."""
+        self.pass_statistics: tuple[Any, ...] = ()
+        """What the passes recorded while planning (ILP size, solve time; see
+        :mod:`alpa_ir.passmanager.pass_statistics`)."""
+
+    @property
+    def remote(self) -> Any:
+        """The Ray executable when the step runs on the ray backend, else None."""
+        return None
+
+    def close(self) -> None:
+        """Stop the Ray workers of a step on the ray backend."""
+        if self.remote is not None:
+            self.remote.close()
+
+    @abstractmethod
+    def __call__(self, *args: Any) -> Any:
+        """Run one step on the step's full argument list."""
+
+    @abstractmethod
+    def plan_text(self) -> str:
+        """The plan in words: meshes, devices and the largest inputs' shardings."""
+
+    @abstractmethod
+    def why_text(self, top: int = 3) -> str:
+        """Why the plan costs what it costs: its largest communication terms."""
+
+    @abstractmethod
+    def plot(self, kind: str, path: str | os.PathLike[str]) -> Any:
+        """Draw the plan (``devices``, ``shardings``, ``communication``, ...) into ``path``."""
+
+    @abstractmethod
+    def get_input_shardings(self) -> Any:
+        """Where each input array lives, as a pytree like the arguments."""
+
+    @abstractmethod
+    def get_input_avals(self) -> Any:
+        """A ``jax.ShapeDtypeStruct`` (shape, dtype, sharding) per input array."""
+
+    @abstractmethod
+    def hlo_files(self, *args: Any) -> dict[str, str]:
+        """The compiled HLO of each program, by file name under ``hlo/``."""
+
+    def dump_debug_info(self, folder: str, *args: Any) -> Any:
+        """Write the imported module, the pass pipeline, the planned module, the
+        plan and the compiled HLO under ``folder`` (see :mod:`alpa_ir.api.debug_info`;
+        ``args``: example arguments where compiling needs them)."""
+        from alpa_ir.api.debug_info import write_debug_info
+
+        files = {"module.mlir": str(self.module), "plan.txt": self.plan_text()}
+        if self.input_module is not None:
+            files["input_module.mlir"] = str(self.input_module)
+        if self.pass_pipeline:
+            files["pass_pipeline.txt"] = self.pass_pipeline
+        files.update(self.hlo_files(*args))
+        return write_debug_info(folder, files)
+
+
+__all__ = ["PlannedExecutable"]
