@@ -1,13 +1,9 @@
 """The static instruction list of each mesh (Alpa §6), the library of
 ``emit-instructions``.
 
-Input: the outlined pipeline form (``pipeline.plan``, one ``pipeline.stage`` per
-stage, its functions, ``@main`` as a list of ``func.call`` ops) and the
-``pipeline.transfer`` ops of ``cross-mesh-resharding``. Output: one
-``pipeline.program {mesh = @meshK}`` per stage's mesh, appended to the module
-(programs from an earlier run are replaced; the plan's ``schedule`` is set to
-the one used). The schedule is the plan's, or the pass's ``schedule`` option:
-any of :mod:`alpa_ir.pipeline.schedule_kinds` or a plugin's.
+:func:`emit_programs` reads the outlined module
+(:func:`~alpa_ir.pipeline.outlined_pipeline.read_pipeline`) and returns each
+mesh's list; :func:`program_op` wraps one in a ``pipeline.program``.
 
 Each mesh's list follows the schedule's task order
 (:class:`~alpa_ir.pipeline.task_order.TaskOrder`); for each function of each
