@@ -341,10 +341,11 @@ def test_mip_gap_option() -> None:
 
 
 def test_mip_gap_needs_a_solver_that_has_one() -> None:
-    from alpa_ir.passes.auto_sharding import AutoSharding
+    from alpa_ir.autosharding.planner import ShardingOptions, ShardingPlanner
 
+    planner = ShardingPlanner(ShardingOptions(solver="mine", mip_gap=0.1))
     with pytest.raises(AlpaError, match="solver 'mine' has no mip-gap setting"):
-        AutoSharding(solver="mine", mip_gap=0.1)._solver(object())
+        planner._solver(object())
 
 
 def test_public_api() -> None:
