@@ -14,18 +14,18 @@ from dataclasses import replace
 
 from xdsl.dialects import func
 from xdsl.dialects.builtin import DenseArrayBase, IntegerAttr, ModuleOp
-from xdsl.ir import BlockArgument
 
 from alpa_ir.costs.stage_cost import StageCost, StageCostModel
 from alpa_ir.dialects.attrs import BATCH_ATTR, CROSS_BYTES_ATTR
 from alpa_ir.dialects.lax_params import ints_of
 from alpa_ir.dialects.mesh import LogicalMeshOp
-from alpa_ir.dialects.pipeline import PlanOp, TransferOp, plan_stages
+from alpa_ir.dialects.pipeline import TransferOp, plan_stages
 from alpa_ir.dialects.types import dtype_of, shape_of
 from alpa_ir.errors import AlpaError
 from alpa_ir.hardware.clusters import Cluster
 from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
 from alpa_ir.ir.module_utils import main_function, symbol_op, top_level_ops
+from alpa_ir.pipeline.outlined_pipeline import read_pipeline
 from alpa_ir.pipeline.pipeline_simulation import (
     GiB,
     SimPlan,
@@ -54,19 +54,13 @@ def plan_from_module(
     from alpa_ir.costs.stage_cost import AnalyticalStageCostModel
 
     model = cost_model or AnalyticalStageCostModel()
-    plans = list(top_level_ops(module, PlanOp))
-    if len(plans) != 1:
-        raise AlpaError(f"simulate: the module needs one pipeline.plan, found {len(plans)}")
-    plan = plans[0]
-    assert isinstance(plan, PlanOp)
+    pipeline = read_pipeline(module, where="simulate")
+    plan = pipeline.plan
     main = main_function(module)
     batch_attr = main.attributes.get(BATCH_ATTR)
     batch = set(ints_of(batch_attr)) if isinstance(batch_attr, DenseArrayBase) else set()
-    calls = {
-        op.callee.root_reference.data: op
-        for op in main.body.block.ops
-        if isinstance(op, func.CallOp)
-    }
+    # the arguments of @main a call reads that are not batch rows (its parameters)
+    arguments = {f"main:{k}" for k in range(len(main.args)) if k not in batch}
     stage_of: dict[str, int] = {}
     mesh_stages: dict[str, list[int]] = {}
     meshes: list[LogicalDeviceMesh] = []
@@ -83,18 +77,9 @@ def plan_from_module(
             stage_of[name] = index
             function = symbol_op(module, name, func.FuncOp)
             assert isinstance(function, func.FuncOp)
-            call = calls.get(name)
-            params = (
-                [
-                    k
-                    for k, v in enumerate(call.operands)
-                    if isinstance(v, BlockArgument)
-                    and v.owner is main.body.block
-                    and v.index not in batch
-                ]
-                if call is not None
-                else []
-            )
+            call = pipeline.calls.get(name)
+            operands = call.operands if call is not None else ()
+            params = [k for k, v in enumerate(operands) if v in arguments]
             cost = model.stage_cost(function, mesh, cluster, params)
             if phase in costs:  # a later apply-grad round runs after the first
                 cost = replace(cost, latency=costs[phase].latency + cost.latency)
@@ -115,13 +100,7 @@ def plan_from_module(
             )
         )
     num = len(stages)
-    readers_of: dict[str, set[int]] = {}
-    for call in calls.values():
-        for operand in call.operands:
-            owner = operand.owner
-            if isinstance(owner, func.CallOp) and call.callee.root_reference.data in stage_of:
-                value = f"{owner.callee.root_reference.data}:{operand.index}"  # type: ignore[attr-defined]
-                readers_of.setdefault(value, set()).add(stage_of[call.callee.root_reference.data])
+    readers_of = {v: {c.stage for c in calls} for v, calls in pipeline.consumers.items()}
     forward, backward = [0.0] * (num - 1), [0.0] * (num - 1)
     for transfer in top_level_ops(module, TransferOp):
         assert isinstance(transfer, TransferOp)

@@ -23,10 +23,9 @@ from dataclasses import dataclass, field
 
 from xdsl.dialects import func
 from xdsl.dialects.builtin import DenseArrayBase, IntegerAttr, ModuleOp
-from xdsl.ir import Block, SSAValue
 
 from alpa_ir.dialects.attrs import BATCH_ATTR, PER_MICRO_BATCH_ATTR
-from alpa_ir.dialects.mesh import MESH_ATTR, LogicalMeshOp, mesh_name_of
+from alpa_ir.dialects.mesh import LogicalMeshOp
 from alpa_ir.dialects.pipeline import (
     BroadcastOp,
     FreeOp,
@@ -35,14 +34,13 @@ from alpa_ir.dialects.pipeline import (
     RecvOp,
     RunOp,
     SendOp,
-    StageOp,
     TransferOp,
 )
-from alpa_ir.dialects.sharding import ShardingSpec, signature_spec
 from alpa_ir.errors import AlpaError
 from alpa_ir.ir.module_utils import main_function, symbol_op, top_level_ops
 from alpa_ir.pipeline.cross_mesh import TransferPlan
 from alpa_ir.pipeline.instructions import Instruction, Key, Kind
+from alpa_ir.pipeline.outlined_pipeline import OutlinedPipeline, read_pipeline, transfer_for
 from alpa_ir.pipeline.transfer_attrs import plan_of_transfer
 
 
@@ -169,39 +167,6 @@ def _mesh_info(op: LogicalMeshOp) -> MeshInfo:
     return MeshInfo(op.sym_name.data, op.mesh_shape, op.device_ids, mesh_axis_names(op))
 
 
-def _stage_phases(module: ModuleOp) -> dict[str, str]:
-    phases: dict[str, str] = {}
-    for stage in top_level_ops(module, StageOp):
-        assert isinstance(stage, StageOp)
-        for phase, name in stage.phase_functions():
-            phases[name] = phase
-    return phases
-
-
-def _source(
-    value: str,
-    mesh: str,
-    spec: ShardingSpec,
-    value_mesh: dict[str, str],
-    transfers: dict[tuple[str, str], list[TransferOp]],
-) -> str:
-    """Where a call on ``mesh`` reads ``value`` (emit-instructions' rule: the
-    transfer of the value to this mesh, the one with the argument's spec when
-    there are several)."""
-    src = value_mesh.get(value)
-    if src is None or src == mesh:
-        return value
-    candidates = transfers.get((value, mesh), [])
-    if len(candidates) > 1:
-        candidates = [t for t in candidates if t.dst_spec.spec == spec]
-    if len(candidates) != 1:
-        raise AlpaError(
-            f'value "{value}" crosses from @{src} to @{mesh} but {len(candidates)} '
-            "pipeline.transfer ops fit (run cross-mesh-resharding first)"
-        )
-    return candidates[0].sym_name.data
-
-
 def _transfer(module: ModuleOp, op: TransferOp) -> Transfer:
     name, value = op.sym_name.data, op.value.data
     src, dst = op.src_mesh.root_reference.data, op.dst_mesh.root_reference.data
@@ -213,51 +178,29 @@ def _transfer(module: ModuleOp, op: TransferOp) -> Transfer:
     )
 
 
-def _calls(
-    module: ModuleOp, main: func.FuncOp, transfers: dict[tuple[str, str], list[TransferOp]]
-) -> tuple[dict[str, Call], list[str]]:
-    phases = _stage_phases(module)
-    block: Block = main.body.block
-    names: dict[SSAValue, str] = {a: f"main:{k}" for k, a in enumerate(block.args)}
-    value_mesh: dict[str, str] = {}
+def _calls(module: ModuleOp, pipeline: OutlinedPipeline) -> dict[str, Call]:
+    """@main's calls as the runtime runs them: each operand read where
+    emit-instructions reads it (the value on its own mesh, else the transfer
+    that brings it: :func:`~alpa_ir.pipeline.outlined_pipeline.transfer_for`)."""
     calls: dict[str, Call] = {}
-    for op in block.ops:
-        if isinstance(op, func.ReturnOp):
-            break
-        if not isinstance(op, func.CallOp):
-            raise AlpaError(
-                f"@main of a pipeline module may only call stage functions, not {op.name}"
-            )
-        callee = op.callee.root_reference.data
-        if callee in calls:
-            raise AlpaError(f"@main calls @{callee} twice; each stage function is called once")
-        if callee not in phases:
-            raise AlpaError(f"@main calls @{callee}, which no pipeline.stage names")
+    for callee, call in pipeline.calls.items():
         function = symbol_op(module, callee, func.FuncOp)
         assert isinstance(function, func.FuncOp)
-        mesh = mesh_name_of(function)
-        if mesh is None:
-            raise AlpaError(
-                f"@{function.sym_name.data} has no {MESH_ATTR} attribute; every stage function "
-                "needs a mesh"
-            )
-        operands = tuple(names[v] for v in op.operands)
-        results = tuple(f"{callee}:{k}" for k in range(len(op.results)))
         if PER_MICRO_BATCH_ATTR in function.attributes:
             varying = frozenset(_ints(function.attributes[PER_MICRO_BATCH_ATTR]))
         else:
-            varying = frozenset(range(len(results)))
+            varying = frozenset(range(len(call.results)))
         sources = tuple(
-            _source(v, mesh, signature_spec(function, k), value_mesh, transfers)
-            for k, v in enumerate(operands)
+            v
+            if v not in pipeline.producer or pipeline.producer[v].mesh == call.mesh
+            else transfer_for(pipeline, v, call, k).sym_name.data
+            for k, v in enumerate(call.operands)
         )
-        per_step = phases[callee] == "apply_grad"
-        calls[callee] = Call(callee, mesh, operands, results, sources, per_step, varying)
-        names.update(zip(op.results, results, strict=True))
-        value_mesh.update((r, mesh) for r in results)
-    returned = block.last_op
-    assert isinstance(returned, func.ReturnOp)
-    return calls, [names[v] for v in returned.operands]
+        per_step = call.phase == "apply_grad"
+        calls[callee] = Call(
+            callee, call.mesh, call.operands, call.results, sources, per_step, varying
+        )
+    return calls
 
 
 def _micro_batch(op: object) -> int | None:
@@ -302,14 +245,12 @@ def step_program(module: ModuleOp) -> StepProgram:
     if not isinstance(plan, PlanOp):
         raise AlpaError("the module has no pipeline.plan; outline its stages first")
     b = int(plan.num_micro_batches.value.data)
-    transfer_ops: dict[tuple[str, str], list[TransferOp]] = {}
+    pipeline = read_pipeline(module, where="pipeline program")
     transfers: dict[str, Transfer] = {}
     for op in top_level_ops(module, TransferOp):
         assert isinstance(op, TransferOp)
-        dst = op.dst_mesh.root_reference.data
-        transfer_ops.setdefault((op.value.data, dst), []).append(op)
         transfers[op.sym_name.data] = _transfer(module, op)
-    calls, outputs = _calls(module, main, transfer_ops)
+    calls, outputs = _calls(module, pipeline), pipeline.outputs
     meshes: dict[str, MeshInfo] = {}
     for name in dict.fromkeys(c.mesh for c in calls.values()):
         mesh_op = symbol_op(module, name, LogicalMeshOp)

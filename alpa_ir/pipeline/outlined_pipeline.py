@@ -11,6 +11,11 @@ its stage's mesh; ``@main`` holds only calls, each of a stage function, each
 once) and raises :class:`~alpa_ir.errors.AlpaError` naming what breaks it.
 :func:`transfer_for` finds the transfer that brings a value to a consumer's
 mesh, and :func:`needs_broadcast` whether the destination all-gathers it.
+
+It is the one reader of that form: ``emit-instructions``
+(:mod:`alpa_ir.pipeline.program_emission`), the runtime's
+:func:`~alpa_ir.runtime.program.step_program` and the simulator's
+:func:`~alpa_ir.backends.simulate.plan_from_module` read the module through it.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from xdsl.ir import Block, SSAValue
 
 from alpa_ir.dialects.mesh import MESH_ATTR, LogicalMeshOp
 from alpa_ir.dialects.pipeline import PlanOp, StageOp, TransferOp
-from alpa_ir.dialects.sharding import ShardingSpec, annotated_spec
+from alpa_ir.dialects.sharding import ShardingSpec, signature_spec
 from alpa_ir.errors import AlpaError
 from alpa_ir.ir.module_utils import main_function, top_level_ops
 from alpa_ir.pipeline.schedule import Phase
@@ -79,7 +84,8 @@ class StageCall:
     mesh: str
     operands: tuple[str, ...]
     results: tuple[str, ...]
-    arg_specs: tuple[ShardingSpec | None, ...]
+    arg_specs: tuple[ShardingSpec, ...]
+    """Each argument's spec in the callee's signature (replicated where none is written)."""
 
     @property
     def per_micro_batch(self) -> bool:
@@ -99,22 +105,26 @@ class OutlinedPipeline:
     returned: set[str]
     transfers: dict[tuple[str, str], list[TransferOp]]
     consumers: dict[str, list[StageCall]] = field(default_factory=dict)
+    outputs: tuple[str, ...] = ()
+    """What @main returns, in order (value names)."""
+    where: str = "emit-instructions"
+    """Who reads: the start of every error."""
 
 
-def one_plan(module: ModuleOp) -> PlanOp:
+def one_plan(module: ModuleOp, where: str = "emit-instructions") -> PlanOp:
     plans = [op for op in top_level_ops(module, PlanOp) if isinstance(op, PlanOp)]
     if len(plans) != 1:
-        raise AlpaError(f"emit-instructions: expected one pipeline.plan, found {len(plans)}")
+        raise AlpaError(f"{where}: expected one pipeline.plan, found {len(plans)}")
     return plans[0]
 
 
-def _stages(module: ModuleOp, plan: PlanOp) -> list[StageOp]:
+def _stages(module: ModuleOp, plan: PlanOp, where: str) -> list[StageOp]:
     by_name = {op.sym_name.data: op for op in top_level_ops(module, StageOp)}  # type: ignore[attr-defined]
     stages = []
     for ref in plan.stages.data:
         name = ref.root_reference.data
         if name not in by_name:
-            raise AlpaError(f"emit-instructions: plan @{plan.sym_name.data} names no stage @{name}")
+            raise AlpaError(f"{where}: plan @{plan.sym_name.data} names no stage @{name}")
         stage = by_name[name]
         assert isinstance(stage, StageOp)
         stages.append(stage)
@@ -133,10 +143,11 @@ def _value_name(value: SSAValue, main: func.FuncOp) -> str:
     return f"{owner.callee.root_reference.data}:{value.index}"  # type: ignore[attr-defined]
 
 
-def read_pipeline(module: ModuleOp) -> OutlinedPipeline:
-    """The plan, stages, @main's calls and the transfers, checked for the contract."""
-    plan = one_plan(module)
-    stages = _stages(module, plan)
+def read_pipeline(module: ModuleOp, where: str = "emit-instructions") -> OutlinedPipeline:
+    """The plan, stages, @main's calls and the transfers, checked for the
+    contract (errors start with ``where``, the reader's caller)."""
+    plan = one_plan(module, where)
+    stages = _stages(module, plan, where)
     functions = _functions(module)
     meshes: list[str] = []
     phase_functions: list[dict[Phase, list[str]]] = []
@@ -147,13 +158,11 @@ def read_pipeline(module: ModuleOp) -> OutlinedPipeline:
         phases: dict[Phase, list[str]] = {}
         for phase, name in stage.phase_functions():
             if name not in functions:
-                raise AlpaError(
-                    f"emit-instructions: stage @{stage.sym_name.data} names no function @{name}"
-                )
+                raise AlpaError(f"{where}: stage @{stage.sym_name.data} names no function @{name}")
             fn_mesh = functions[name].attributes.get(MESH_ATTR)
             if isinstance(fn_mesh, SymbolRefAttr) and fn_mesh.root_reference.data != mesh:
                 raise AlpaError(
-                    f"emit-instructions: @{name} runs on @{fn_mesh.root_reference.data} but its "
+                    f"{where}: @{name} runs on @{fn_mesh.root_reference.data} but its "
                     f"stage @{stage.sym_name.data} is on @{mesh}"
                 )
             phases.setdefault(phase, []).append(name)  # type: ignore[call-overload]
@@ -163,22 +172,18 @@ def read_pipeline(module: ModuleOp) -> OutlinedPipeline:
     main = main_function(module)
     calls: dict[str, StageCall] = {}
     producer: dict[str, StageCall] = {}
-    returned: set[str] = set()
+    outputs: tuple[str, ...] = ()
     for op in main.body.ops:
         if isinstance(op, func.ReturnOp):
-            returned = {_value_name(v, main) for v in op.operands}
+            outputs = tuple(_value_name(v, main) for v in op.operands)
             continue
         if not isinstance(op, func.CallOp):
-            raise AlpaError(
-                f"emit-instructions: @main may hold only func.call ops, found {op.name}"
-            )
+            raise AlpaError(f"{where}: @main may hold only func.call ops, found {op.name}")
         callee = op.callee.root_reference.data
         if callee not in owner:
-            raise AlpaError(
-                f"emit-instructions: @main calls @{callee}, which is no stage's function"
-            )
+            raise AlpaError(f"{where}: @main calls @{callee}, which is no stage's function")
         if callee in calls:
-            raise AlpaError(f"emit-instructions: @main calls @{callee} twice")
+            raise AlpaError(f"{where}: @main calls @{callee} twice")
         stage, phase = owner[callee]
         call = StageCall(
             callee,
@@ -187,7 +192,7 @@ def read_pipeline(module: ModuleOp) -> OutlinedPipeline:
             meshes[stage],
             tuple(_value_name(v, main) for v in op.operands),
             tuple(f"{callee}:{k}" for k in range(len(op.results))),
-            tuple(annotated_spec(functions[callee], k) for k in range(len(op.operands))),
+            tuple(signature_spec(functions[callee], k) for k in range(len(op.operands))),
         )
         calls[callee] = call
         for r in call.results:
@@ -203,7 +208,10 @@ def read_pipeline(module: ModuleOp) -> OutlinedPipeline:
     for phases in phase_functions:  # apply-grad rounds run in @main's (dependency) order
         if "apply_grad" in phases:
             phases["apply_grad"].sort(key=lambda n: order.get(n, len(order)))
-    pipeline = OutlinedPipeline(plan, meshes, phase_functions, calls, producer, returned, transfers)
+    pipeline = OutlinedPipeline(
+        plan, meshes, phase_functions, calls, producer, set(outputs), transfers,
+        outputs=outputs, where=where,
+    )  # fmt: skip
     for call in calls.values():
         for v in dict.fromkeys(call.operands):
             if v in producer:
@@ -217,7 +225,7 @@ def transfer_for(p: OutlinedPipeline, value: str, consumer: StageCall, index: in
     candidates = p.transfers.get((value, consumer.mesh), [])
     if not candidates:
         raise AlpaError(
-            f'emit-instructions: value "{value}" read by @{consumer.callee} crosses from '
+            f'{p.where}: value "{value}" read by @{consumer.callee} crosses from '
             f"@{src} to @{consumer.mesh} but no pipeline.transfer carries it "
             "(run cross-mesh-resharding first)"
         )
@@ -226,14 +234,14 @@ def transfer_for(p: OutlinedPipeline, value: str, consumer: StageCall, index: in
         candidates = [t for t in candidates if t.dst_spec.spec == spec]
         if len(candidates) != 1:
             raise AlpaError(
-                f"emit-instructions: {len(p.transfers[(value, consumer.mesh)])} transfers of "
+                f"{p.where}: {len(p.transfers[(value, consumer.mesh)])} transfers of "
                 f'"{value}" to @{consumer.mesh}; none or several match the spec of '
                 f"@{consumer.callee}'s argument {index}"
             )
     transfer = candidates[0]
     if transfer.src_mesh.root_reference.data != src:
         raise AlpaError(
-            f'emit-instructions: transfer @{transfer.sym_name.data} sends "{value}" from '
+            f'{p.where}: transfer @{transfer.sym_name.data} sends "{value}" from '
             f"@{transfer.src_mesh.root_reference.data}, but it is produced on @{src}"
         )
     return transfer
