@@ -464,6 +464,14 @@ def compile_step(
         static_argnums=static_argnums,
         registry=registry,
     )
+    return sharded_executable(planned, method, args)
+
+
+def sharded_executable(
+    planned: PlannedStep, method: Method, args: tuple[Any, ...]
+) -> ShardedExecutable:
+    """The executable of a planned step on its backend (the memory check first,
+    on local devices); ``args``: the example arguments it was planned for."""
     module, b, batch_leaves = planned.module, planned.num_micro_batches, planned.batch_leaves
     on_ray = planned.backend == "ray"
     if not (planned.propagate or on_ray):  # XLA lays out what is only propagated

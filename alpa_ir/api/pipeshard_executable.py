@@ -446,6 +446,11 @@ def compile_pipeshard(
         static_argnums=static_argnums,
         registry=registry,
     )
+    return pipeshard_executable(planned)
+
+
+def pipeshard_executable(planned: PlannedPipeline) -> PipeshardExecutable:
+    """The executable of a planned pipeline on its backend (the memory check first)."""
     module, registry = planned.module, planned.registry
     check_pipeline_memory(module, planned.budget, schedules=registry.schedules)  # before compiling
     runner = compile_module(module, backend=planned.backend, registry=registry)

@@ -5,10 +5,12 @@ pass pipeline, as ``parallelize`` does, but compiles nothing for the devices:
 it returns a :class:`Plan` that holds the imported module, the pass pipeline
 (``alpa-opt --pass-pipeline=...`` replays it), the planned module, the pass
 statistics and what the plan predicts (memory per device; for automatic
-pipeline stages, the simulated step time the planner chose them with). A plan prints as a summary, saves to a folder and
-loads back (:meth:`Plan.save`, :meth:`Plan.load`), and turns into the
-method's executable on this process's devices (:meth:`Plan.executable`) while
-it holds the step it was made from.
+pipeline stages, the simulated step time the planner chose them with). A
+plan prints as a summary, saves to a folder and loads back
+(:meth:`Plan.save`, :meth:`Plan.load`), and turns into the method's
+executable on this process's devices (:meth:`Plan.executable`) while it
+holds the step it was made from: the planned module is compiled as it is,
+not planned again.
 """
 
 from __future__ import annotations
@@ -131,8 +133,8 @@ def compile(
         ShardParallel,
         _check_method,
         _is_pipeshard,
-        compile_step,
         plan_step,
+        sharded_executable,
     )
 
     method = method if method is not None else ShardParallel()
@@ -153,14 +155,14 @@ def compile(
         planned.statistics,
         (planned.peak_memory(),),
         None,
-        lambda: compile_step(fn, args, method, **options),  # type: ignore[arg-type]
+        lambda: sharded_executable(planned, method, args),  # type: ignore[arg-type]
     )
 
 
 def _pipeline_plan(
     fn: Callable[..., Any], args: tuple[Any, ...], method: Any, options: dict[str, Any]
 ) -> Plan:
-    from alpa_ir.api.pipeshard_executable import compile_pipeshard, plan_pipeshard
+    from alpa_ir.api.pipeshard_executable import pipeshard_executable, plan_pipeshard
 
     planned = plan_pipeshard(fn, args, method, **options)
     return Plan(
@@ -171,7 +173,7 @@ def _pipeline_plan(
         planned.statistics,
         tuple(p.peak for p in planned.stage_peaks()),
         _planned_time(planned.module),
-        lambda: compile_pipeshard(fn, args, method, **options),
+        lambda: pipeshard_executable(planned),
     )
 
 
