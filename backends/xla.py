@@ -4,9 +4,11 @@ An unannotated module runs as one jitted program on one device. A module
 whose ``@main`` names a logical mesh (``mesh.mesh = @m``) runs as one SPMD
 program on that mesh of local devices: argument and result specs become the
 program's input and output shardings, and specs annotated on intermediate
-values become sharding constraints (GSPMD propagates the rest). Modules with
-an explicit per-device plan (after ``auto-sharding``) are run by the SPMD
-executor in :mod:`alpa_ir.backends.spmd`.
+values become sharding constraints (GSPMD propagates the rest). A module
+with an explicit per-device plan (``auto-sharding`` wrote its objective on
+``@main``) runs as the per-device program of :mod:`alpa_ir.backends.spmd`,
+the program ``parallelize`` runs for the same plan: the collectives XLA
+compiles are the plan's, not GSPMD's.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp, StringAttr, SymbolRefAttr
 from xdsl.ir import Operation
 
+from alpa_ir.autosharding.planner import OBJECTIVE_ATTR
 from alpa_ir.dialects.mesh import MESH_ATTR, LogicalMeshOp
 from alpa_ir.dialects.sharding import (
     CollectiveOp,
@@ -187,7 +190,12 @@ class XlaBackend:
             jitted = jax.jit(lambda *flat: tuple(eval_block(block, list(flat))))
             return XlaExecutable(module, function, jitted, trees)
         mesh = jax_mesh(mesh_op)
-        jitted, in_shardings = compile_annotated(function, mesh, mesh_axis_names(mesh_op))
+        if OBJECTIVE_ATTR in function.attributes:  # planned: every collective explicit
+            from alpa_ir.backends.spmd import compile_spmd
+
+            jitted, in_shardings = compile_spmd(module, function, mesh, mesh_axis_names(mesh_op))
+        else:
+            jitted, in_shardings = compile_annotated(function, mesh, mesh_axis_names(mesh_op))
         return XlaExecutable(module, function, jitted, trees, mesh, in_shardings)
 
     def execute(self, module: ModuleOp, *args: Any) -> Any:
