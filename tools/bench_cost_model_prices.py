@@ -26,9 +26,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from alpa_ir.autosharding.cost_model import AlphaBetaCostModel
+from alpa_ir.dialects.sharding import CollectiveKind
 from alpa_ir.hardware.clusters import get_cluster
 from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
-from alpa_ir.p2.calibrated import KINDS, MICROSECONDS, CalibratedCostModel
+from alpa_ir.p2.calibrated import MICROSECONDS, CalibratedCostModel
 from alpa_ir.plugins.registry import default_registry
 
 PRESETS = (
@@ -41,6 +42,7 @@ PRESETS = (
     "gcp-v100-8x4",
 )
 MB = 2**20
+KINDS = tuple(k.value for k in CollectiveKind)
 SHORT = {"all_gather": "AG", "reduce_scatter": "RS", "all_reduce": "AR", "all_to_all": "A2A"}
 
 

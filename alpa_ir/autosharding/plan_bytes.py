@@ -29,22 +29,12 @@ from xdsl.dialects import func
 from alpa_ir.autosharding.cost_model import collective_bytes_on_wire
 from alpa_ir.autosharding.graph import value_local_bytes
 from alpa_ir.dialects.sharding import (
-    AllGatherOp,
-    AllReduceOp,
     AllReduceProgramOp,
-    AllToAllOp,
+    CollectiveKind,
     CollectiveOp,
-    ReduceScatterOp,
     spec_of_value,
 )
 from alpa_ir.dialects.types import dtype_of
-
-_KINDS: dict[type, str] = {
-    AllReduceOp: "all-reduce",
-    AllGatherOp: "all-gather",
-    ReduceScatterOp: "reduce-scatter",
-    AllToAllOp: "all-to-all",
-}
 
 
 @dataclass(frozen=True)
@@ -82,15 +72,14 @@ def op_collectives(
     (none for ops that are no collective or span one device)."""
     if isinstance(op, AllReduceProgramOp):
         return program_collectives(op, function, mesh_shape, count)
-    kind = _KINDS.get(type(op))
-    if kind is None or not isinstance(op, CollectiveOp):
+    if not isinstance(op, CollectiveOp) or op.KIND is None:
         return []
     n = math.prod(mesh_shape[a] for a in op.mesh_axes)
     if n <= 1:
         return []
-    value = op.output if kind == "all-gather" else op.input
+    value = op.output if op.KIND is CollectiveKind.ALL_GATHER else op.input
     nbytes = value_local_bytes(value, spec_of_value(value, function), mesh_shape)
-    return [PredictedCollective(kind, nbytes, n, count)]
+    return [PredictedCollective(op.KIND.hlo, nbytes, n, count)]
 
 
 _STEP_KINDS = {

@@ -20,15 +20,9 @@ import numpy as np
 
 from alpa_ir.autosharding.cost_model import CommCostModel
 from alpa_ir.costs.collective_accounting import CollectiveRecord
+from alpa_ir.dialects.sharding import CollectiveKind
 from alpa_ir.errors import AlpaError
 from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
-
-_PRICES = {
-    "all-reduce": "all_reduce",
-    "all-gather": "all_gather",
-    "reduce-scatter": "reduce_scatter",
-    "all-to-all": "all_to_all",
-}
 
 
 @dataclass(frozen=True)
@@ -59,12 +53,12 @@ def price_compiled_collectives(
     formula for (a collective-permute) is an error naming it."""
     out = []
     for record in records:
-        method = _PRICES.get(record.kind)
+        method = CollectiveKind.from_hlo(record.kind)
         if method is None:
             raise AlpaError(
                 f"HLO collective '{record.name}': the cost model has no price for {record.kind}"
             )
         axes = group_axes(record.replica_groups, mesh.shape)
-        price = getattr(model, method)(mesh, float(record.bytes), axes) if axes else 0.0
+        price = getattr(model, method.value)(mesh, float(record.bytes), axes) if axes else 0.0
         out.append(PricedCollective(record, axes, price))
     return out

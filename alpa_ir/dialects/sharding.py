@@ -16,6 +16,7 @@ unsharded gives the same numbers (the oracle every plan is checked against).
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
@@ -246,8 +247,35 @@ def spec_of_value(value: SSAValue, function: func.FuncOp) -> ShardingSpec:
 # --------------------------------------------------------------------------
 
 
+class CollectiveKind(enum.StrEnum):
+    """What a collective communicates: the value is the cost models' name of it
+    (``all_reduce``, as in ``CommCostModel.all_reduce``), :attr:`hlo` XLA's."""
+
+    ALL_GATHER = "all_gather"
+    REDUCE_SCATTER = "reduce_scatter"
+    ALL_REDUCE = "all_reduce"
+    ALL_TO_ALL = "all_to_all"
+
+    @property
+    def hlo(self) -> str:
+        """XLA's name (``all-reduce``), as compiled HLO prints it."""
+        return self.value.replace("_", "-")
+
+    @classmethod
+    def from_hlo(cls, name: str) -> CollectiveKind | None:
+        """The kind XLA calls ``name``; None for one no op of this dialect is
+        (``collective-permute``)."""
+        try:
+            return cls(name.replace("-", "_"))
+        except ValueError:
+            return None
+
+
 class CollectiveOp(IRDLOperation):
     """Base of the explicit collectives: ``%y = sharding.all_reduce %x {axes = [1]} : tensor<...>``."""
+
+    KIND: ClassVar[CollectiveKind | None] = None
+    """What the op communicates (None: decided when it is lowered, a reshard)."""
 
     input = operand_def(TensorType)
     output = result_def(TensorType)
@@ -305,6 +333,7 @@ class AllReduceOp(CollectiveOp):
     ``reduce`` is ``sum`` (default), ``max`` or ``min``."""
 
     name = "sharding.all_reduce"
+    KIND: ClassVar[CollectiveKind | None] = CollectiveKind.ALL_REDUCE
     reduce = opt_prop_def(StringAttr)
     PROPERTY_ORDER: ClassVar[tuple[str, ...]] = ("axes", "reduce")
 
@@ -318,6 +347,7 @@ class AllGatherOp(CollectiveOp):
     """Gather tensor axis ``dim``, split over mesh ``axes``, on every device."""
 
     name = "sharding.all_gather"
+    KIND: ClassVar[CollectiveKind | None] = CollectiveKind.ALL_GATHER
     dim = prop_def(IntegerAttr)
     PROPERTY_ORDER: ClassVar[tuple[str, ...]] = ("axes", "dim")
 
@@ -327,6 +357,7 @@ class ReduceScatterOp(CollectiveOp):
     """Sum a partial value over mesh ``axes`` and leave tensor axis ``dim`` split over them."""
 
     name = "sharding.reduce_scatter"
+    KIND: ClassVar[CollectiveKind | None] = CollectiveKind.REDUCE_SCATTER
     dim = prop_def(IntegerAttr)
     PROPERTY_ORDER: ClassVar[tuple[str, ...]] = ("axes", "dim")
 
@@ -336,6 +367,7 @@ class AllToAllOp(CollectiveOp):
     """Move the split over mesh ``axes`` from tensor axis ``src_dim`` to ``dst_dim``."""
 
     name = "sharding.all_to_all"
+    KIND: ClassVar[CollectiveKind | None] = CollectiveKind.ALL_TO_ALL
     src_dim = prop_def(IntegerAttr)
     dst_dim = prop_def(IntegerAttr)
     PROPERTY_ORDER: ClassVar[tuple[str, ...]] = ("axes", "src_dim", "dst_dim")
@@ -427,6 +459,7 @@ class AllReduceProgramOp(CollectiveOp):
     executor permutes them back into place after the last step."""
 
     name = "sharding.all_reduce_program"
+    KIND: ClassVar[CollectiveKind | None] = CollectiveKind.ALL_REDUCE
     steps = prop_def(ArrayAttr[StepAttr])
     program = opt_prop_def(StringAttr)
     chunk_order = opt_prop_def(ArrayAttr[DenseArrayBase])

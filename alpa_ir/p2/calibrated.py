@@ -42,25 +42,19 @@ from xdsl.dialects.builtin import ModuleOp, StringAttr
 
 from alpa_ir.autosharding.cost_model import collective_bytes_on_wire
 from alpa_ir.dialects.mesh import ClusterOp, LogicalMeshOp
+from alpa_ir.dialects.sharding import CollectiveKind
 from alpa_ir.errors import AlpaError
 from alpa_ir.hardware.clusters import Cluster
 from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
 from alpa_ir.ir.module_utils import symbol_op
 from alpa_ir.p2.ir_system import SYSTEM_ATTR, system_from_cluster
-from alpa_ir.p2.semantics import Collective
+from alpa_ir.p2.semantics import P2_COLLECTIVES
 from alpa_ir.p2.simulator import ALGORITHMS, Simulator
 from alpa_ir.p2.system import System, gcp_a100, gcp_v100, get_system
 from alpa_ir.p2.system_clusters import cluster_from_system
 
 MICROSECONDS = 1e6
-KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
-WIRE_KIND = {k: k.replace("_", "-") for k in KINDS}
 TIE_BREAKERS = {"all_gather": 0.1, "all_reduce": 0.01, "reduce_scatter": 0.001, "all_to_all": 0.001}
-_COLLECTIVES = {
-    "all_gather": Collective.ALL_GATHER,
-    "reduce_scatter": Collective.REDUCE_SCATTER,
-    "all_reduce": Collective.ALL_REDUCE,
-}
 _PROBE = float(2**30)  # bytes per device for the slope (the simulator is affine in them)
 
 
@@ -168,7 +162,7 @@ class CalibratedCostModel:
             return self.sim.all_to_all_time(groups, float(nbytes))
         if kind == "all_gather":
             nbytes /= n  # the simulator starts from the pieces
-        return self.sim.program_time([(_COLLECTIVES[kind], groups)], float(nbytes))
+        return self.sim.program_time([(P2_COLLECTIVES[kind], groups)], float(nbytes))
 
     def alpha_beta(
         self, kind: str, mesh: LogicalDeviceMesh, axes: Sequence[int]
@@ -179,7 +173,7 @@ class CalibratedCostModel:
             n = mesh.axes_size(axes)
             fixed = self.simulated(kind, mesh, 0.0, axes)
             slope = (self.simulated(kind, mesh, _PROBE, axes) - fixed) / _PROBE
-            wire = collective_bytes_on_wire(WIRE_KIND[kind], 1.0, n)
+            wire = collective_bytes_on_wire(CollectiveKind(kind).hlo, 1.0, n)
             self._lines[key] = (fixed, slope / wire if wire else 0.0)
         return self._lines[key]
 
@@ -192,7 +186,7 @@ class CalibratedCostModel:
         if n == 1:
             return 0.0
         alpha, beta = self.alpha_beta(kind, mesh, axes)
-        return alpha + beta * collective_bytes_on_wire(WIRE_KIND[kind], nbytes, n)
+        return alpha + beta * collective_bytes_on_wire(CollectiveKind(kind).hlo, nbytes, n)
 
     def _priced(
         self, kind: str, mesh: LogicalDeviceMesh, nbytes: float, axes: Sequence[int]

@@ -37,16 +37,11 @@ from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
 from alpa_ir.p2.choice import ChoiceOptions, ReductionPricer
 from alpa_ir.p2.ir_system import mesh_system
 from alpa_ir.p2.placement import ParallelismMatrix, device_array, enumerate_matrices
-from alpa_ir.p2.semantics import Collective
+from alpa_ir.p2.semantics import P2_COLLECTIVES
 from alpa_ir.p2.synthesis import DEFAULT_MAX_SIZE
 from alpa_ir.p2.system import System
 
 MICROSECONDS = 1e6
-KINDS = {
-    "all_reduce": Collective.ALL_REDUCE,
-    "all_gather": Collective.ALL_GATHER,
-    "reduce_scatter": Collective.REDUCE_SCATTER,
-}
 
 
 class P2CostModel:
@@ -122,7 +117,7 @@ class P2CostModel:
             if kind == "all_to_all":
                 times = [sim.all_to_all_time(groups, float(b)) for b in (0, 1)]
             else:
-                coll = KINDS[kind]
+                coll = P2_COLLECTIVES[kind]
                 times = [sim.program_time([(coll, groups)], float(b)) for b in (0, 1)]
             self._lines[key] = (times[0], times[1] - times[0])
         return self._lines[key]

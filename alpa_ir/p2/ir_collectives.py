@@ -7,24 +7,10 @@ from dataclasses import dataclass
 
 from xdsl.dialects import func
 
-from alpa_ir.dialects.sharding import (
-    AllGatherOp,
-    AllReduceOp,
-    AllReduceProgramOp,
-    CollectiveOp,
-    ReduceScatterOp,
-    spec_of_value,
-)
+from alpa_ir.dialects.sharding import CollectiveOp, spec_of_value
 from alpa_ir.dialects.types import dtype_of, shape_of
 from alpa_ir.errors import AlpaError
-from alpa_ir.p2.semantics import Collective
-
-KINDS: dict[type, Collective] = {
-    AllReduceOp: Collective.ALL_REDUCE,
-    AllReduceProgramOp: Collective.ALL_REDUCE,
-    ReduceScatterOp: Collective.REDUCE_SCATTER,
-    AllGatherOp: Collective.ALL_GATHER,
-}
+from alpa_ir.p2.semantics import P2_COLLECTIVES, Collective
 
 
 @dataclass(frozen=True)
@@ -59,10 +45,9 @@ def mesh_collectives(
     do not depend on the placement in P²'s model and are left out)."""
     found = []
     for op in function.body.walk():
-        kind = KINDS.get(type(op))
-        if kind is None:
+        if not isinstance(op, CollectiveOp) or op.KIND not in P2_COLLECTIVES:
             continue
-        assert isinstance(op, CollectiveOp)
+        kind = P2_COLLECTIVES[op.KIND]
         check_axes(op, mesh_shape, pass_name)
         found.append(MeshCollective(kind, op.mesh_axes, local_bytes(op, function, mesh_shape)))
     return found

@@ -12,38 +12,21 @@ from __future__ import annotations
 from xdsl.dialects import func
 
 from alpa_ir.autosharding.graph import value_local_bytes
-from alpa_ir.dialects.sharding import (
-    AllGatherOp,
-    AllReduceOp,
-    AllReduceProgramOp,
-    AllToAllOp,
-    CollectiveOp,
-    ReduceScatterOp,
-    spec_of_value,
-)
+from alpa_ir.dialects.sharding import CollectiveKind, CollectiveOp, spec_of_value
 from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
 from alpa_ir.p2.cost_model import P2CostModel
-
-KINDS: dict[type, str] = {
-    AllReduceOp: "all_reduce",
-    AllReduceProgramOp: "all_reduce",
-    AllGatherOp: "all_gather",
-    ReduceScatterOp: "reduce_scatter",
-    AllToAllOp: "all_to_all",
-}
 
 
 def plan_comm_seconds(
     function: func.FuncOp, mesh: LogicalDeviceMesh, model: P2CostModel
 ) -> dict[str, float]:
     """Predicted seconds per iteration of the collectives of ``function``, by kind."""
-    totals = dict.fromkeys(sorted(set(KINDS.values())), 0.0)
+    totals = dict.fromkeys(sorted(k.value for k in CollectiveKind), 0.0)
     for op in function.body.walk():
-        kind = KINDS.get(type(op))
-        if kind is None:
+        if not isinstance(op, CollectiveOp) or op.KIND is None:
             continue
-        assert isinstance(op, CollectiveOp)
-        value = op.output if kind == "all_gather" else op.input
+        kind = op.KIND.value
+        value = op.output if op.KIND is CollectiveKind.ALL_GATHER else op.input
         nbytes = value_local_bytes(value, spec_of_value(value, function), mesh.shape)
         totals[kind] += model.seconds(kind, mesh, nbytes, op.mesh_axes)
     return totals

@@ -39,6 +39,14 @@ class Collective(enum.Enum):
 
 COLLECTIVES = tuple(Collective)
 
+P2_COLLECTIVES: dict[str, Collective] = {
+    "all_reduce": Collective.ALL_REDUCE,
+    "reduce_scatter": Collective.REDUCE_SCATTER,
+    "all_gather": Collective.ALL_GATHER,
+}
+"""P²'s collective for a collective kind (``alpa_ir.dialects.sharding.CollectiveKind``,
+or a cost model's name of it); an all-to-all has none: it is no reduction P² places."""
+
 
 def _words(k: int) -> int:
     return (k + 63) // 64
