@@ -60,14 +60,14 @@ def _megatron_specs(args: Any, mesh: Any) -> Any:
     PartitionSpecs, leaves named as the IR names the train step's arguments."""
     import jax
 
-    from alpa_ir.api.parallel import partition_spec_of
     from alpa_ir.frontend.pytree_codec import flat_names
     from alpa_ir.models.megatron import megatron_spec
+    from alpa_ir.runtime.devices import partition_spec
 
     leaves, tree = jax.tree.flatten(args)
     names = flat_names(args, ["state", "batch"])
     specs = [
-        None if spec is None else partition_spec_of(spec, mesh.axis_names)
+        None if spec is None else partition_spec(spec, mesh.axis_names)
         for spec in (
             # optimizer state and batch statistics are left to the planner
             None

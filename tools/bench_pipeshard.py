@@ -65,7 +65,7 @@ def oracle_row(model: str, stages: int, schedule: str, micro: int) -> str:
     import jax
 
     import alpa_ir
-    from alpa_ir.api.parallel import ShardParallel
+    from alpa_ir.api.shard_parallel import ShardParallel
     from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
     from alpa_ir.models import get_config, make_train_step
 
@@ -117,7 +117,7 @@ def _median_time(step: Any, state: Any, batch: Any, repeat: int) -> float:
 
 def _time(args: argparse.Namespace) -> int:
     import alpa_ir
-    from alpa_ir.api.parallel import ShardParallel
+    from alpa_ir.api.shard_parallel import ShardParallel
     from alpa_ir.models import get_config, make_train_step
 
     config = get_config(args.model)

@@ -1,7 +1,7 @@
 """What every executable of a planned step is: its modules, its pass pipeline
 and the methods a user calls on it, whichever method planned it.
 
-:class:`~alpa_ir.api.parallel.ShardedExecutable` (one mesh) and
+:class:`~alpa_ir.api.sharded_executable.ShardedExecutable` (one mesh) and
 :class:`~alpa_ir.api.pipeshard_executable.PipeshardExecutable` (pipeline
 stages on submeshes) derive from :class:`PlannedExecutable`: the planned
 ``module``, the ``input_module`` it was planned from and the

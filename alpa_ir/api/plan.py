@@ -129,13 +129,9 @@ def compile(
     """Plan ``fn`` for ``args`` with ``method`` (default ``ShardParallel()``;
     arguments as :func:`~alpa_ir.api.parallel.parallelize` takes them) and
     return the :class:`Plan`; nothing is compiled for the devices or run."""
-    from alpa_ir.api.parallel import (
-        ShardParallel,
-        _check_method,
-        _is_pipeshard,
-        plan_step,
-        sharded_executable,
-    )
+    from alpa_ir.api.parallel import _check_method, _is_pipeshard
+    from alpa_ir.api.plan_step import plan_step, sharded_executable
+    from alpa_ir.api.shard_parallel import ShardParallel
 
     method = method if method is not None else ShardParallel()
     _check_method(method)

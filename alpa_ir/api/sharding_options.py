@@ -1,5 +1,5 @@
 """The options of the intra-operator planner and the pipeline string each
-builds: shared by the parallel methods (:mod:`alpa_ir.api.parallel`) and the named
+builds: shared by the parallel methods (:mod:`alpa_ir.api.shard_parallel`) and the named
 pipelines of the built-in plugin, without importing either."""
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def _option(value: object) -> str:
 def data_parallel_option(reduce_scatter: Literal["none", "zero2", "zero3"]) -> AutoShardingOption:
     """Batch split over all devices, parameters replicated, one all-reduce per
     gradient. The plan is made on the mesh flattened to one axis (see
-    :func:`alpa_ir.api.parallel.compile_step`) and without all-gather and all-to-all, so no
+    :func:`alpa_ir.api.plan_step.compile_step`) and without all-gather and all-to-all, so no
     activation can leave its batch split (with all-gather allowed the ILP finds
     cheaper model-parallel plans for small models). Known gap: Wide-ResNet has
     no plan under these options (PlanError)."""

@@ -10,7 +10,7 @@ only chooses how the operator-parallel axis splits the ops. Functions of a
 stage without batch arguments (apply-grad) are planned without the force.
 Alpa's version also rematerializes every layer (``remat_layer``); this one
 runs the layers as traced. With ``pipeline_parallel == 1`` (and degeneration
-allowed) it is a :class:`~alpa_ir.api.parallel.ShardParallel` on the ``(dp, op)``
+allowed) it is a :class:`~alpa_ir.api.shard_parallel.ShardParallel` on the ``(dp, op)``
 mesh with the same forced batch axis.
 """
 
@@ -20,8 +20,8 @@ from collections.abc import Sequence
 
 import jax
 
-from alpa_ir.api.parallel import AutoShardingOption, ShardParallel
 from alpa_ir.api.pipeshard import AutoLayerOption, ManualStageOption, PipeshardParallel
+from alpa_ir.api.shard_parallel import AutoShardingOption, ShardParallel
 from alpa_ir.errors import AlpaError
 from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
 

@@ -24,7 +24,8 @@ from jax.sharding import PartitionSpec as P
 
 import alpa_ir
 from alpa_ir.api import checkpoint
-from alpa_ir.api.parallel import DataParallel, ShardParallel, Zero3Parallel, parallelize
+from alpa_ir.api.parallel import parallelize
+from alpa_ir.api.shard_parallel import DataParallel, ShardParallel, Zero3Parallel
 from alpa_ir.errors import AlpaError
 from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
 from alpa_ir.models import make_train_step

@@ -17,7 +17,8 @@ from jax.sharding import PartitionSpec as P
 from zoo_fixtures import fresh, reference_outputs, tiny_step
 
 import alpa_ir
-from alpa_ir.api.parallel import (
+from alpa_ir.api.parallel import parallelize
+from alpa_ir.api.shard_parallel import (
     AutoShardingOption,
     DataParallel,
     HeuristicParallel,
@@ -25,7 +26,6 @@ from alpa_ir.api.parallel import (
     ShardParallel,
     Zero2Parallel,
     Zero3Parallel,
-    parallelize,
 )
 from alpa_ir.dialects.sharding import AllReduceOp, spec_of_value
 from alpa_ir.errors import AlpaError, PlanError
