@@ -51,7 +51,7 @@ def plan_from_module(
     link between the first devices of its meshes, and counts at the stage
     boundary it crosses (forward values forward, backward values back; with
     several stages on its destination mesh, toward the nearest that reads it)."""
-    from alpa_ir.costs.stage_cost import AnalyticalStageCostModel
+    from alpa_ir.costs.analytical_stage_cost import AnalyticalStageCostModel
 
     model = cost_model or AnalyticalStageCostModel()
     pipeline = read_pipeline(module, where="simulate")

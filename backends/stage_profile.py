@@ -5,7 +5,7 @@ every stage-mesh pair on the cluster's meshes).
 For a (function, logical mesh) pair:
 
 * **Plan.** The function is auto-sharded on the mesh exactly as the
-  analytical model does (:func:`alpa_ir.costs.stage_cost.plan_function`: the
+  analytical model does (:func:`alpa_ir.costs.function_plan.plan_function`: the
   mesh's α/β in the ILP).
 * **Latency.** The planned function is compiled as one SPMD program on the
   first ``mesh.size`` local devices (:func:`alpa_ir.backends.spmd.compile_spmd`)
@@ -38,15 +38,14 @@ from jax.sharding import Mesh
 from xdsl.dialects import func
 from xdsl.ir import SSAValue
 
+from alpa_ir.costs.function_fingerprint import function_fingerprint
+from alpa_ir.costs.function_plan import param_args_of, plan_function
 from alpa_ir.costs.stage_cost import (
     CacheStats,
     StageCost,
     StageCostOptions,
     StageMemory,
     cached_cost,
-    function_fingerprint,
-    param_args_of,
-    plan_function,
 )
 from alpa_ir.dialects.sharding import spec_of_value
 from alpa_ir.dialects.types import dtype_of, shape_of

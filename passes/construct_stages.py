@@ -21,9 +21,7 @@ from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 
-from alpa_ir.costs.stage_cost import (
-    StageCostOptions,
-)
+from alpa_ir.costs.stage_cost import StageCostOptions
 from alpa_ir.pipeline.stage_construction import construct_stages, module_cluster
 
 

@@ -88,7 +88,7 @@ def alpa_ir_solvers() -> Mapping[str, Callable[..., Any]]:
 @hookimpl
 def alpa_ir_stage_cost_models() -> Mapping[str, Callable[..., Any]]:
     return {
-        "analytical": Lazy("alpa_ir.costs.stage_cost", "AnalyticalStageCostModel"),
+        "analytical": Lazy("alpa_ir.costs.analytical_stage_cost", "AnalyticalStageCostModel"),
         "profile": Lazy("alpa_ir.backends.stage_profile", "ProfilingStageCostModel"),
     }
 

@@ -23,7 +23,7 @@ rematerialization (``--remat``, the default; gradient checkpointing at the
 automatic layers, as Alpa's ``AutoLayerOption(remat_layer=True)``) and ZeRO-2
 where data parallelism replicates parameters (``--zero``, the default; Alpa
 runs the benchmark with ``prefer_reduce_scatter``): see
-:mod:`alpa_ir.costs.stage_cost` for how the cost model counts both. The paper sizes
+:mod:`alpa_ir.costs.analytical_stage_cost` for how the cost model counts both. The paper sizes
 train in mixed precision (fp16 computation, fp32 parameters and Adam state,
 :mod:`alpa_ir.models.registry`), and the memory estimates model XLA's operator
 fusion (``--fusion``, the default; :mod:`alpa_ir.costs.fusion`): only fusion outputs
@@ -103,7 +103,8 @@ from alpa_ir.tools.cli_args import (
 if TYPE_CHECKING:  # imported where used: a bad option is rejected before jax loads
     from xdsl.dialects.builtin import ModuleOp
 
-    from alpa_ir.costs.stage_cost import AnalyticalStageCostModel, StageCostOptions
+    from alpa_ir.costs.analytical_stage_cost import AnalyticalStageCostModel
+    from alpa_ir.costs.stage_cost import StageCostOptions
     from alpa_ir.costs.stage_table import StageCostTable, ViewCost
     from alpa_ir.dialects.sharding import ShardingSpec
     from alpa_ir.hardware.clusters import Cluster
@@ -365,7 +366,8 @@ def deepspeed(
     grid point, one stage on all devices, each layer planned with fixed
     argument shardings and without all-gathers (token exchange by all-to-all),
     the layers' costs added (as ``layer-sum``)."""
-    from alpa_ir.costs.stage_cost import AnalyticalStageCostModel, with_argument_specs
+    from alpa_ir.costs.analytical_stage_cost import AnalyticalStageCostModel
+    from alpa_ir.costs.function_plan import with_argument_specs
     from alpa_ir.costs.stage_table import ViewCost
     from alpa_ir.pipeline.stage_construction import StageChoice
 
@@ -613,7 +615,7 @@ def bench_module(
     ``schedule``: Alpa's plan's pipeline schedule (``auto``: chosen with the
     stages, every candidate's time in ``schedules``)."""
     from alpa_ir.api.why_plan import stage_reasons
-    from alpa_ir.costs.stage_cost import AnalyticalStageCostModel
+    from alpa_ir.costs.analytical_stage_cost import AnalyticalStageCostModel
     from alpa_ir.costs.stage_table import cost_table
     from alpa_ir.ir.module_utils import main_function
     from alpa_ir.passmanager.pipeline_syntax import format_pipeline

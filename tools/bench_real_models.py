@@ -711,7 +711,8 @@ def sharded_data_parallel(
     """One stage on the whole cluster's ``(N, 1)`` view, each layer priced with
     ``method``'s argument shardings and options, the layers' costs added
     (``layer-sum``), simulated as ``alpa-bench`` simulates every plan."""
-    from alpa_ir.costs.stage_cost import AnalyticalStageCostModel, with_argument_specs
+    from alpa_ir.costs.analytical_stage_cost import AnalyticalStageCostModel
+    from alpa_ir.costs.function_plan import with_argument_specs
     from alpa_ir.costs.stage_table import ViewCost
     from alpa_ir.errors import AlpaError
     from alpa_ir.pipeline.stage_construction import StageChoice

@@ -136,7 +136,8 @@ def load_instance(path: str) -> Instance:
 
 def dump(args: argparse.Namespace) -> None:
     import alpa_ir.autosharding.planner as auto_sharding
-    from alpa_ir.costs.stage_cost import StageCostOptions, plan_function
+    from alpa_ir.costs.function_plan import plan_function
+    from alpa_ir.costs.stage_cost import StageCostOptions
 
     function = _layer_function(args.model, args.layers, args.first, args.last)
     num_ops = sum(1 for _ in function.walk())
@@ -204,7 +205,8 @@ def solve(args: argparse.Namespace) -> None:
 
 
 def plan(args: argparse.Namespace) -> None:
-    from alpa_ir.costs.stage_cost import StageCostOptions, plan_function
+    from alpa_ir.costs.function_plan import plan_function
+    from alpa_ir.costs.stage_cost import StageCostOptions
     from alpa_ir.passmanager.pass_statistics import PassStatistic, statistic
 
     function = _layer_function(args.model, args.layers, args.first, args.last)

@@ -2,7 +2,7 @@
 
 For every layer range ``i..j`` the forward+backward ops of the range become one
 function (:class:`LayerRanges`, which the step's outliner provides); the stage cost
-model (:mod:`alpa_ir.costs.stage_cost`, cached by structural fingerprint, so
+model (:mod:`alpa_ir.costs.analytical_stage_cost`, cached by structural fingerprint, so
 identical ranges such as GPT's repeated layers are planned once) prices it on
 every logical mesh view ``(dp, mp)`` of every submesh of Alpa's space; the
 best view per submesh (the fastest that fits in memory) gives ``costs[i, j, m]``

@@ -8,7 +8,7 @@ that cannot fit is refused before XLA runs.
   local shape; batch arguments ``B`` times over when ``B`` micro-batches are
   passed at once), the outputs, the temporaries (the peak of the values live
   at once in program order that are neither arguments nor outputs,
-  :func:`~alpa_ir.costs.stage_cost.peak_live_bytes`; by default every op's
+  :func:`~alpa_ir.costs.live_memory.peak_live_bytes`; by default every op's
   result is materialized, an upper bound; with ``fusion`` only the fusion
   outputs of :mod:`alpa_ir.costs.fusion`, which may fall short of XLA's),
   less the donated arguments whose buffers hold outputs. ``peak = arguments +
@@ -42,7 +42,7 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import DenseArrayBase, ModuleOp, TensorType
 from xdsl.ir import BlockArgument, SSAValue
 
-from alpa_ir.costs.stage_cost import peak_live_bytes
+from alpa_ir.costs.live_memory import peak_live_bytes
 from alpa_ir.dialects.attrs import BATCH_ATTR
 from alpa_ir.dialects.lax_params import ints_of
 from alpa_ir.dialects.mesh import LogicalMeshOp

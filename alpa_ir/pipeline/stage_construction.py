@@ -39,10 +39,8 @@ import numpy as np
 from xdsl.dialects.builtin import DenseArrayBase, DictionaryAttr, FloatAttr, ModuleOp, f64, i64
 
 from alpa_ir.algorithms.stage_dp import StageDPResult, stage_dp
-from alpa_ir.costs.stage_cost import (
-    AnalyticalStageCostModel,
-    StageCostModel,
-)
+from alpa_ir.costs.analytical_stage_cost import AnalyticalStageCostModel
+from alpa_ir.costs.stage_cost import StageCostModel
 from alpa_ir.costs.stage_table import StageCostTable, ViewCost, cost_table
 from alpa_ir.dialects.mesh import ClusterOp
 from alpa_ir.dialects.pipeline import PlanOp

@@ -11,13 +11,9 @@ from zoo_fixtures import tiny_step
 from alpa_ir import import_jax
 from alpa_ir.api.sharding_options import AutoShardingOption
 from alpa_ir.autosharding.cost_model import AlphaBetaCostModel
-from alpa_ir.costs.stage_cost import (
-    AnalyticalStageCostModel,
-    StageCostOptions,
-    bound_cost_model,
-    collective_time,
-    plan_function,
-)
+from alpa_ir.costs.analytical_stage_cost import AnalyticalStageCostModel
+from alpa_ir.costs.function_plan import bound_cost_model, collective_time, plan_function
+from alpa_ir.costs.stage_cost import StageCostOptions
 from alpa_ir.hardware.clusters import Cluster, ClusterLevel, get_cluster
 from alpa_ir.ir.module_utils import main_function
 from alpa_ir.p2.calibrated import CalibratedCostModel

@@ -12,7 +12,7 @@ from xdsl.dialects import func
 
 import alpa_ir
 from alpa_ir.backends.stage_profile import ProfilingStageCostModel
-from alpa_ir.costs.stage_cost import AnalyticalStageCostModel
+from alpa_ir.costs.analytical_stage_cost import AnalyticalStageCostModel
 from alpa_ir.errors import AlpaError
 from alpa_ir.hardware.clusters import get_cluster
 from alpa_ir.ir.module_utils import main_function

@@ -14,9 +14,11 @@ from stage_fixtures import _cluster, _stage
 from xdsl.dialects import func
 
 import alpa_ir
+from alpa_ir.costs.analytical_stage_cost import AnalyticalStageCostModel
 from alpa_ir.costs.flops import op_bytes
 from alpa_ir.costs.fusion import BlockFusion, fused_live_ranges, fused_traffic_bytes
-from alpa_ir.costs.stage_cost import AnalyticalStageCostModel, StageCostOptions, peak_live_bytes
+from alpa_ir.costs.live_memory import peak_live_bytes
+from alpa_ir.costs.stage_cost import StageCostOptions
 from alpa_ir.dialects.types import shape_of
 from alpa_ir.ir.module_utils import main_function
 
@@ -115,7 +117,7 @@ def test_the_stage_cost_model_counts_less_memory_and_traffic_with_fusion() -> No
 def test_a_plans_local_slice_fuses_with_the_replicated_broadcast_it_slices() -> None:
     """The ILP may keep a broadcast replicated and slice it (a free reshard);
     XLA fuses both, so the full-size broadcast is never in memory."""
-    from alpa_ir.costs.stage_cost import plan_function
+    from alpa_ir.costs.function_plan import plan_function
 
     def fn(x: jax.Array, mask: jax.Array) -> jax.Array:
         big = jnp.where(mask[None, :, :], x, -1e9)

@@ -13,17 +13,14 @@ from stage_fixtures import BATCH, HIDDEN, _cluster, _stage
 from xdsl.dialects import func
 
 import alpa_ir
-import alpa_ir.costs.stage_cost as stage_cost
+import alpa_ir.costs.analytical_stage_cost as analytical_stage_cost
 from alpa_ir.autosharding.cost_model import collective_bytes_on_wire
 from alpa_ir.autosharding.plan_bytes import predicted_collectives
+from alpa_ir.costs.analytical_stage_cost import AnalyticalStageCostModel
 from alpa_ir.costs.flops import function_flops
-from alpa_ir.costs.stage_cost import (
-    AnalyticalStageCostModel,
-    StageCostOptions,
-    StageMemory,
-    function_fingerprint,
-    plan_function,
-)
+from alpa_ir.costs.function_fingerprint import function_fingerprint
+from alpa_ir.costs.function_plan import plan_function
+from alpa_ir.costs.stage_cost import StageCostOptions, StageMemory
 from alpa_ir.errors import AlpaError
 from alpa_ir.hardware.clusters import Cluster, ClusterLevel, get_cluster
 from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
@@ -83,7 +80,7 @@ def test_one_device_is_priced_without_the_ilp_and_as_the_ilp_would(
             plan_function(_stage(0), mesh, options), mesh, c, (0, 1), options
         )  # the function already planned on the one-device mesh: priced as it is
         with monkeypatch.context() as patch:
-            patch.setattr(stage_cost, "plan_function", _no_ilp)
+            patch.setattr(analytical_stage_cost, "plan_function", _no_ilp)
             direct = AnalyticalStageCostModel(options).stage_cost(_stage(0), mesh, c, (0, 1))
         assert direct == ilp
 

@@ -9,13 +9,9 @@ from stage_fixtures import BATCH, HIDDEN, _cluster, _deep_module, _small_cluster
 from xdsl.dialects import func
 from xdsl.ir import Block
 
-from alpa_ir.costs.stage_cost import (
-    FORWARD_SHARE,
-    AnalyticalStageCostModel,
-    StageCostOptions,
-    forward_inputs,
-    with_argument_specs,
-)
+from alpa_ir.costs.analytical_stage_cost import AnalyticalStageCostModel
+from alpa_ir.costs.function_plan import forward_inputs, with_argument_specs
+from alpa_ir.costs.stage_cost import FORWARD_SHARE, StageCostOptions
 from alpa_ir.costs.stage_table import ViewCost, cost_table
 from alpa_ir.dialects.sharding import ShardingSpec
 from alpa_ir.dialects.types import shape_of

@@ -15,7 +15,7 @@ from stage_fixtures import _deep_module
 from stage_fixtures import _small_cluster as _cluster
 
 from alpa_ir.api.pipeshard import AutoStageOption, PipeshardParallel
-from alpa_ir.costs.stage_cost import AnalyticalStageCostModel
+from alpa_ir.costs.analytical_stage_cost import AnalyticalStageCostModel
 from alpa_ir.costs.stage_table import cost_table
 from alpa_ir.dialects.pipeline import PlanOp
 from alpa_ir.errors import AlpaError, PlanError
@@ -169,7 +169,7 @@ def test_a_script_without_a_main_guard_costs_in_workers(tmp_path: Path) -> None:
         "import sys\n"
         f"sys.path.insert(0, {str(Path(__file__).parents[1])!r})\n"
         "from stage_fixtures import _deep_module, _small_cluster\n"
-        "from alpa_ir.costs.stage_cost import AnalyticalStageCostModel\n"
+        "from alpa_ir.costs.analytical_stage_cost import AnalyticalStageCostModel\n"
         "from alpa_ir.ir.module_utils import main_function\n"
         "from alpa_ir.costs.stage_table import cost_table\n"
         "from alpa_ir.pipeline.stage_outline import LayerRanges\n"
@@ -234,7 +234,7 @@ def test_a_small_table_is_costed_without_starting_workers(
 
 
 def test_repeated_layers_reach_the_costings_auto_sharding() -> None:
-    from alpa_ir.costs.stage_cost import plan_function
+    from alpa_ir.costs.function_plan import plan_function
     from alpa_ir.passes.construct_stages import ConstructStages
 
     function = LayerRanges(main_function(_deep_module())).function(0, 3).function

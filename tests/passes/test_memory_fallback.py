@@ -8,7 +8,8 @@ import pytest
 from stage_fixtures import _deep_module, _small_cluster
 from xdsl.dialects import func
 
-from alpa_ir.costs.stage_cost import AnalyticalStageCostModel, StageCostOptions
+from alpa_ir.costs.analytical_stage_cost import AnalyticalStageCostModel
+from alpa_ir.costs.stage_cost import StageCostOptions
 from alpa_ir.costs.stage_table import StageCostTable, ViewCost, cost_table
 from alpa_ir.ir.module_utils import main_function
 from alpa_ir.pipeline.stage_construction import solve_stages

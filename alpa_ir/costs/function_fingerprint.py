@@ -1,0 +1,44 @@
+"""A structural hash of a function: identical layer ranges (the same ops
+on the same shapes, whatever their value names) are costed once."""
+
+from __future__ import annotations
+
+import hashlib
+
+from xdsl.dialects import func
+from xdsl.ir import Block, SSAValue
+
+from alpa_ir.dialects.mesh import MESH_ATTR
+
+
+def function_fingerprint(function: func.FuncOp) -> str:
+    """A hash of the function's structure: argument and result types, and every
+    op's name, properties, attributes (but plan annotations ``sharding.*`` and
+    ``mesh.mesh``), result types and operand wiring, regions included. Value
+    names, the function's name and its own attributes do not count."""
+    ids: dict[SSAValue, str] = {}
+    parts: list[str] = [str(function.function_type)]
+
+    def visit_block(block: Block, prefix: str) -> None:
+        for k, arg in enumerate(block.args):
+            ids[arg] = f"{prefix}a{k}"
+        parts.append(f"block {prefix} {[str(a.type) for a in block.args]}")
+        for i, op in enumerate(block.ops):
+            for k, res in enumerate(op.results):
+                ids[res] = f"{prefix}{i}.{k}"
+            operands = [ids.get(v, "?") for v in op.operands]
+            props = sorted((k, str(v)) for k, v in op.properties.items())
+            attrs = sorted(
+                (k, str(v))
+                for k, v in op.attributes.items()
+                if not k.startswith("sharding.") and k != MESH_ATTR
+            )
+            parts.append(
+                f"{op.name} {operands} {props} {attrs} {[str(r.type) for r in op.results]}"
+            )
+            for r, region in enumerate(op.regions):
+                for b, inner in enumerate(region.blocks):
+                    visit_block(inner, f"{prefix}{i}r{r}b{b}/")
+
+    visit_block(function.body.block, "")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()

@@ -1,0 +1,272 @@
+"""One function planned on one logical mesh for the stage cost model: the
+auto-sharding planner run with the mesh's prices (:func:`plan_function`),
+the argument specs it keeps, and the time of the plan's collectives."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from xdsl.dialects import func
+from xdsl.dialects.builtin import (
+    ArrayAttr,
+    DenseArrayBase,
+    DictionaryAttr,
+    FlatSymbolRefAttr,
+    ModuleOp,
+    StringAttr,
+)
+from xdsl.ir import Block, Operation, SSAValue
+
+from alpa_ir.autosharding.cost_model import CommCostModel, bound_to_cluster, prices_by_devices
+from alpa_ir.autosharding.graph import StrategyCache
+from alpa_ir.autosharding.plan_bytes import op_collectives
+from alpa_ir.costs.stage_cost import ILP_TIME_UNIT, StageCostOptions
+from alpa_ir.dialects.attrs import BATCH_ATTR
+from alpa_ir.dialects.lax_params import ints_of
+from alpa_ir.dialects.mesh import MESH_ATTR
+from alpa_ir.dialects.sharding import (
+    SPEC_ATTR,
+    CollectiveOp,
+    ShardingSpec,
+    spec_of_value,
+)
+from alpa_ir.dialects.types import shape_of
+from alpa_ir.errors import AlpaError
+from alpa_ir.hardware.clusters import Cluster
+from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
+from alpa_ir.ir.module_utils import main_function
+
+if TYPE_CHECKING:
+    from alpa_ir.plugins.registry import PluginRegistry
+
+
+def function_dimensions(function: func.FuncOp) -> frozenset[int]:
+    """Every dimension size of every value of ``function`` (regions included)."""
+    sizes: set[int] = set()
+
+    def add(value: SSAValue) -> None:
+        try:
+            sizes.update(shape_of(value.type))
+        except Exception:  # not a tensor (a token): no dimensions
+            pass
+
+    for arg in function.body.block.args:
+        add(arg)
+    for op in function.walk():
+        for result in op.results:
+            add(result)
+        for region in op.regions:
+            for block in region.blocks:
+                for arg in block.args:
+                    add(arg)
+    return frozenset(sizes)
+
+
+def forward_inputs(block: Block, params: set[int]) -> list[int]:
+    """The non-parameter arguments a forward+backward function needs for its
+    forward pass (what remat keeps), as opposed to the gradients it receives
+    for its backward. In program order a layer's forward ops precede its
+    backward ops, and its first-produced result is a forward output (the
+    activation the next layer takes; a function without gradient inputs may
+    produce a loss first): arguments first used after that result are taken to
+    be incoming gradients."""
+    ops = list(block.ops)
+    position = {op: i for i, op in enumerate(ops)}
+
+    def top(op: Operation) -> Operation:
+        while op.parent_block() is not block and op.parent_op() is not None:
+            op = op.parent_op()  # type: ignore[assignment]
+        return op
+
+    returned = block.last_op.operands if block.last_op is not None else ()
+    produced = [
+        position[v.owner]
+        for v in returned
+        if isinstance(v.owner, Operation) and v.owner in position
+    ]
+    first_output = min(produced, default=len(ops))
+    out = []
+    for k, arg in enumerate(block.args):
+        if k in params or not arg.uses:
+            continue
+        first = min(position.get(top(u.operation), len(ops)) for u in arg.uses)
+        if first <= first_output:
+            out.append(k)
+    return out
+
+
+def replication(value: SSAValue, planned: func.FuncOp, mesh_shape: tuple[int, ...]) -> int:
+    """On how many devices of the mesh each block of ``value`` lives (1: fully sharded)."""
+    spec = spec_of_value(value, planned)
+    shape = shape_of(value.type)
+    shards = math.prod(spec.num_shards(mesh_shape, d) for d in range(len(shape)))
+    return max(1, math.prod(mesh_shape) // max(shards, 1))
+
+
+def with_argument_specs(function: func.FuncOp, specs: dict[int, ShardingSpec]) -> func.FuncOp:
+    """A copy of ``function`` whose arguments ``specs`` names carry those
+    shardings (``sharding.spec`` in ``arg_attrs``), for ``keep_argument_specs``."""
+    clone = function.clone()
+    num = len(clone.body.block.args)
+    bad = [k for k in specs if not 0 <= k < num]
+    if bad:
+        raise AlpaError(
+            f"stage cost: argument {bad[0]} of @{function.sym_name.data} does not exist "
+            f"(it has {num} arguments)"
+        )
+    old = clone.arg_attrs.data if clone.arg_attrs is not None else [DictionaryAttr({})] * num
+    attrs = []
+    for k, entry in enumerate(old):
+        entries = dict(entry.data)  # type: ignore[attr-defined]
+        if k in specs:
+            entries[SPEC_ATTR] = specs[k].to_attr()
+        attrs.append(DictionaryAttr(entries))
+    clone.arg_attrs = ArrayAttr(attrs)
+    return clone
+
+
+def _argument_specs(function: func.FuncOp) -> tuple[str, ...]:
+    attrs = function.arg_attrs
+    if attrs is None:
+        return ()
+    return tuple(str(d.data.get(SPEC_ATTR, "")) for d in attrs)  # type: ignore[attr-defined]
+
+
+def param_args_of(function: func.FuncOp, param_args: Sequence[int] | None) -> tuple[int, ...]:
+    num = len(function.body.block.args)
+    if param_args is None:
+        attr = function.attributes.get(BATCH_ATTR)
+        batch = set(ints_of(attr)) if isinstance(attr, DenseArrayBase) else set()
+        return tuple(k for k in range(num) if k not in batch)
+    params = tuple(sorted({int(k) for k in param_args}))
+    bad = [k for k in params if not 0 <= k < num]
+    if bad:
+        raise AlpaError(
+            f"stage cost: parameter argument {bad[0]} of @{function.sym_name.data} does not "
+            f"exist (it has {num} arguments)"
+        )
+    return params
+
+
+def plan_function(
+    function: func.FuncOp,
+    mesh: LogicalDeviceMesh,
+    options: StageCostOptions,
+    strategy_caches: dict[tuple[object, ...], StrategyCache] | None = None,
+    statistics: list[Any] | None = None,
+    registry: PluginRegistry | None = None,
+    cluster: Cluster | None = None,
+) -> func.FuncOp:
+    """A copy of ``function`` auto-sharded on ``mesh`` (as ``@main`` of its own
+    module, with ``cluster``'s ``mesh.cluster`` op for the cost model to bind
+    to). ``strategy_caches``: where to keep (and find) the strategies of
+    the ILP mesh, for many functions planned on the same meshes;
+    ``statistics``: a list that receives the planner's statistics. The
+    planner is :class:`~alpa_ir.autosharding.planner.ShardingPlanner` (the
+    library of ``auto-sharding``) with ``registry``'s rules, cost models and
+    solvers (default: the default registry)."""
+    from alpa_ir.autosharding.planner import ShardingOptions, ShardingPlanner
+    from alpa_ir.ir.context import make_context
+    from alpa_ir.plugins.registry import default_registry
+
+    registry = registry or default_registry()
+
+    clone = function.clone()
+    clone.sym_name = StringAttr("main")
+    clone.attributes.pop(MESH_ATTR, None)
+    kept_fields = ("res_attrs",) if options.keep_argument_specs else ("arg_attrs", "res_attrs")
+    for field_name in kept_fields:
+        attrs = getattr(clone, field_name)
+        if attrs is not None:
+            setattr(
+                clone,
+                field_name,
+                ArrayAttr(
+                    [
+                        DictionaryAttr({k: v for k, v in d.data.items() if k != SPEC_ATTR})
+                        for d in attrs
+                    ]
+                ),
+            )
+    assert mesh.alpha is not None and mesh.beta is not None
+    ilp_mesh = LogicalDeviceMesh(
+        mesh.shape,
+        tuple(a * ILP_TIME_UNIT for a in mesh.alpha),
+        tuple(b * ILP_TIME_UNIT for b in mesh.beta),
+        mesh.devices,
+        mesh.axis_names,
+    )
+    mesh_op = ilp_mesh.to_op("mesh")
+    clone.attributes[MESH_ATTR] = FlatSymbolRefAttr("mesh")
+    module = ModuleOp([*([cluster.to_op()] if cluster is not None else []), mesh_op, clone])
+    planner = ShardingPlanner(
+        ShardingOptions(
+            cost_model=options.cost_model,
+            solver=options.solver,
+            time_limit=options.time_limit,
+            memory_budget=options.memory_budget,
+            allow_all_gather=options.allow_all_gather,
+            allow_replicated_parameters=options.allow_replicated_parameters,
+            mip_gap=options.mip_gap,
+            repeated_layers=options.repeated_layers,
+        )
+    )
+    ctx = make_context(registry)
+    ctx.statistics = statistics
+    cache = None
+    if strategy_caches is not None:
+        model = bound_cost_model(options.cost_model, cluster, registry)
+        key = (
+            ilp_mesh.shape,
+            ilp_mesh.alpha,
+            ilp_mesh.beta,
+            options.allow_all_gather,
+            model,
+            ilp_mesh.devices if prices_by_devices(model) else (),
+        )
+        cache = strategy_caches.get(key)
+        if cache is None:
+            cache = strategy_caches[key] = planner.strategy_cache(ctx, ilp_mesh, model)
+    planner.plan(ctx, module, cache)
+    return main_function(module)
+
+
+def bound_cost_model(
+    name: str, cluster: Cluster | None, registry: PluginRegistry | None = None
+) -> CommCostModel:
+    """The registered communication cost model ``name`` (``registry``, default
+    the default registry), bound to ``cluster`` (or to none) if it binds to
+    clusters (``for_cluster``: ``auto``, ``calibrated``)."""
+    from alpa_ir.plugins.registry import default_registry
+
+    return bound_to_cluster((registry or default_registry()).get("cost_models", name)(), cluster)
+
+
+def collective_time(
+    function: func.FuncOp, mesh: LogicalDeviceMesh, pricer: object = None
+) -> tuple[float, int]:
+    """Seconds of the explicit collectives of a planned function, and their
+    number. ``pricer``: a bound cost model with ``seconds(kind, mesh, bytes,
+    axes)`` (``calibrated``); else the mesh's real α/β (slowest axis of each
+    collective) times the bytes on the wire."""
+    assert mesh.alpha is not None and mesh.beta is not None
+    seconds = getattr(pricer, "seconds", None)
+    total, count = 0.0, 0
+    for op in function.walk():
+        if not isinstance(op, CollectiveOp):
+            continue
+        axes = op.mesh_axes if op.properties.get("axes") is not None else ()
+        if not axes:
+            continue  # a reshard that only slices locally
+        alpha = max(mesh.alpha[a] for a in axes)
+        beta = max(mesh.beta[a] for a in axes)
+        for collective in op_collectives(op, function, mesh.shape):
+            if seconds is not None:
+                kind = collective.kind.replace("-", "_")
+                total += seconds(kind, mesh, collective.bytes, axes)
+            else:
+                total += alpha + beta * collective.wire_bytes
+            count += 1
+    return total, count
