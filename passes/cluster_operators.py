@@ -39,7 +39,7 @@ from alpa_ir.errors import AlpaError
 from alpa_ir.frontend.differentiation import make_marker
 from alpa_ir.ir.module_utils import main_function
 from alpa_ir.pipeline.layer_mirroring import mirror_layers, step_regions
-from alpa_ir.pipeline.stage_outline import is_layer_marker
+from alpa_ir.pipeline.stage_assignment import is_layer_marker
 
 
 def _floats(values: object) -> ArrayAttr:

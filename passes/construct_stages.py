@@ -1,7 +1,7 @@
 """``construct-stages``: Alpa's stage construction (OSDI'22 §5.2, AutoStageOption).
 
 Input: a module whose ``@main`` is a marked training step with ``L`` layers
-(:func:`alpa_ir.pipeline.stage_outline.count_layers`), traced at the micro-batch
+(:func:`alpa_ir.pipeline.stage_assignment.count_layers`), traced at the micro-batch
 shape. The pass prices every layer range on every submesh view
 (:mod:`alpa_ir.costs.stage_table`), slices the layers into stages by Alpa's DP,
 places them on the devices and chooses the pipeline schedule

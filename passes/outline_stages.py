@@ -27,7 +27,8 @@ from alpa_ir.dialects.pipeline import SCHEDULES
 from alpa_ir.errors import AlpaError
 from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
 from alpa_ir.ir.module_utils import main_function
-from alpa_ir.pipeline.stage_outline import StageSlice, fresh_mesh_names, outline_stages
+from alpa_ir.pipeline.stage_assignment import StageSlice, fresh_mesh_names
+from alpa_ir.pipeline.stage_outline import outline_stages
 from alpa_ir.plugins.registry import registry_of
 
 

@@ -109,8 +109,8 @@ if TYPE_CHECKING:  # imported where used: a bad option is rejected before jax lo
     from alpa_ir.dialects.sharding import ShardingSpec
     from alpa_ir.hardware.clusters import Cluster
     from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
+    from alpa_ir.pipeline.layer_ranges import LayerRanges
     from alpa_ir.pipeline.stage_construction import StageChoice
-    from alpa_ir.pipeline.stage_outline import LayerRanges
 
 SUITES = {
     "gpt3": ("gpt3-350m", "gpt3-1.3b", "gpt3-2.6b", "gpt3-6.7b", "gpt3-15b", "gpt3-39b"),
@@ -466,8 +466,8 @@ def inter_op(
     that many automatic layers (None: the table's layers only)."""
     from alpa_ir.costs.stage_table import StageCostTable, cost_table
     from alpa_ir.ir.module_utils import main_function
+    from alpa_ir.pipeline.layer_ranges import LayerRanges
     from alpa_ir.pipeline.stage_construction import StageChoice
-    from alpa_ir.pipeline.stage_outline import LayerRanges
 
     cluster = table.cluster
     if table.num_layers < cluster.num_devices and retrace is not None:
@@ -620,8 +620,9 @@ def bench_module(
     from alpa_ir.ir.module_utils import main_function
     from alpa_ir.passmanager.pipeline_syntax import format_pipeline
     from alpa_ir.pipeline.layer_phases import layer_phase_flops
+    from alpa_ir.pipeline.layer_ranges import LayerRanges
+    from alpa_ir.pipeline.stage_assignment import count_layers
     from alpa_ir.pipeline.stage_construction import StagePlan, plan_stages, write_plan
-    from alpa_ir.pipeline.stage_outline import LayerRanges, count_layers
     from alpa_ir.plugins.registry import default_registry
 
     times = Breakdown(clustering=clustering_time)

@@ -84,7 +84,7 @@ if TYPE_CHECKING:  # imported where used: a bad option is rejected before jax lo
     from alpa_ir.costs.stage_cost import StageCostOptions
     from alpa_ir.costs.stage_table import StageCostTable
     from alpa_ir.hardware.clusters import Cluster
-    from alpa_ir.pipeline.stage_outline import LayerRanges
+    from alpa_ir.pipeline.layer_ranges import LayerRanges
     from alpa_ir.tools.alpa_bench import Outcome
 
 PROG = "bench-real-models"
@@ -757,7 +757,7 @@ def whole_cluster_baselines(
 ) -> list[Outcome]:
     """``megatron``, ``data-parallel``, ``zero-2`` and ``zero-3`` (module docstring)."""
     from alpa_ir.ir.module_utils import main_function
-    from alpa_ir.pipeline.stage_outline import LayerRanges
+    from alpa_ir.pipeline.layer_ranges import LayerRanges
     from alpa_ir.tools.alpa_bench import Outcome, uniform_grid
 
     b = settings.num_micro_batches

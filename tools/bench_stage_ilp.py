@@ -54,7 +54,7 @@ def _layer_function(model: str, layers: int, first: int, last: int) -> Any:
 
     jax.config.update("jax_platforms", "cpu")
     from alpa_ir.ir.module_utils import main_function
-    from alpa_ir.pipeline.stage_outline import LayerRanges
+    from alpa_ir.pipeline.layer_ranges import LayerRanges
     from alpa_ir.tools.alpa_bench import trace
 
     module = trace(model, 16, layers)

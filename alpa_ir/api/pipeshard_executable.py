@@ -278,7 +278,7 @@ def _layer_passes(module: ModuleOp, method: PipeshardParallel) -> list[str]:
     :class:`AutoLayerOption` ``cluster-operators`` cuts its forward pass; the
     user's boundaries (``mark_pipeline_boundary``) otherwise. Boundaries JAX
     did not mirror into the backward pass are mirrored."""
-    from alpa_ir.pipeline.stage_outline import is_layer_marker
+    from alpa_ir.pipeline.stage_assignment import is_layer_marker
 
     b = method.num_micro_batches
     passes = [f"draw-micro-batch-rows{{num-micro-batches={b}}}"] if b > 1 else []
@@ -475,7 +475,7 @@ def plan_pipeshard(
     nothing is compiled."""
     from alpa_ir.api.runtime_api import session_backend
     from alpa_ir.passmanager.pass_manager import PassManager
-    from alpa_ir.pipeline.stage_outline import count_layers
+    from alpa_ir.pipeline.stage_assignment import count_layers
 
     del donate_argnums  # buffers of a pipeline step are not donated yet
     method = replace(method, backend=session_backend(method.backend))

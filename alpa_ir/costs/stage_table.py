@@ -343,7 +343,7 @@ def submesh_views(
 
 class LayerRanges(Protocol):
     """What the table needs of a step's layers
-    (:class:`alpa_ir.pipeline.stage_outline.LayerRanges` is one)."""
+    (:class:`alpa_ir.pipeline.layer_ranges.LayerRanges` is one)."""
 
     @property
     def num_layers(self) -> int: ...

@@ -17,7 +17,7 @@ import numpy as np
 from xdsl.ir import Operation
 
 from alpa_ir.costs.flops import op_flops
-from alpa_ir.pipeline.stage_outline import LayerRanges
+from alpa_ir.pipeline.layer_ranges import LayerRanges
 
 PHASES = ("forward", "backward", "backward_weight")
 

@@ -50,6 +50,7 @@ from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
 from alpa_ir.hardware.memory_budget import format_gib
 from alpa_ir.ir.module_utils import main_function, top_level_ops
 from alpa_ir.pipeline.layer_phases import layer_phase_flops
+from alpa_ir.pipeline.layer_ranges import LayerRanges
 from alpa_ir.pipeline.pipeline_simulation import SimPlan, simulate
 from alpa_ir.pipeline.schedule_choice import (
     AUTO_SCHEDULES,
@@ -58,7 +59,8 @@ from alpa_ir.pipeline.schedule_choice import (
     dp_latencies,
     stage_sim_plan,
 )
-from alpa_ir.pipeline.stage_outline import LayerRanges, StageSlice, fresh_mesh_names, outline_stages
+from alpa_ir.pipeline.stage_assignment import StageSlice, fresh_mesh_names
+from alpa_ir.pipeline.stage_outline import outline_stages
 from alpa_ir.pipeline.virtual_layout import (
     VirtualMesh,
     balance_chunks,

@@ -25,7 +25,7 @@ from alpa_ir.api.pipeshard import (
 from alpa_ir.errors import AlpaError
 from alpa_ir.frontend.markers import AutomaticLayers, automatic_layers
 from alpa_ir.ir.module_utils import main_function
-from alpa_ir.pipeline.stage_outline import count_layers
+from alpa_ir.pipeline.stage_assignment import count_layers
 
 
 @pytest.mark.parametrize("micro_batches", [1, 2, 4])

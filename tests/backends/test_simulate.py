@@ -172,7 +172,8 @@ def _outlined_module(num_micro_batches: int, schedule: str) -> object:
     import alpa_ir
     from alpa_ir.hardware.clusters import get_cluster
     from alpa_ir.ir.module_utils import main_function
-    from alpa_ir.pipeline.stage_outline import StageSlice, outline_stages
+    from alpa_ir.pipeline.stage_assignment import StageSlice
+    from alpa_ir.pipeline.stage_outline import outline_stages
 
     def step(params: list[jax.Array], x: jax.Array) -> tuple[list[jax.Array], jax.Array]:
         def loss(p: list[jax.Array]) -> jax.Array:

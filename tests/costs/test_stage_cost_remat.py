@@ -17,7 +17,7 @@ from alpa_ir.dialects.sharding import ShardingSpec
 from alpa_ir.dialects.types import shape_of
 from alpa_ir.errors import AlpaError
 from alpa_ir.ir.module_utils import main_function
-from alpa_ir.pipeline.stage_outline import LayerRanges
+from alpa_ir.pipeline.layer_ranges import LayerRanges
 
 
 def test_remat_keeps_the_inputs_and_pays_one_forward() -> None:

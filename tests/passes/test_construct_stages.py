@@ -21,8 +21,8 @@ from alpa_ir.dialects.pipeline import PlanOp
 from alpa_ir.errors import AlpaError, PlanError
 from alpa_ir.ir.module_utils import main_function, top_level_ops
 from alpa_ir.passmanager.pass_manager import PassManager
+from alpa_ir.pipeline.layer_ranges import LayerRanges
 from alpa_ir.pipeline.stage_construction import LATENCY_ATTR, construct_stages, solve_stages
-from alpa_ir.pipeline.stage_outline import LayerRanges
 from alpa_ir.plugins.registry import default_registry
 
 

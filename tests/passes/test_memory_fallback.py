@@ -12,8 +12,8 @@ from alpa_ir.costs.analytical_stage_cost import AnalyticalStageCostModel
 from alpa_ir.costs.stage_cost import StageCostOptions
 from alpa_ir.costs.stage_table import StageCostTable, ViewCost, cost_table
 from alpa_ir.ir.module_utils import main_function
+from alpa_ir.pipeline.layer_ranges import LayerRanges
 from alpa_ir.pipeline.stage_construction import solve_stages
-from alpa_ir.pipeline.stage_outline import LayerRanges
 
 SMALL_MEMORY = 2**13  # a 16x16 weight's state (4 KiB) is well over MEMORY_FALLBACK_FROM of it
 

@@ -14,13 +14,13 @@ from alpa_ir.dialects.pipeline import PlanOp
 from alpa_ir.errors import AlpaError
 from alpa_ir.ir.module_utils import main_function, top_level_ops
 from alpa_ir.pipeline.layer_phases import layer_phase_flops
+from alpa_ir.pipeline.layer_ranges import LayerRanges
 from alpa_ir.pipeline.schedule_choice import dp_latencies, phase_times
 from alpa_ir.pipeline.stage_construction import (
     SCHEDULES_ATTR,
     construct_stages,
     plan_stages,
 )
-from alpa_ir.pipeline.stage_outline import LayerRanges
 
 
 def test_each_layer_splits_its_backward_into_input_and_weight_gradients() -> None:

@@ -24,7 +24,8 @@ from alpa_ir.api.pipeshard import AutoLayerOption, PipeshardParallel, UniformSta
 from alpa_ir.frontend.jaxpr_import import import_jax
 from alpa_ir.frontend.markers import AutomaticLayers, automatic_layers
 from alpa_ir.ir.module_utils import main_function, symbol_op
-from alpa_ir.pipeline.stage_outline import StageSlice, outline_stages
+from alpa_ir.pipeline.stage_assignment import StageSlice
+from alpa_ir.pipeline.stage_outline import outline_stages
 
 RESHARD_AND_EMIT = "builtin.module(cross-mesh-resharding,emit-instructions)"
 
@@ -212,7 +213,7 @@ def test_a_tied_parameters_gradient_parts_are_added_once_per_step() -> None:
     """The LM head's part of the embedding's gradient does not cross to the
     first stage on every micro-batch: each stage accumulates its part and the
     apply phase adds them."""
-    from alpa_ir.pipeline.stage_outline import LayerRanges
+    from alpa_ir.pipeline.layer_ranges import LayerRanges
 
     state, tokens = _tied_example()
     module = import_jax(_tied_step, state, tokens, batch_argnums=(1,))

@@ -169,7 +169,7 @@ def test_moe_has_the_deepspeed_baseline(capsys: pytest.CaptureFixture[str]) -> N
 
 def test_deepspeed_specs_split_experts_and_tokens() -> None:
     from alpa_ir.ir.module_utils import main_function
-    from alpa_ir.pipeline.stage_outline import LayerRanges
+    from alpa_ir.pipeline.layer_ranges import LayerRanges
 
     ranges = LayerRanges(main_function(trace("moe-tiny", 2, 2)))
     experts = 8

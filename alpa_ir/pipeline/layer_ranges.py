@@ -1,0 +1,178 @@
+"""Any layer range of a marked step as one forward+backward function, without
+outlining (the stage candidates ``construct-stages`` costs)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from xdsl.dialects import func
+from xdsl.dialects.builtin import (
+    StringAttr,
+)
+from xdsl.ir import Operation, SSAValue
+
+from alpa_ir.dialects.attrs import PER_MICRO_BATCH_ATTR
+from alpa_ir.dialects.mesh import MESH_ATTR
+from alpa_ir.errors import AlpaError
+from alpa_ir.pipeline.stage_assignment import (
+    Assignment,
+    StageSlice,
+    batch_args,
+    count_layers,
+    is_layer_marker,
+)
+from alpa_ir.pipeline.stage_functions import Group, build_function
+from alpa_ir.pipeline.step_partition import is_grad_marker
+
+
+@dataclass(frozen=True)
+class LayerRangeFunction:
+    """The forward+backward ops of layers ``first..last`` as one function (a
+    stage candidate for ``construct-stages``). ``param_args``: its arguments
+    that are non-batch arguments of ``@main`` (parameters); ``cross_bytes``:
+    bytes of the other arguments computed by other layers (activations in,
+    gradients back), i.e. what crosses into the stage per micro-batch."""
+
+    function: func.FuncOp
+    param_args: tuple[int, ...]
+    cross_bytes: float
+    backward_bytes: float = 0.0
+    """The part of ``cross_bytes`` that later layers send back (gradients);
+    the rest comes from earlier layers (activations)."""
+
+
+class LayerRanges:
+    """Extract the forward+backward computation of any layer range of a marked
+    step (``@main`` with ``L`` layers, see :func:`count_layers`) without
+    outlining: the ops are grouped per layer once, each range is then cut out
+    and cloned into a new function."""
+
+    def __init__(self, function: func.FuncOp) -> None:
+        from alpa_ir.dialects.types import nbytes_of
+
+        self.num_layers = count_layers(function)
+        slices = [StageSlice(k, k, "") for k in range(self.num_layers)]
+        self._assignment = Assignment(function, slices)
+        self._block = function.body.block
+        batch = set(batch_args(function))
+        self._params = {a for k, a in enumerate(self._block.args) if k not in batch}
+        self._batch = {a for k, a in enumerate(self._block.args) if k in batch}
+        self._nbytes = nbytes_of
+        a = self._assignment
+        self._layer = {
+            op: key[0] for op, key in a.group.items() if key[1] in ("forward", "backward")
+        }
+        # For every produced value: the layers that use it (through markers);
+        # -1 stands for a use outside any layer (apply-grad or the return).
+        outside = -1
+        self._user_layers: dict[SSAValue, set[int]] = {}
+        for op in a.ops:
+            if op in a.floating or is_layer_marker(op) or is_grad_marker(op):
+                continue
+            for operand in op.operands:
+                value = a.resolve(operand)
+                self._user_layers.setdefault(value, set()).add(self._layer.get(op, outside))
+        for operand in self._block.last_op.operands:  # type: ignore[union-attr]
+            self._user_layers.setdefault(a.resolve(operand), set()).add(outside)
+        # Bytes of the values layer l receives from layer k (k != l), each value once per l.
+        self._edges = [[0.0] * self.num_layers for _ in range(self.num_layers)]
+        received: set[tuple[int, SSAValue]] = set()
+        for op, layer in self._layer.items():
+            for operand in op.operands:
+                value = a.resolve(operand)
+                producer = (
+                    self._layer.get(value.owner) if isinstance(value.owner, Operation) else None
+                )
+                if producer is None or producer == layer or (layer, value) in received:
+                    continue
+                received.add((layer, value))
+                self._edges[layer][producer] += float(nbytes_of(value.type))
+
+    def layer_ops(self) -> list[tuple[list[Operation], list[Operation]]]:
+        """Per layer: its forward ops and its backward ops, in program order."""
+        out: list[tuple[list[Operation], list[Operation]]] = [
+            ([], []) for _ in range(self.num_layers)
+        ]
+        for op in self._assignment.ops:
+            layer = self._layer.get(op)
+            if layer is not None:
+                out[layer][self._assignment.group[op][1] == "backward"].append(op)
+        return out
+
+    def user_layers(self, value: SSAValue) -> frozenset[int]:
+        """The layers whose ops read ``value`` (``-1``: a read outside every layer,
+        by apply-grad or the return)."""
+        return frozenset(self._user_layers.get(self._assignment.resolve(value), ()))
+
+    def resolve(self, value: SSAValue) -> SSAValue:
+        """``value`` seen through the layer and gradient markers."""
+        return self._assignment.resolve(value)
+
+    def returned(self) -> set[SSAValue]:
+        """The values the step returns, seen through the markers."""
+        ret = self._block.last_op
+        return {self._assignment.resolve(v) for v in ret.operands} if ret is not None else set()
+
+    def internal_bytes(self, first: int, last: int, *, backward: bool = False) -> float:
+        """Bytes that layers ``first..last`` pass to each other (the sum over the
+        layers of what each receives from another layer of the range); with
+        ``backward``, only what later layers send to earlier ones (gradients)."""
+        return float(self.internal_bytes_table(backward=backward)[first, last])
+
+    def internal_bytes_table(self, *, backward: bool = False) -> np.ndarray:
+        """:meth:`internal_bytes` of every range at once: ``[first, last]``
+        (``0`` below the diagonal), from 2-D prefix sums of the layer-to-layer
+        bytes."""
+        edges = np.asarray(self._edges, dtype=np.float64)  # [receiver, sender]
+        if backward:
+            edges = np.triu(edges, 1)  # senders after their receivers
+        prefix = np.zeros((self.num_layers + 1, self.num_layers + 1))
+        prefix[1:, 1:] = edges.cumsum(0).cumsum(1)
+        lo = np.arange(self.num_layers)[:, None]
+        hi = np.arange(self.num_layers)[None, :] + 1
+        table = prefix[hi, hi] - prefix[lo, hi] - prefix[hi, lo] + prefix[lo, lo]
+        return np.where(lo < hi, table, 0.0)
+
+    def function(self, first: int, last: int, name: str = "main") -> LayerRangeFunction:
+        """Layers ``first..last`` (inclusive), forward and backward ops in program order."""
+        if not 0 <= first <= last < self.num_layers:
+            raise AlpaError(
+                f"layer range {first}..{last} is outside the step's layers 0..{self.num_layers - 1}"
+            )
+        a = self._assignment
+        ops = [op for op in a.ops if first <= self._layer.get(op, -1) <= last]
+        inside = set(ops)
+        inputs: list[SSAValue] = []
+        seen: set[SSAValue] = set()
+        for op in ops:
+            for operand in op.operands:
+                value = a.resolve(operand)
+                owner = value.owner
+                if isinstance(owner, Operation) and (owner in a.floating or owner in inside):
+                    continue
+                if value not in seen:
+                    seen.add(value)
+                    inputs.append(value)
+        outputs = [
+            r
+            for op in ops
+            for r in op.results
+            if any(not first <= u <= last for u in self._user_layers.get(r, ()))
+        ]
+        g = Group((0, "forward"), ops, inputs, outputs)
+        built = build_function(g, a, "", self._batch)
+        built.sym_name = StringAttr(name)
+        built.attributes.pop(MESH_ATTR, None)
+        built.attributes.pop(PER_MICRO_BATCH_ATTR, None)
+        params = tuple(k for k, v in enumerate(inputs) if v in self._params)
+        crossing = [v for v in inputs if v not in self._params and v not in self._batch]
+        cross = float(sum(self._nbytes(v.type) for v in crossing))
+        back = float(
+            sum(
+                self._nbytes(v.type)
+                for v in crossing
+                if isinstance(v.owner, Operation) and self._layer.get(v.owner, -1) > last
+            )
+        )
+        return LayerRangeFunction(built, params, cross, back)
