@@ -18,7 +18,7 @@ micro-batch shape as ``PipeshardParallel`` imports it, cut into one automatic
 layer per block and one more (the layer passes of ``AutoLayerOption``:
 ``cluster-operators`` with ``fit-delta``, since a user's ``jax.value_and_grad``
 carries no layer markers of its own), and planned with automatic stages for the
-``alpa-testbed`` cluster (8 GPUs per node) by :func:`alpa_ir.tools.alpa_bench.bench_module`:
+``alpa-testbed`` cluster (8 GPUs per node) by :func:`alpa_ir.tools.bench_suite.bench_module`:
 every layer priced on every logical mesh view (``layer-sum``), the stage DP,
 the plan simulated (the ``simulate`` backend, 1F1B) beside the baselines
 ``alpa-bench`` computes (``intra-op``: one stage on all GPUs; ``inter-op``: 1x1
@@ -85,7 +85,7 @@ if TYPE_CHECKING:  # imported where used: a bad option is rejected before jax lo
     from alpa_ir.costs.stage_table import StageCostTable
     from alpa_ir.hardware.clusters import Cluster
     from alpa_ir.pipeline.layer_ranges import LayerRanges
-    from alpa_ir.tools.alpa_bench import Outcome
+    from alpa_ir.tools.bench_outcome import Outcome
 
 PROG = "bench-real-models"
 CLUSTER = "alpa-testbed"
@@ -716,7 +716,8 @@ def sharded_data_parallel(
     from alpa_ir.costs.stage_table import ViewCost
     from alpa_ir.errors import AlpaError
     from alpa_ir.pipeline.stage_construction import StageChoice
-    from alpa_ir.tools.alpa_bench import Outcome, add_views, outcome
+    from alpa_ir.tools.bench_baselines import add_views
+    from alpa_ir.tools.bench_outcome import Outcome, outcome
 
     cluster = table.cluster
     whole = max(table.submeshes, key=lambda s: s[0] * s[1])
@@ -758,7 +759,8 @@ def whole_cluster_baselines(
     """``megatron``, ``data-parallel``, ``zero-2`` and ``zero-3`` (module docstring)."""
     from alpa_ir.ir.module_utils import main_function
     from alpa_ir.pipeline.layer_ranges import LayerRanges
-    from alpa_ir.tools.alpa_bench import Outcome, uniform_grid
+    from alpa_ir.tools.bench_baselines import uniform_grid
+    from alpa_ir.tools.bench_outcome import Outcome
 
     b = settings.num_micro_batches
     out = [uniform_grid(table, b, flops, None, options.remat)]
@@ -790,9 +792,9 @@ def plan_model(spec: ModelSpec, cluster: Cluster, settings: PlanSettings) -> dic
     """Import ``spec``'s step (abstract arguments), cut it into automatic layers,
     plan automatic stages on ``cluster`` and simulate the plan and the
     baselines (module docstring). The result is ``alpa-bench``'s
-    (:func:`~alpa_ir.tools.alpa_bench.bench_module`) with ``import_time``,
+    (:func:`~alpa_ir.tools.bench_suite.bench_module`) with ``import_time``,
     ``parameters``, ``model_flops`` and ``peak_rss_gib`` added."""
-    from alpa_ir.tools.alpa_bench import bench_module
+    from alpa_ir.tools.bench_suite import bench_module
 
     b = settings.num_micro_batches
     user = spec.build(True)
@@ -914,7 +916,7 @@ def run_task(kind: str, name: str, gpus: int, settings: PlanSettings) -> dict[st
     spec = model_specs()[name]
     if kind == "run":
         return run_model(spec)
-    from alpa_ir.tools.alpa_bench import bench_cluster
+    from alpa_ir.tools.bench_suite import bench_cluster
 
     return plan_model(spec, bench_cluster(CLUSTER, gpus), settings)
 
@@ -1136,7 +1138,7 @@ def build_parser() -> OneLineParser:
 def check_args(parser: OneLineParser, args: argparse.Namespace) -> None:
     """Every option checked before any work."""
     from alpa_ir.errors import AlpaError
-    from alpa_ir.tools.alpa_bench import bench_cluster
+    from alpa_ir.tools.bench_suite import bench_cluster
 
     if BATCH % args.micro_batches:
         parser.error(

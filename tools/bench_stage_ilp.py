@@ -55,14 +55,14 @@ def _layer_function(model: str, layers: int, first: int, last: int) -> Any:
     jax.config.update("jax_platforms", "cpu")
     from alpa_ir.ir.module_utils import main_function
     from alpa_ir.pipeline.layer_ranges import LayerRanges
-    from alpa_ir.tools.alpa_bench import trace
+    from alpa_ir.tools.bench_suite import trace
 
     module = trace(model, 16, layers)
     return LayerRanges(main_function(module)).function(first, last).function
 
 
 def _mesh(shape: tuple[int, ...]) -> Any:
-    from alpa_ir.tools.alpa_bench import bench_cluster
+    from alpa_ir.tools.bench_suite import bench_cluster
 
     size = shape[0] * shape[1]
     return bench_cluster("alpa-testbed", size).logical_mesh(shape, tuple(range(size)))

@@ -172,7 +172,7 @@ def test_a_script_without_a_main_guard_costs_in_workers(tmp_path: Path) -> None:
         "from alpa_ir.costs.analytical_stage_cost import AnalyticalStageCostModel\n"
         "from alpa_ir.ir.module_utils import main_function\n"
         "from alpa_ir.costs.stage_table import cost_table\n"
-        "from alpa_ir.pipeline.stage_outline import LayerRanges\n"
+        "from alpa_ir.pipeline.layer_ranges import LayerRanges\n"
         "ranges = LayerRanges(main_function(_deep_module()))\n"
         "table = cost_table(ranges, _small_cluster(4), AnalyticalStageCostModel(),\n"
         "                   progress=False, workers=2, workers_from_ops=0)\n"

@@ -10,14 +10,13 @@ from typing import Any
 import pytest
 
 from alpa_ir.dialects.types import shape_of
-from alpa_ir.tools.alpa_bench import (
+from alpa_ir.tools.alpa_bench import main
+from alpa_ir.tools.bench_baselines import deepspeed_specs, deepspeed_views
+from alpa_ir.tools.bench_suite import (
     batch_divisors,
     bench_cluster,
     bench_optimizer,
-    deepspeed_specs,
-    deepspeed_views,
     default_layers,
-    main,
     trace,
 )
 

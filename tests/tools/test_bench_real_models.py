@@ -29,7 +29,7 @@ def tiny_gpt2(abstract: bool) -> UserStep:
 
 @pytest.fixture(scope="module")
 def planned() -> dict[str, Any]:
-    from alpa_ir.tools.alpa_bench import bench_cluster
+    from alpa_ir.tools.bench_suite import bench_cluster
 
     spec = ModelSpec("gpt2-tiny", "GPT-2, 2 layers of 16", tiny_gpt2, layers=3)
     settings = PlanSettings(num_micro_batches=4, workers=1, time_limit=10)

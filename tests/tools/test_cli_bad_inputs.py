@@ -14,7 +14,8 @@ from collections.abc import Callable, Iterator, Sequence
 import pytest
 
 import alpa_ir.models
-from alpa_ir.tools import alpa_bench, alpa_p2, demo
+from alpa_ir.tools import alpa_bench, alpa_p2, bench_suite, demo
+from alpa_ir.tools.bench_suite import SUITES
 
 pytestmark = pytest.mark.bad_input
 
@@ -66,7 +67,8 @@ def _no_work(*args: object, **kwargs: object) -> None:
 def work_forbidden(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every tool's real work (tracing, planning, synthesis, compiling) fails the
     test: a bad command line is rejected before any of it starts."""
-    monkeypatch.setattr(alpa_bench, "trace", _no_work)
+    monkeypatch.setattr(bench_suite, "trace", _no_work)
+    monkeypatch.setattr(bench_suite, "bench_model", _no_work)
     monkeypatch.setattr(alpa_bench, "bench_model", _no_work)
     monkeypatch.setattr(alpa_p2, "explore", _no_work)
     monkeypatch.setattr(alpa_ir.models, "make_train_step", _no_work)
@@ -274,7 +276,7 @@ def test_bench_help_lists_presets_suites_models_and_defaults(
 def test_bench_checks_accept_good_runs() -> None:
     parser = alpa_bench.build_parser()
     runs = alpa_bench.check_args(parser, parser.parse_args([]))
-    assert [r.name for r in runs] == list(alpa_bench.SUITES["gpt3"])
+    assert [r.name for r in runs] == list(SUITES["gpt3"])
     assert [r.cluster.num_devices for r in runs] == [1, 4, 8, 16, 32, 64]
     args = parser.parse_args(["--suite", "moe", "--models", "moe-1.3b,moe-380m"])
     assert [r.name for r in alpa_bench.check_args(parser, args)] == ["moe-1.3b", "moe-380m"]
