@@ -167,7 +167,7 @@ def plan_function(
     planner is :class:`~alpa_ir.autosharding.planner.ShardingPlanner` (the
     library of ``auto-sharding``) with ``registry``'s rules, cost models and
     solvers (default: the default registry)."""
-    from alpa_ir.autosharding.planner import ShardingOptions, ShardingPlanner
+    from alpa_ir.autosharding.planner import ShardingPlanner
     from alpa_ir.ir.context import make_context
     from alpa_ir.plugins.registry import default_registry
 
@@ -201,18 +201,7 @@ def plan_function(
     mesh_op = ilp_mesh.to_op("mesh")
     clone.attributes[MESH_ATTR] = FlatSymbolRefAttr("mesh")
     module = ModuleOp([*([cluster.to_op()] if cluster is not None else []), mesh_op, clone])
-    planner = ShardingPlanner(
-        ShardingOptions(
-            cost_model=options.cost_model,
-            solver=options.solver,
-            time_limit=options.time_limit,
-            memory_budget=options.memory_budget,
-            allow_all_gather=options.allow_all_gather,
-            allow_replicated_parameters=options.allow_replicated_parameters,
-            mip_gap=options.mip_gap,
-            repeated_layers=options.repeated_layers,
-        )
-    )
+    planner = ShardingPlanner(options.sharding_options())
     ctx = make_context(registry)
     ctx.statistics = statistics
     cache = None

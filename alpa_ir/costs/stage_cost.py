@@ -7,13 +7,14 @@ cache keys."""
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Literal, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
 from xdsl.dialects import func
 
+from alpa_ir.autosharding.planner import ShardingOptions
 from alpa_ir.errors import AlpaError
 from alpa_ir.hardware.clusters import Cluster
 from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
@@ -96,6 +97,18 @@ class StageCostOptions:
                 raise AlpaError(f"stage cost: {name} must be >= 0, got {getattr(self, name)}")
         if not 0 <= self.mip_gap < 1:
             raise AlpaError(f"stage cost: mip_gap must be in [0, 1), got {self.mip_gap}")
+
+    def sharding_options(self) -> ShardingOptions:
+        """The options of the planner each stage function is auto-sharded with:
+        the fields these options share with it, by name (:data:`SHARED_WITH_PLANNER`)."""
+        return ShardingOptions(**{name: getattr(self, name) for name in SHARED_WITH_PLANNER})
+
+
+SHARED_WITH_PLANNER = tuple(
+    f.name for f in fields(StageCostOptions) if f.name in {g.name for g in fields(ShardingOptions)}
+)
+"""The stage cost options that are the planner's own (solver, time limit, MIP
+gap, memory budget, cost model, ...), passed to it as they are."""
 
 
 @dataclass(frozen=True)

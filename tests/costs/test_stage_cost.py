@@ -280,3 +280,22 @@ def test_an_axis_that_splits_no_dimension_is_planned_as_absent() -> None:
             assert cost.memory.optimizer_state == pytest.approx(node.memory.optimizer_state / 3)
         else:
             assert cost.memory == node.memory
+
+
+def test_the_options_the_planner_takes_pass_through_by_name() -> None:
+    """The stage cost options that are the planner's own reach it unchanged,
+    and only those (a new option named like a planner's is a choice, seen here)."""
+    from alpa_ir.costs.stage_cost import SHARED_WITH_PLANNER
+
+    assert set(SHARED_WITH_PLANNER) == {
+        "solver", "time_limit", "mip_gap", "memory_budget", "allow_all_gather",
+        "allow_replicated_parameters", "cost_model", "repeated_layers",
+    }  # fmt: skip
+    options = StageCostOptions(
+        solver="highs", time_limit=7.0, mip_gap=0.05, memory_budget=1e9, allow_all_gather=False,
+        allow_replicated_parameters=False, cost_model="alpha-beta", repeated_layers="share",
+    )  # fmt: skip
+    planner = options.sharding_options()
+    assert {name: getattr(planner, name) for name in SHARED_WITH_PLANNER} == {
+        name: getattr(options, name) for name in SHARED_WITH_PLANNER
+    }
