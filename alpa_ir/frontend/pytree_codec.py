@@ -240,11 +240,12 @@ def _from_literal(node: Any, resolver: _Resolver) -> Any:
         aux = resolver.opaque_aux(name, node[3])
     elif isinstance(aux, list):
         aux = list(aux)
+    built = [_from_literal(c, resolver) for c in children]
     try:
         return tree_util.PyTreeDef.from_node_data_and_children(
-            tree_util.default_registry, (cls, aux), [_from_literal(c, resolver) for c in children]
+            tree_util.default_registry, (cls, aux), built
         )
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RuntimeError) as exc:  # RuntimeError: not a pytree node type
         raise AlpaError(f"cannot rebuild pytree node '{name}': {exc}") from None
 
 
