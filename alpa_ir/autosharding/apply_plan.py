@@ -18,7 +18,7 @@ from xdsl.rewriter import Rewriter
 from alpa_ir.autosharding.graph import StrategyGraph
 from alpa_ir.autosharding.resharding import ReshardStep, reshard_steps
 from alpa_ir.dialects.lax import ConstantOp, LaxOp
-from alpa_ir.dialects.lax_params import ints_attr
+from alpa_ir.dialects.lax_attrs import ints_attr
 from alpa_ir.dialects.sharding import (
     SPEC_ATTR,
     STRATEGY_ATTR,

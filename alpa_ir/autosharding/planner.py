@@ -55,7 +55,7 @@ from alpa_ir.autosharding.hints import HINT_COST_ATTR, hint_specs
 from alpa_ir.autosharding.problem import Aliasing, build_problem
 from alpa_ir.autosharding.resharding import INF, ReshardCoster, ReshardOptions
 from alpa_ir.dialects.attrs import BATCH_ATTR, GROUP_ATTR
-from alpa_ir.dialects.lax_params import ints_of
+from alpa_ir.dialects.lax_attrs import ints_of
 from alpa_ir.dialects.mesh import MESH_ATTR, LogicalMeshOp
 from alpa_ir.dialects.sharding import SPEC_ATTR, ShardingSpec, spec_of_value
 from alpa_ir.errors import AlpaError

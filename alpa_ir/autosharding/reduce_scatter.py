@@ -32,7 +32,7 @@ from xdsl.rewriter import InsertPoint, Rewriter
 
 from alpa_ir.autosharding.apply_plan import insert_reshard
 from alpa_ir.dialects.lax import LaxOp
-from alpa_ir.dialects.lax_params import ints_of
+from alpa_ir.dialects.lax_attrs import ints_of
 from alpa_ir.dialects.lax_primitives import OpKind
 from alpa_ir.dialects.sharding import (
     SPEC_ATTR,

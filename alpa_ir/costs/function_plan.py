@@ -24,7 +24,7 @@ from alpa_ir.autosharding.graph import StrategyCache
 from alpa_ir.autosharding.plan_bytes import op_collectives
 from alpa_ir.costs.stage_cost import ILP_TIME_UNIT, StageCostOptions
 from alpa_ir.dialects.attrs import BATCH_ATTR
-from alpa_ir.dialects.lax_params import ints_of
+from alpa_ir.dialects.lax_attrs import ints_of
 from alpa_ir.dialects.mesh import MESH_ATTR
 from alpa_ir.dialects.sharding import (
     SPEC_ATTR,

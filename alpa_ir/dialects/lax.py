@@ -20,22 +20,17 @@ only the replicated sharding strategy).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
 from xdsl.dialects.builtin import (
     ArrayAttr,
     BytesAttr,
-    DenseArrayBase,
     DictionaryAttr,
-    FloatAttr,
-    IntegerAttr,
     StringAttr,
     TensorType,
-    f64,
     i1,
-    i64,
 )
 from xdsl.ir import Attribute, Dialect, Operation, Region, SSAValue
 from xdsl.irdl import (
@@ -55,68 +50,16 @@ from xdsl.traits import IsTerminator, Pure
 from xdsl.utils.exceptions import VerifyException
 
 from alpa_ir.dialects import fast_types
-from alpa_ir.dialects.lax_params import (
-    LAX_ATTRIBUTES,
-    Codec,
-    DroppedC,
-    NoneOnlyC,
-    is_bool_attr,
-)
+from alpa_ir.dialects.lax_attrs import LAX_ATTRIBUTES
+from alpa_ir.dialects.lax_params import Codec, DroppedC, NoneOnlyC
 from alpa_ir.dialects.lax_primitives import PRIMITIVES, OpKind, PrimitiveSpec
 from alpa_ir.dialects.lax_verifiers import VERIFIERS
+from alpa_ir.dialects.syntax import print_attr_dict
 from alpa_ir.dialects.types import dtype_of, shape_of
 
 # --------------------------------------------------------------------------
 # Shared syntax helpers
 # --------------------------------------------------------------------------
-
-
-def format_float(value: float) -> str:
-    """A float literal that parses back to the same double (MLIR needs a '.')."""
-    text = repr(float(value))
-    if text in ("inf", "-inf", "nan"):
-        return text
-    mantissa, _, exponent = text.partition("e")
-    if "." not in mantissa:
-        mantissa += ".0"
-    return mantissa + ("e" + exponent if exponent else "")
-
-
-def print_attr_value(printer: Printer, attr: Attribute) -> None:
-    """Print an attribute, with bare ints, floats and booleans for the common
-    ``i64``/``f64``/``i1`` cases (they parse back to the same types)."""
-    if isinstance(attr, IntegerAttr) and attr.type == i64:
-        printer.print_string(str(attr.value.data))
-    elif is_bool_attr(attr):
-        printer.print_string("true" if attr.value.data else "false")  # type: ignore[attr-defined]
-    elif isinstance(attr, FloatAttr) and attr.type == f64 and np.isfinite(attr.value.data):
-        printer.print_string(format_float(attr.value.data))
-    elif isinstance(attr, DenseArrayBase) and attr.elt_type == f64:
-        values = [format_float(v) for v in attr.get_values()]
-        printer.print_string("array<f64" + (": " + ", ".join(values) if values else "") + ">")
-    elif isinstance(attr, ArrayAttr):
-        printer.print_string("[")
-        for k, item in enumerate(attr.data):
-            if k:
-                printer.print_string(", ")
-            print_attr_value(printer, item)
-        printer.print_string("]")
-    else:
-        printer.print_attribute(attr)
-
-
-def print_attr_dict(printer: Printer, entries: Iterable[tuple[str, Attribute]]) -> None:
-    items = list(entries)
-    if not items:
-        return
-    printer.print_string(" {")
-    for k, (name, value) in enumerate(items):
-        if k:
-            printer.print_string(", ")
-        printer.print_identifier_or_string_literal(name)
-        printer.print_string(" = ")
-        print_attr_value(printer, value)
-    printer.print_string("}")
 
 
 def print_signature(printer: Printer, op: Operation) -> None:
@@ -466,7 +409,6 @@ __all__ = [
     "LaxOp",
     "PrimitiveOp",
     "ReturnOp",
-    "format_float",
     "is_lax_primitive",
 ]
 

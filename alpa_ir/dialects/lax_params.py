@@ -1,12 +1,12 @@
-"""Parameter attributes of the ``lax`` dialect and the codecs between JAX
-primitive parameters and xDSL attributes.
+"""The codecs between JAX primitive parameters and the ``lax`` dialect's
+attributes.
 
 Each parameter of a JAX primitive has a :class:`Codec`: it names the xDSL
 attribute type of the op property, encodes the Python value JAX uses
 (``encode``; ``None`` means the property is omitted) and decodes it back
 (``decode``; an absent property decodes to the parameter's default, usually
-``None``). Structured parameters (dimension numbers) get attributes with a
-readable syntax, e.g. ``#lax.dot<contract [1] x [0], batch [] x []>``.
+``None``). Structured parameters (dimension numbers) are the attributes of
+:mod:`alpa_ir.dialects.lax_attrs`.
 """
 
 from __future__ import annotations
@@ -26,133 +26,26 @@ from xdsl.dialects.builtin import (
     DenseIntOrFPElementsAttr,
     FloatAttr,
     IntegerAttr,
-    IntegerType,
     StringAttr,
     TensorType,
     f64,
     i1,
     i64,
 )
-from xdsl.ir import Attribute, ParametrizedAttribute, TypeAttribute
-from xdsl.irdl import irdl_attr_definition
-from xdsl.parser import AttrParser
-from xdsl.printer import Printer
+from xdsl.ir import Attribute, TypeAttribute
 
-from alpa_ir.dialects.key_type import KEY_SHAPES, KeyType
+from alpa_ir.dialects.key_type import KEY_SHAPES
+from alpa_ir.dialects.lax_attrs import (
+    ConvDimsAttr,
+    DotDimsAttr,
+    GatherDimsAttr,
+    IntTuplesAttr,
+    ScatterDimsAttr,
+    ints_attr,
+    ints_of,
+)
 from alpa_ir.dialects.types import element_type, numpy_dtype
 from alpa_ir.errors import AlpaError
-
-# --------------------------------------------------------------------------
-# Attributes for structured parameters
-# --------------------------------------------------------------------------
-
-
-def ints_attr(values: Sequence[int]) -> DenseArrayBase:
-    return DenseArrayBase.from_list(i64, [int(v) for v in values])
-
-
-def ints_of(attr: DenseArrayBase) -> tuple[int, ...]:
-    return tuple(int(v) for v in attr.get_values())
-
-
-def _parse_int_list(parser: AttrParser) -> DenseArrayBase:
-    values = parser.parse_comma_separated_list(parser.Delimiter.SQUARE, parser.parse_integer)
-    return ints_attr(values)
-
-
-def _print_int_list(printer: Printer, attr: DenseArrayBase) -> None:
-    printer.print_string("[" + ", ".join(str(v) for v in ints_of(attr)) + "]")
-
-
-class IntTuplesAttr(ParametrizedAttribute):
-    """Base of attributes that are a record of int tuples, printed as
-    ``#lax.name<field = [..], field = [..]>``."""
-
-    @classmethod
-    def field_names(cls) -> tuple[str, ...]:
-        return tuple(name for name, _ in cls.get_irdl_definition().parameters)
-
-    @classmethod
-    def parse_parameters(cls, parser: AttrParser) -> Sequence[Attribute]:
-        values: dict[str, DenseArrayBase] = {}
-
-        def parse_field() -> None:
-            name = parser.parse_identifier()
-            parser.parse_punctuation("=")
-            values[name] = _parse_int_list(parser)
-
-        parser.parse_comma_separated_list(parser.Delimiter.ANGLE, parse_field)
-        names = cls.field_names()
-        unknown = set(values) - set(names)
-        if unknown:
-            parser.raise_error(f"unknown field(s) {sorted(unknown)} in #{cls.name}")
-        return [values.get(n, ints_attr(())) for n in names]
-
-    def print_parameters(self, printer: Printer) -> None:
-        printer.print_string("<")
-        for k, (name, value) in enumerate(zip(self.field_names(), self.parameters, strict=True)):
-            if k:
-                printer.print_string(", ")
-            printer.print_string(f"{name} = ")
-            _print_int_list(printer, value)  # type: ignore[arg-type]
-        printer.print_string(">")
-
-    def as_tuples(self) -> tuple[tuple[int, ...], ...]:
-        return tuple(ints_of(p) for p in self.parameters)  # type: ignore[arg-type]
-
-
-@irdl_attr_definition
-class DotDimsAttr(IntTuplesAttr):
-    """``dot_general`` dimension numbers."""
-
-    name = "lax.dot"
-    lhs_contracting: DenseArrayBase
-    rhs_contracting: DenseArrayBase
-    lhs_batch: DenseArrayBase
-    rhs_batch: DenseArrayBase
-
-
-@irdl_attr_definition
-class ConvDimsAttr(IntTuplesAttr):
-    """``conv_general_dilated`` dimension numbers (``lax.ConvDimensionNumbers``)."""
-
-    name = "lax.conv"
-    lhs_spec: DenseArrayBase
-    rhs_spec: DenseArrayBase
-    out_spec: DenseArrayBase
-
-
-@irdl_attr_definition
-class GatherDimsAttr(IntTuplesAttr):
-    """``gather`` dimension numbers (``lax.GatherDimensionNumbers``)."""
-
-    name = "lax.gather"
-    offset_dims: DenseArrayBase
-    collapsed_slice_dims: DenseArrayBase
-    start_index_map: DenseArrayBase
-    operand_batching_dims: DenseArrayBase
-    start_indices_batching_dims: DenseArrayBase
-
-
-@irdl_attr_definition
-class ScatterDimsAttr(IntTuplesAttr):
-    """``scatter*`` dimension numbers (``lax.ScatterDimensionNumbers``)."""
-
-    name = "lax.scatter"
-    update_window_dims: DenseArrayBase
-    inserted_window_dims: DenseArrayBase
-    scatter_dims_to_operand_dims: DenseArrayBase
-    operand_batching_dims: DenseArrayBase
-    scatter_indices_batching_dims: DenseArrayBase
-
-
-LAX_ATTRIBUTES: tuple[type[Attribute], ...] = (
-    KeyType,
-    DotDimsAttr,
-    ConvDimsAttr,
-    GatherDimsAttr,
-    ScatterDimsAttr,
-)
 
 # --------------------------------------------------------------------------
 # Codecs
@@ -550,7 +443,3 @@ GATHER_MODE = EnumC(lax.GatherScatterMode)
 ROUNDING = EnumC(lax.RoundingMethod)
 PRNG_IMPL = PrngImplC()
 MEMORY_SPACE = MemorySpaceC()
-
-
-def is_bool_attr(attr: Attribute) -> bool:
-    return isinstance(attr, IntegerAttr) and isinstance(attr.type, IntegerType) and attr.type == i1

@@ -44,9 +44,8 @@ from xdsl.printer import Printer
 from xdsl.traits import SymbolOpInterface
 from xdsl.utils.exceptions import VerifyException
 
-from alpa_ir.dialects.lax import format_float
-from alpa_ir.dialects.lax_params import ints_of
-from alpa_ir.dialects.syntax import PropertiesSymbolOp
+from alpa_ir.dialects.lax_attrs import ints_of
+from alpa_ir.dialects.syntax import PropertiesSymbolOp, format_float
 
 MESH_ATTR = "mesh.mesh"
 """Function attribute: the symbol of the logical mesh the function runs on."""

@@ -35,7 +35,7 @@ from xdsl.irdl import irdl_op_definition, opt_prop_def, prop_def, region_def, tr
 from xdsl.traits import NoTerminator, SymbolOpInterface
 from xdsl.utils.exceptions import VerifyException
 
-from alpa_ir.dialects.lax_params import ints_of
+from alpa_ir.dialects.lax_attrs import ints_of
 from alpa_ir.dialects.sharding import ShardingSpecAttr
 from alpa_ir.dialects.syntax import PropertiesOp, PropertiesSymbolOp
 from alpa_ir.errors import AlpaError

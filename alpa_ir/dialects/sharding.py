@@ -47,7 +47,7 @@ from xdsl.traits import Pure
 from xdsl.utils.exceptions import VerifyException
 
 from alpa_ir.dialects import fast_types
-from alpa_ir.dialects.lax_params import ints_attr, ints_of
+from alpa_ir.dialects.lax_attrs import ints_attr, ints_of
 
 SPECS_ATTR = "sharding.specs"
 """Op attribute: an ``ArrayAttr`` of one spec per result."""
@@ -294,7 +294,7 @@ class CollectiveOp(IRDLOperation):
         return int(attr.value.data)
 
     def print(self, printer: Printer) -> None:
-        from alpa_ir.dialects.lax import print_attr_dict
+        from alpa_ir.dialects.syntax import print_attr_dict
 
         printer.print_string(" ")
         printer.print_operand(self.input)

@@ -21,7 +21,8 @@ from typing import Any
 from xdsl.dialects.builtin import ArrayAttr, StringAttr
 from xdsl.ir import Attribute
 
-from alpa_ir.dialects.lax_params import Codec, ints_attr, ints_of
+from alpa_ir.dialects.lax_attrs import ints_attr, ints_of
+from alpa_ir.dialects.lax_params import Codec
 from alpa_ir.errors import AlpaError
 
 FREE = "*"

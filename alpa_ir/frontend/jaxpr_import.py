@@ -34,8 +34,9 @@ from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 
 from alpa_ir.dialects.attrs import BATCH_ATTR
 from alpa_ir.dialects.lax import PRIMITIVE_OPS, ConstantOp, PrimitiveOp, ReturnOp
+from alpa_ir.dialects.lax_attrs import ints_attr
 from alpa_ir.dialects.lax_generic_params import encode_generic
-from alpa_ir.dialects.lax_params import DroppedC, NoneOnlyC, ints_attr
+from alpa_ir.dialects.lax_params import DroppedC, NoneOnlyC
 from alpa_ir.dialects.lax_primitives import INLINED_PRIMITIVES, PRIMITIVES, PrimitiveSpec
 from alpa_ir.dialects.types import dtype_of, shape_of, tensor_type
 from alpa_ir.errors import AlpaError, UnsupportedPrimitiveError

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 from xdsl.dialects.builtin import ArrayAttr, DenseArrayBase, StringAttr, f64
 
-from alpa_ir.dialects.lax_params import ints_attr, ints_of
+from alpa_ir.dialects.lax_attrs import ints_attr, ints_of
 from alpa_ir.dialects.mesh import LogicalMeshOp
 from alpa_ir.errors import AlpaError
 

@@ -19,7 +19,7 @@ import numpy as np
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ArrayAttr, ModuleOp, StringAttr, SymbolRefAttr
 
-from alpa_ir.dialects.lax_params import ints_attr, ints_of
+from alpa_ir.dialects.lax_attrs import ints_attr, ints_of
 from alpa_ir.dialects.mesh import MESH_ATTR, ClusterOp, LogicalMeshOp
 from alpa_ir.errors import AlpaError
 from alpa_ir.ir.module_utils import symbol_op

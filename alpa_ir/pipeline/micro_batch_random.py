@@ -30,7 +30,7 @@ from xdsl.ir import Operation, SSAValue
 from alpa_ir.dialects.attrs import BATCH_ATTR
 from alpa_ir.dialects.key_type import KeyType
 from alpa_ir.dialects.lax import PRIMITIVE_OPS, LaxOp
-from alpa_ir.dialects.lax_params import ints_attr
+from alpa_ir.dialects.lax_attrs import ints_attr
 from alpa_ir.dialects.types import shape_of
 
 ROWS_NAME = "micro_batch_rows"

@@ -44,7 +44,7 @@ from xdsl.ir import BlockArgument, SSAValue
 
 from alpa_ir.costs.live_memory import peak_live_bytes
 from alpa_ir.dialects.attrs import BATCH_ATTR
-from alpa_ir.dialects.lax_params import ints_of
+from alpa_ir.dialects.lax_attrs import ints_of
 from alpa_ir.dialects.mesh import LogicalMeshOp
 from alpa_ir.dialects.pipeline import PlanOp, StageOp, plan_stages
 from alpa_ir.dialects.sharding import SPEC_ATTR, ShardingSpec, ShardingSpecAttr, spec_of_value

@@ -16,7 +16,7 @@ from xdsl.dialects.builtin import (
 )
 from xdsl.ir import Attribute
 
-from alpa_ir.dialects.lax_params import ints_attr, ints_of
+from alpa_ir.dialects.lax_attrs import ints_attr, ints_of
 from alpa_ir.dialects.mesh import LogicalMeshOp
 from alpa_ir.dialects.pipeline import TransferOp
 from alpa_ir.dialects.sharding import ShardingSpec, ShardingSpecAttr

@@ -12,7 +12,7 @@ from xdsl.dialects import func
 import alpa_ir
 from alpa_ir.api.pipeshard import AutoLayerOption, ManualStageOption, PipeshardParallel
 from alpa_ir.api.shard_parallel import ShardParallel
-from alpa_ir.dialects.lax_params import ints_of
+from alpa_ir.dialects.lax_attrs import ints_of
 from alpa_ir.dialects.sharding import spec_of_value
 from alpa_ir.errors import AlpaError
 from alpa_ir.hardware.device_mesh import LogicalDeviceMesh

@@ -13,7 +13,7 @@ from alpa_ir.autosharding.cost_model import AlphaBetaCostModel
 from alpa_ir.autosharding.planner import OBJECTIVE_ATTR
 from alpa_ir.backends.spmd import compile_spmd
 from alpa_ir.dialects.attrs import TIME_ATTR
-from alpa_ir.dialects.lax_params import ints_of
+from alpa_ir.dialects.lax_attrs import ints_of
 from alpa_ir.dialects.mesh import MESH_ATTR, LogicalMeshOp
 from alpa_ir.errors import AlpaError
 from alpa_ir.hardware.device_mesh import LogicalDeviceMesh, function_mesh

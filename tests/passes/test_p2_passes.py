@@ -19,7 +19,7 @@ from alpa_ir.autosharding.plan_bytes import predicted_collectives
 from alpa_ir.backends.program_collectives import full_size_masks
 from alpa_ir.backends.spmd import compile_spmd
 from alpa_ir.costs.collective_accounting import hlo_collectives, total_wire_bytes
-from alpa_ir.dialects.lax_params import ints_of
+from alpa_ir.dialects.lax_attrs import ints_of
 from alpa_ir.dialects.mesh import LogicalMeshOp
 from alpa_ir.dialects.sharding import AllReduceProgramOp
 from alpa_ir.errors import AlpaError
