@@ -14,7 +14,7 @@ with ``schedule=auto``, every candidate schedule's simulated time
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Literal
 
 from xdsl.context import Context
@@ -92,18 +92,10 @@ class ConstructStages(ModulePass):
     meshes take these); empty: ``0..n-1``."""
 
     def cost_options(self) -> StageCostOptions:
-        """The stage cost model's options these fields stand for."""
-        return StageCostOptions(
-            optimizer_state_factor=self.optimizer_state_factor,
-            solver=self.solver,
-            time_limit=self.time_limit,
-            remat=self.remat,
-            zero=self.zero,
-            fusion=self.fusion,
-            memory_fallback=self.memory_fallback,
-            repeated_layers=self.repeated_layers,
-            cost_model=self.cost_model,
-        )
+        """The stage cost model's options: the pass's fields of the same names
+        (solver, time limit, remat, ZeRO, fusion, ...), the model's defaults for the rest."""
+        shared = {f.name for f in fields(self)} & {f.name for f in fields(StageCostOptions)}
+        return StageCostOptions(**{name: getattr(self, name) for name in shared})
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         from alpa_ir.plugins.registry import registry_of

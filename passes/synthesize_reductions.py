@@ -24,7 +24,7 @@ from xdsl.passes import ModulePass
 from xdsl.rewriter import Rewriter
 
 from alpa_ir.dialects.attrs import TIME_ATTR
-from alpa_ir.dialects.lax_params import ints_attr
+from alpa_ir.dialects.lax_attrs import ints_attr
 from alpa_ir.dialects.sharding import AllReduceOp, AllReduceProgramOp, StepAttr
 from alpa_ir.ir.module_utils import main_function
 from alpa_ir.p2.choice import ChoiceOptions, ReductionPricer

@@ -256,3 +256,24 @@ def test_workers_must_be_positive() -> None:
     ranges = LayerRanges(main_function(_deep_module()))
     with pytest.raises(AlpaError, match="workers must be >= 1, got 0"):
         cost_table(ranges, _cluster(), AnalyticalStageCostModel(), progress=False, workers=0)
+
+
+def test_the_pass_gives_the_cost_model_its_options_of_the_same_names() -> None:
+    """Every stage cost option the pass has a field for reaches the model as set
+    (a new field named like a cost option is a choice, seen here)."""
+    from dataclasses import fields
+
+    from alpa_ir.costs.stage_cost import StageCostOptions
+    from alpa_ir.passes.construct_stages import ConstructStages
+
+    shared = {f.name for f in fields(ConstructStages)} & {f.name for f in fields(StageCostOptions)}
+    assert shared == {
+        "cost_model", "fusion", "memory_fallback", "optimizer_state_factor", "remat",
+        "repeated_layers", "solver", "time_limit", "zero",
+    }  # fmt: skip
+    stage_pass = ConstructStages(
+        optimizer_state_factor=3.0, solver="highs", time_limit=5.0, remat=True, zero=True,
+        fusion=True, memory_fallback=True, repeated_layers="share", cost_model="alpha-beta",
+    )  # fmt: skip
+    options = stage_pass.cost_options()
+    assert {n: getattr(options, n) for n in shared} == {n: getattr(stage_pass, n) for n in shared}
