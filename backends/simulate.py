@@ -17,7 +17,7 @@ from xdsl.dialects.builtin import DenseArrayBase, IntegerAttr, ModuleOp
 
 from alpa_ir.costs.stage_cost import StageCost, StageCostModel
 from alpa_ir.dialects.attrs import BATCH_ATTR, CROSS_BYTES_ATTR
-from alpa_ir.dialects.lax_params import ints_of
+from alpa_ir.dialects.lax_attrs import ints_of
 from alpa_ir.dialects.mesh import LogicalMeshOp
 from alpa_ir.dialects.pipeline import TransferOp, plan_stages
 from alpa_ir.dialects.types import dtype_of, shape_of

@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 
 from xdsl.dialects.builtin import FlatSymbolRefAttr, ModuleOp
 
-from alpa_ir.dialects.lax_params import ints_of
+from alpa_ir.dialects.lax_attrs import ints_of
 from alpa_ir.dialects.mesh import MESH_ATTR, LogicalMeshOp
 from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
 from alpa_ir.ir.module_utils import main_function

@@ -53,12 +53,12 @@ def price_compiled_collectives(
     formula for (a collective-permute) is an error naming it."""
     out = []
     for record in records:
-        method = CollectiveKind.from_hlo(record.kind)
-        if method is None:
+        kind = CollectiveKind.from_hlo(record.kind)
+        if kind is None:
             raise AlpaError(
                 f"HLO collective '{record.name}': the cost model has no price for {record.kind}"
             )
         axes = group_axes(record.replica_groups, mesh.shape)
-        price = getattr(model, method.value)(mesh, float(record.bytes), axes) if axes else 0.0
+        price = getattr(model, kind.value)(mesh, float(record.bytes), axes) if axes else 0.0
         out.append(PricedCollective(record, axes, price))
     return out
