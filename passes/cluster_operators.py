@@ -126,13 +126,20 @@ class ClusterOperators(ModulePass):
 
 FIT_DELTA_MAX = 8.0
 """The largest δ ``fit-delta`` tries (a layer of up to 9 average layers' FLOPs)."""
+FIT_DELTA_TOLERANCE = 0.01
+"""``fit-delta`` takes the least δ whose largest received bytes are within this
+share of those at FIT_DELTA_MAX. Exact equality asks too much: on Hugging Face
+GPT-2 small in 13 layers, δ = 5.9 cuts twelve equal blocks whose largest layer
+input is 787,464 bytes, δ = 8 folds all twelve blocks into one layer for
+786,440 (1 KiB, 0.13 %, less)."""
 
 
 def _fitted(
     result: ClusteringResult, flops: list[float], edges: list[Edge], layers: int
 ) -> ClusteringResult:
     """``fit-delta``: the clustering at the least δ (doubling from the one
-    used) whose largest received bytes are those at FIT_DELTA_MAX."""
+    used) whose largest received bytes are those at FIT_DELTA_MAX (within
+    FIT_DELTA_TOLERANCE)."""
     deltas = []
     delta = result.delta
     while delta < FIT_DELTA_MAX:
@@ -143,11 +150,12 @@ def _fitted(
     widest = cluster_operators(flops, edges, layers, deltas[-1], relax_delta=True)
     # the least δ that reaches the widest one's bytes, trying the least first:
     # each clustering solved costs a DP over the whole step
-    if result.objective <= widest.objective:
+    enough = widest.objective * (1 + FIT_DELTA_TOLERANCE)
+    if result.objective <= enough:
         return result
     for delta in deltas[:-1]:
         tried = cluster_operators(flops, edges, layers, delta, relax_delta=True)
-        if tried.objective <= widest.objective:
+        if tried.objective <= enough:
             return tried
     return widest
 

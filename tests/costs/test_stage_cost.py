@@ -299,3 +299,25 @@ def test_the_options_the_planner_takes_pass_through_by_name() -> None:
     assert {name: getattr(planner, name) for name in SHARED_WITH_PLANNER} == {
         name: getattr(options, name) for name in SHARED_WITH_PLANNER
     }
+
+
+def test_layers_that_differ_only_in_constant_values_share_a_fingerprint() -> None:
+    """Blocks that draw dropout from seeds of their own (Hugging Face GPT-2's)
+    cost the same; another constant shape is another structure."""
+    from alpa_ir.ir.module_utils import main_function
+    from alpa_ir.ir.text import parse_module
+
+    def block(seed: int, shape: str = "tensor<ui32>") -> func.FuncOp:
+        text = (
+            "builtin.module {\n"
+            f"  func.func @main(%x: tensor<4xf32>) -> ({shape}, tensor<4xf32>) {{\n"
+            f"    %s = lax.constant {seed} : {shape}\n"
+            "    %y = lax.tanh %x : (tensor<4xf32>) -> tensor<4xf32>\n"
+            f"    func.return %s, %y : {shape}, tensor<4xf32>\n"
+            "  }\n"
+            "}"
+        )
+        return main_function(parse_module(text))
+
+    assert function_fingerprint(block(572844704)) == function_fingerprint(block(2099313785))
+    assert function_fingerprint(block(1)) != function_fingerprint(block(1, "tensor<f32>"))

@@ -278,3 +278,25 @@ def test_fit_delta_keeps_a_heavy_head_in_one_layer() -> None:
 
     assert received(False) >= 8 * 1024 * 4  # a cut through the head
     assert received(True) <= 8 * 16 * 4 * 2  # only the chain (and the input) crosses
+
+
+def test_fit_delta_takes_the_least_delta_within_a_tolerance_of_the_widest(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A clustering whose largest layer input is 0.5 % above the widest δ's is
+    as good as it (GPT-2's twelve blocks against one layer holding them all)."""
+    import alpa_ir.passes.cluster_operators as pass_module
+    from alpa_ir.algorithms.operator_clustering import ClusteringResult
+
+    received = {0.5: 100.0, 1.0: 1005.0 / 100, 2.0: 10.0, 4.0: 10.0, 8.0: 10.0}
+
+    def clustering(delta: float) -> ClusteringResult:
+        return ClusteringResult(((0, 0),), received[delta], (1.0,), (0.0,), delta, False, 1.0)
+
+    def fake(flops: object, edges: object, layers: int, delta: float, **_: object) -> object:
+        return clustering(delta)
+
+    monkeypatch.setattr(pass_module, "cluster_operators", fake)
+    assert pass_module._fitted(clustering(0.5), [1.0], [], 1).delta == 1.0
+    monkeypatch.setattr(pass_module, "FIT_DELTA_TOLERANCE", 0.0)
+    assert pass_module._fitted(clustering(0.5), [1.0], [], 1).delta == 2.0  # exact equality
