@@ -48,8 +48,9 @@ class ConstructStages(ModulePass):
     cost_mode: Literal["range", "layer-sum"] = "range"
     """Cost a stage as its whole layer range planned at once, or as the sum of its
     layers' costs (faster, less exact)."""
-    cross_stage_comm: bool = False
-    """Add the transfers between consecutive stages to the DP's objective."""
+    cross_stage_comm: bool | Literal["auto"] = False
+    """Add the transfers between consecutive stages to the DP's objective; ``auto``:
+    plan without and with them and keep the plan the simulator times faster."""
     progress: bool = True
     """Report the costing of stage-mesh pairs on stderr."""
     stage_cost_model: str = "analytical"

@@ -196,6 +196,11 @@ API_CASES: list[tuple[str, Callable[[Path], Any], str]] = [
         "AutoStageOption: repeated_layers must be 'auto', 'share' or 'separate', got 'tied'",
     ),
     (
+        "auto-stage-cross-stage-comm",
+        lambda t: AutoStageOption(cross_stage_comm="sometimes"),  # type: ignore[arg-type]
+        "AutoStageOption: cross_stage_comm must be True, False or 'auto', got 'sometimes'",
+    ),
+    (
         "auto-stage-workers",
         lambda t: AutoStageOption(workers=0),
         "AutoStageOption: workers must be a positive integer, got 0",

@@ -104,6 +104,11 @@ class AutoStageOption:
     """How the costing plans a layer's repeated blocks (``construct-stages``
     ``repeated-layers``): ``share`` (alike: faster, the chosen stages are then
     planned exactly), ``separate`` or ``auto``."""
+    cross_stage_comm: bool | Literal["auto"] = "auto"
+    """Whether the stage DP counts the transfers between stages
+    (``construct-stages`` ``cross-stage-comm``): False is Alpa's DP, True adds
+    them to its objective, ``auto`` plans both ways and keeps the plan the
+    simulator times faster (Alpa's on a tie)."""
 
     def __post_init__(self) -> None:
         if self.cost_mode not in ("layer-sum", "range"):
@@ -114,6 +119,11 @@ class AutoStageOption:
             raise AlpaError(
                 "AutoStageOption: repeated_layers must be 'auto', 'share' or 'separate', "
                 f"got {self.repeated_layers!r}"
+            )
+        if self.cross_stage_comm not in (True, False, "auto"):
+            raise AlpaError(
+                "AutoStageOption: cross_stage_comm must be True, False or 'auto', "
+                f"got {self.cross_stage_comm!r}"
             )
         if self.workers is not None and (
             isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1

@@ -325,11 +325,14 @@ def _stage_pass(
     ids = ",".join(str(d) for d in devices)
     if isinstance(option, AutoStageOption):
         space = option.submesh_logical_shape_space.replace("_", "-")
+        comm = option.cross_stage_comm
+        comm_text = comm if isinstance(comm, str) else str(comm).lower()
         return (
             f"construct-stages{{num-micro-batches={b} schedule={schedule} submesh-space={space} "
             f"stage-cost-model={option.stage_cost_model} progress=false remat={remat} "
             f"cost-mode={option.cost_mode} workers={option.worker_count()} "
-            f"repeated-layers={option.repeated_layers} devices={ids}}}"
+            f"repeated-layers={option.repeated_layers} cross-stage-comm={comm_text} "
+            f"devices={ids}}}"
         )
     if isinstance(option, ManualStageOption):
         if method.chunks_per_mesh > 1:

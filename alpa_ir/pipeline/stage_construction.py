@@ -34,6 +34,7 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Literal
 
 import numpy as np
 from xdsl.dialects.builtin import DenseArrayBase, DictionaryAttr, FloatAttr, ModuleOp, f64, i64
@@ -375,19 +376,28 @@ PLANNED_SCHEDULES = ("auto", *AUTO_SCHEDULES)
 """What ``construct-stages{schedule=}`` plans."""
 
 
+CrossStageComm = bool | Literal["auto"]
+"""Whether the stage DP counts the transfers between stages: no (Alpa's DP),
+yes (option 6a), or ``auto``: both, the plan the simulator times faster."""
+
+
 def plan_stages(
     table: StageCostTable,
     num_micro_batches: int,
     schedule: str = "1f1b",
     *,
     epsilon: float = 0.0,
-    cross_stage_comm: bool = False,
+    cross_stage_comm: CrossStageComm = False,
     remat: bool = False,
 ) -> StagePlan:
     """The stages for ``schedule``, or with ``auto`` the schedule too: the fastest
     candidate that fits (:func:`choose_schedule`). ``1f1b`` and ``gpipe`` are
     Alpa's DP as it is; the others are simulated to fit (zero-bubble caps come
-    from memory; interleaved and V chunks from :func:`virtual_plans`)."""
+    from memory; interleaved and V chunks from :func:`virtual_plans`). With
+    ``cross_stage_comm="auto"``, the faster under the simulator of the plans
+    without and with the transfers in the DP (Alpa's on a tie)."""
+    if cross_stage_comm == "auto":
+        return _faster_of_comm_options(table, num_micro_batches, schedule, epsilon, remat)
     if schedule not in PLANNED_SCHEDULES:
         raise AlpaError(
             f"construct-stages: schedule must be one of {', '.join(PLANNED_SCHEDULES)}, got "
@@ -413,6 +423,29 @@ def plan_stages(
         in_flight=best.in_flight,
         candidates=candidates if schedule == "auto" else (),
     )
+
+
+def _faster_of_comm_options(
+    table: StageCostTable, num_micro_batches: int, schedule: str, epsilon: float, remat: bool
+) -> StagePlan:
+    """:func:`plan_stages` without and with the transfers in the DP; the plan
+    whose simulated step is shorter (one that fits before one that does not)."""
+    found: list[tuple[tuple[bool, float], StagePlan]] = []
+    errors: list[PlanError] = []
+    for comm in (False, True):
+        try:
+            plan = plan_stages(
+                table, num_micro_batches, schedule, epsilon=epsilon, cross_stage_comm=comm,
+                remat=remat,
+            )  # fmt: skip
+        except PlanError as error:
+            errors.append(error)
+            continue
+        timed = _simulated(table, plan, num_micro_batches, plan.schedule, remat)
+        found.append(((not timed.fits, timed.iteration_time), plan))
+    if not found:
+        raise errors[0]
+    return min(found, key=lambda item: item[0])[1]
 
 
 def _place(
@@ -503,7 +536,7 @@ def construct_stages(
     submesh_space: str = "all",
     epsilon: float = 0.0,
     cost_mode: str = "range",
-    cross_stage_comm: bool = False,
+    cross_stage_comm: CrossStageComm = False,
     model: StageCostModel | None = None,
     progress: bool = True,
     timings: Timings | None = None,

@@ -277,3 +277,23 @@ def test_the_pass_gives_the_cost_model_its_options_of_the_same_names() -> None:
     )  # fmt: skip
     options = stage_pass.cost_options()
     assert {n: getattr(options, n) for n in shared} == {n: getattr(stage_pass, n) for n in shared}
+
+
+def test_cross_stage_comm_auto_keeps_the_plan_the_simulator_times_faster() -> None:
+    """On slow links the DP that counts transfers finds a faster plan than
+    Alpa's, and ``auto`` keeps it; it never keeps the slower of the two; with
+    one device both are one plan, Alpa's."""
+    from alpa_ir.pipeline.stage_construction import _simulated, plan_stages
+
+    ranges = LayerRanges(main_function(_deep_module()))
+    model = AnalyticalStageCostModel()
+    for cluster, slow in ((_cluster(4, bandwidth=1e3), True), (_cluster(4), False)):
+        table = cost_table(ranges, cluster, model, progress=False)
+        plans = {c: plan_stages(table, 4, cross_stage_comm=c) for c in (False, True, "auto")}
+        times = {c: _simulated(table, p, 4, p.schedule, False).iteration_time
+                 for c, p in plans.items()}  # fmt: skip
+        assert times["auto"] == min(times[False], times[True])
+        if slow:
+            assert times[True] < times[False] and plans["auto"] == plans[True]
+    one = cost_table(ranges, _cluster(1), model, progress=False)
+    assert plan_stages(one, 4, cross_stage_comm="auto") == plan_stages(one, 4)
