@@ -9,12 +9,8 @@ import hashlib
 from xdsl.dialects import func
 from xdsl.ir import Block, SSAValue
 
+from alpa_ir.dialects.lax import ConstantOp
 from alpa_ir.dialects.mesh import MESH_ATTR
-
-CONSTANT_OP = "lax.constant"
-"""Its value (``data``) changes no cost: the blocks of a model whose dropout
-draws from a seed of its own per block (Hugging Face GPT-2's twelve) differ
-only there, and are costed once."""
 
 
 def function_fingerprint(function: func.FuncOp) -> str:
@@ -34,10 +30,12 @@ def function_fingerprint(function: func.FuncOp) -> str:
             for k, res in enumerate(op.results):
                 ids[res] = f"{prefix}{i}.{k}"
             operands = [ids.get(v, "?") for v in op.operands]
+            # a constant's value (``data``) changes no cost: blocks whose dropout draws
+            # from a seed of their own (Hugging Face GPT-2's twelve) are costed once
             props = sorted(
                 (k, str(v))
                 for k, v in op.properties.items()
-                if not (op.name == CONSTANT_OP and k == "data")
+                if not (isinstance(op, ConstantOp) and k == "data")
             )
             attrs = sorted(
                 (k, str(v))

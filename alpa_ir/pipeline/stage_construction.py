@@ -441,7 +441,12 @@ def _faster_of_comm_options(
         except PlanError as error:
             errors.append(error)
             continue
-        timed = _simulated(table, plan, num_micro_batches, plan.schedule, remat)
+        # a schedule chosen with the stages comes timed (its candidates, the chosen first)
+        timed = (
+            plan.candidates[0]
+            if plan.candidates
+            else _simulated(table, plan, num_micro_batches, plan.schedule, remat)
+        )
         found.append(((not timed.fits, timed.iteration_time), plan))
     if not found:
         raise errors[0]
