@@ -40,6 +40,7 @@ from alpa_ir.frontend.arguments import (
 from alpa_ir.frontend.jaxpr_import import import_step
 from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
 from alpa_ir.hardware.memory_budget import MemoryBudget
+from alpa_ir.ir.collection import rare_full_collections
 from alpa_ir.ir.module_utils import main_function, symbol_op
 from alpa_ir.passmanager.pipeline_syntax import format_pipeline
 from alpa_ir.pipeline.plan_memory import StagePeak
@@ -464,6 +465,7 @@ def pipeshard_executable(planned: PlannedPipeline) -> PipeshardExecutable:
     return executable
 
 
+@rare_full_collections()  # importing and planning allocate millions of objects
 def plan_pipeshard(
     fn: Callable[..., Any],
     args: tuple[Any, ...],

@@ -29,6 +29,7 @@ from alpa_ir.frontend.arguments import (
     trace_arguments,
 )
 from alpa_ir.hardware.device_mesh import LogicalDeviceMesh, resolve_mesh
+from alpa_ir.ir.collection import rare_full_collections
 from alpa_ir.ir.module_utils import main_function
 from alpa_ir.passmanager.pass_manager import PassManager
 from alpa_ir.pipeline.step_partition import batch_leaves_of, warn_micro_batch_statistics
@@ -112,6 +113,7 @@ def sharded_executable(
     return executable
 
 
+@rare_full_collections()  # importing and planning allocate millions of objects
 def plan_step(
     fn: Callable[..., Any],
     args: tuple[Any, ...],

@@ -25,6 +25,7 @@ from xdsl.dialects import func
 from xdsl.ir import Block, Operation, SSAValue
 
 from alpa_ir.autosharding.factors import Strategy, enumerate_strategies, replicated_strategy
+from alpa_ir.autosharding.node_strategy import GroupRenaming, NodeStrategy, RenamedStrategy
 from alpa_ir.autosharding.resharding import INF, ReshardCoster, local_nbytes
 from alpa_ir.autosharding.rules import RULES, TRANSPARENT_PRIMITIVES
 from alpa_ir.dialects.lax import ConstantOp, LaxOp, PrimitiveOp
@@ -32,17 +33,6 @@ from alpa_ir.dialects.sharding import ShardingSpec
 from alpa_ir.dialects.types import dtype_of, is_key_type, shape_of
 
 RuleLookup = Callable[[str], Callable[[LaxOp], object] | None]
-
-
-@dataclass
-class NodeStrategy:
-    """One choice for a node."""
-
-    name: str
-    cost: float
-    value_specs: dict[SSAValue, ShardingSpec]
-    op_strategies: dict[Operation, Strategy]
-    operand_specs: dict[tuple[Operation, int], ShardingSpec]
 
 
 @dataclass
@@ -314,22 +304,8 @@ class GraphBuilder:
             self._group_cache[key] = (ops, strategies)
             return strategies
         first, strategies = cached
-        value_of = {
-            a: b
-            for x, y in zip(first, ops, strict=True)
-            for a, b in zip(x.results, y.results, strict=True)
-        }
-        op_of = dict(zip(first, ops, strict=True))
-        return [
-            NodeStrategy(
-                s.name,
-                s.cost,
-                {value_of[v]: spec for v, spec in s.value_specs.items()},
-                {op_of[o]: st for o, st in s.op_strategies.items()},
-                {(op_of[o], k): spec for (o, k), spec in s.operand_specs.items()},
-            )
-            for s in strategies
-        ]
+        renaming = GroupRenaming(first, ops)
+        return [RenamedStrategy(s, renaming) for s in strategies]
 
     def _new_group_strategies(
         self, ops: list[Operation], alias: dict[SSAValue, SSAValue]

