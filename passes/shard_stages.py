@@ -84,7 +84,9 @@ class ShardStages(ModulePass):
             single = function_module(op, name)
             batch = BATCH_ATTR in main_function(single).attributes
             stage_passes = passes if batch else without_batch
-            PassManager(registry, stage_passes, verify_each="end").run(single, ctx)
+            # the outer pipeline verifies the planned module (each stage's
+            # own verification took a tenth of shard-stages on GPT-2 small)
+            PassManager(registry, stage_passes, verify_each=False).run(single, ctx)
             original = symbol_op(op, name, func.FuncOp)
             assert isinstance(original, func.FuncOp)
             planned = main_function(single).clone()

@@ -25,7 +25,13 @@ from xdsl.dialects import func
 from xdsl.ir import Block, Operation, SSAValue
 
 from alpa_ir.autosharding.factors import Strategy, enumerate_strategies, replicated_strategy
-from alpa_ir.autosharding.node_strategy import GroupRenaming, NodeStrategy, RenamedStrategy
+from alpa_ir.autosharding.node_strategy import (
+    GroupRenaming,
+    NodeStrategy,
+    RenamedStrategy,
+    operand_column,
+    value_column,
+)
 from alpa_ir.autosharding.resharding import INF, ReshardCoster, local_nbytes
 from alpa_ir.autosharding.rules import RULES, TRANSPARENT_PRIMITIVES
 from alpa_ir.dialects.lax import ConstantOp, LaxOp, PrimitiveOp
@@ -439,8 +445,8 @@ class GraphBuilder:
             dst_node = node_of_value[op.results[0]] if op.results else None
             if dst_node is None or src_node == dst_node:
                 continue
-            src_specs = [s.value_specs[value] for s in nodes[src_node].strategies]
-            dst_specs = [s.operand_specs[(op, k)] for s in nodes[dst_node].strategies]
+            src_specs = value_column(nodes[src_node].strategies, value)
+            dst_specs = operand_column(nodes[dst_node].strategies, (op, k))
             matrix = self._cost_matrix(src_specs, dst_specs, shape_of(value.type), _itemsize(value))
             key = (src_node, dst_node)
             edges[key] = edges[key] + matrix if key in edges else matrix

@@ -13,7 +13,7 @@ lookup instead.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TypeVar
 
 from xdsl.ir import Operation, SSAValue
@@ -127,6 +127,25 @@ class RenamedStrategy(NodeStrategy):
                 self._source.operand_specs, r.new_operand, r.old_operand
             )
         return self._operand_specs
+
+
+def value_column(strategies: Sequence[NodeStrategy], value: SSAValue) -> list[ShardingSpec]:
+    """The spec of ``value`` under each of a node's ``strategies`` (a repeated
+    group's are looked up under the first group's name once)."""
+    first = strategies[0] if strategies else None
+    if isinstance(first, RenamedStrategy):
+        old = first._renaming.old_value[value]
+        return [s._source.value_specs[old] for s in strategies]  # type: ignore[attr-defined]
+    return [s.value_specs[value] for s in strategies]
+
+
+def operand_column(strategies: Sequence[NodeStrategy], key: OperandKey) -> list[ShardingSpec]:
+    """The spec operand ``key`` arrives in under each of a node's ``strategies``."""
+    first = strategies[0] if strategies else None
+    if isinstance(first, RenamedStrategy):
+        old = first._renaming.old_operand(key)
+        return [s._source.operand_specs[old] for s in strategies]  # type: ignore[attr-defined]
+    return [s.operand_specs[key] for s in strategies]
 
 
 class RenamedTable(Mapping[K, V]):

@@ -11,6 +11,7 @@ from xdsl.dialects import func
 from xdsl.ir import SSAValue
 
 from alpa_ir.autosharding.graph import StrategyGraph, value_local_bytes
+from alpa_ir.autosharding.node_strategy import value_column
 from alpa_ir.autosharding.resharding import ReshardCoster
 from alpa_ir.dialects.lax import ConstantOp
 from alpa_ir.dialects.types import dtype_of, shape_of
@@ -90,13 +91,11 @@ def node_memory(
             escaping[node].append(value)
     out = []
     for n in graph.nodes:
-        mem = np.array(
-            [
-                sum(value_local_bytes(v, s.value_specs[v], mesh_shape) for v in escaping[n.index])
-                for s in n.strategies
-            ],
-            dtype=np.float64,
-        )
+        mem = np.zeros(len(n.strategies), dtype=np.float64)
+        for v in escaping[n.index]:
+            mem += [
+                value_local_bytes(v, spec, mesh_shape) for spec in value_column(n.strategies, v)
+            ]
         out.append(mem)
     return tuple(out)
 
@@ -121,8 +120,8 @@ def alias_edges(
         u, v = graph.node_of_value[arg], graph.node_of_value[out_value]
         if u == v:
             continue
-        src = [s.value_specs[arg] for s in graph.nodes[u].strategies]
-        dst = [s.value_specs[out_value] for s in graph.nodes[v].strategies]
+        src = value_column(graph.nodes[u].strategies, arg)
+        dst = value_column(graph.nodes[v].strategies, out_value)
         shape, itemsize = shape_of(arg.type), dtype_of(arg.type).itemsize
         matrix = np.array([[coster.cost(b, a, shape, itemsize) for b in dst] for a in src])
         edges.append(Edge(u, v, matrix))

@@ -19,6 +19,9 @@ for the analytical model. The pairs are spread over ``workers`` processes:
   strategies (the analytical model keeps them per mesh,
   :class:`alpa_ir.autosharding.graph.StrategyCache`); a worker that finishes
   a task gets the next one, largest meshes first;
+* the parent is one of the ``workers``: it costs tasks from the start, while
+  a thread starts the other ``workers - 1`` and serves them (a worker takes
+  about 2 s to start; GPT-2 small's table is 5 tasks of 1 to 5 s);
 * a failing pair raises its error, with the worker's message, in the parent;
   a worker that dies is named.
 
@@ -31,6 +34,7 @@ import multiprocessing
 import multiprocessing.connection
 import subprocess
 import sys
+import threading
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -77,70 +81,152 @@ def cost_in_workers(
     on_done: Callable[[int], None] | None = None,
 ) -> list[list[StageCost]]:
     """The :meth:`~ParallelStageCostModel.keyed_cost` of every job of every
-    task (in task order), computed by ``workers`` processes; ``on_done(n)``
-    after each task with the number of jobs done so far."""
-    copy = model.worker_copy
-    if workers <= 1:  # no process to start: a fresh copy of the model, here
-        local = copy()
-        out: list[list[StageCost]] = []
-        for task in tasks:
-            out.append([_keyed_cost(local, functions, cluster, j) for j in task])
-            if on_done is not None:
-                on_done(sum(len(t) for t in out))
-        return out
-    results: list[list[StageCost] | None] = [None] * len(tasks)
-    pending = list(range(len(tasks)))
-    pending.reverse()  # pop() takes the tasks in the order given
-    processes: list[subprocess.Popen[bytes]] = []
-    connections: list[multiprocessing.connection.Connection] = []
-    busy: dict[multiprocessing.connection.Connection, int] = {}
-    done_jobs = 0
+    task (in task order), computed by ``workers`` processes, this one among
+    them: it costs tasks while the others start; ``on_done(n)`` after each
+    task with the number of jobs done so far."""
+    queue = _TaskQueue(tasks, on_done)
+    helpers = min(workers, len(tasks)) - 1
+    dispatcher = None
+    if helpers > 0:
+        dispatcher = _Dispatcher(functions, cluster, model, helpers, queue)
+        dispatcher.start()
+    local = model.worker_copy()
     try:
-        for _ in range(min(workers, len(tasks))):
-            process, parent_end = _start_worker()
-            processes.append(process)
-            connections.append(parent_end)
-            parent_end.send(sys.path)  # before anything that unpickles by module
-        texts = [function_text(f) for f in functions]  # while the workers start
-        for parent_end in connections:
-            parent_end.send((copy(), cluster, texts))
-        for conn in connections:
-            _send_next(conn, tasks, pending, busy)
-        while busy:
-            for conn in multiprocessing.connection.wait(list(busy)):
-                assert isinstance(conn, multiprocessing.connection.Connection)
-                index = busy.pop(conn)
-                try:
-                    kind, payload = conn.recv()
-                except EOFError:
-                    k = connections.index(conn)
-                    code = _wait(processes[k], 5)
-                    raise AlpaError(
-                        f"costing worker {k} died (exit code {code}) "
-                        f"while costing {len(tasks[index])} pairs on mesh "
-                        f"{list(tasks[index][0].mesh.shape)}"
-                    ) from None
-                if kind == "error":
-                    message, position = payload
-                    job = tasks[index][position] if position is not None else None
-                    raise CostJobError(message, job)
-                results[index] = payload
-                done_jobs += len(tasks[index])
-                if on_done is not None:
-                    on_done(done_jobs)
-                _send_next(conn, tasks, pending, busy)
+        while (index := queue.take()) is not None:
+            queue.finish(index, [_keyed_cost(local, functions, cluster, j) for j in tasks[index]])
     finally:
-        for conn in connections:
-            try:
-                conn.send(None)
-            except (BrokenPipeError, OSError):
-                pass
-            conn.close()
-        for process in processes:
-            if _wait(process, 5) is None:
-                process.terminate()
-                process.wait()
-    return [r for r in results if r is not None]
+        queue.close()  # on an error here: the other workers take nothing more
+        if dispatcher is not None:
+            dispatcher.join()
+    if dispatcher is not None and dispatcher.error is not None:
+        raise dispatcher.error
+    return queue.results()
+
+
+class _TaskQueue:
+    """The tasks not yet taken (in the order given) and the results, shared
+    by this process's costing and the thread that serves the workers."""
+
+    def __init__(
+        self, tasks: Sequence[Sequence[CostJob]], on_done: Callable[[int], None] | None
+    ) -> None:
+        self.tasks = tasks
+        self._pending = list(range(len(tasks)))[::-1]  # pop() takes them in order
+        self._results: list[list[StageCost] | None] = [None] * len(tasks)
+        self._done = 0
+        self._on_done = on_done
+        self._lock = threading.Lock()
+
+    def take(self) -> int | None:
+        with self._lock:
+            return self._pending.pop() if self._pending else None
+
+    def finish(self, index: int, costs: list[StageCost]) -> None:
+        with self._lock:
+            self._results[index] = costs
+            self._done += len(self.tasks[index])
+            if self._on_done is not None:
+                self._on_done(self._done)
+
+    def close(self) -> None:
+        with self._lock:
+            self._pending.clear()
+
+    def results(self) -> list[list[StageCost]]:
+        return [r for r in self._results if r is not None]
+
+
+class _Dispatcher(threading.Thread):
+    """A thread that starts ``count`` worker processes and serves them tasks
+    from ``queue`` until it is empty; the first error is kept in ``error``."""
+
+    def __init__(
+        self,
+        functions: Sequence[func.FuncOp],
+        cluster: Cluster,
+        model: ParallelStageCostModel,
+        count: int,
+        queue: _TaskQueue,
+    ) -> None:
+        super().__init__(name="costing-workers", daemon=True)
+        self.functions = functions
+        self.cluster = cluster
+        self.model = model
+        self.count = count
+        self.queue = queue
+        self.error: Exception | None = None
+
+    def run(self) -> None:
+        processes: list[subprocess.Popen[bytes]] = []
+        connections: list[multiprocessing.connection.Connection] = []
+        served: set[int] = set()  # workers that received a task
+        try:
+            for _ in range(self.count):
+                process, parent_end = _start_worker()
+                processes.append(process)
+                connections.append(parent_end)
+                parent_end.send(sys.path)  # before anything that unpickles by module
+            texts = [function_text(f) for f in self.functions]  # while the workers start
+            setup = (self.model.worker_copy(), self.cluster, texts)
+            busy: dict[multiprocessing.connection.Connection, int] = {}
+            for k, conn in enumerate(connections):
+                conn.send(setup)
+                if self._send_next(conn, busy):
+                    served.add(k)
+            while busy:
+                for conn in multiprocessing.connection.wait(list(busy)):
+                    assert isinstance(conn, multiprocessing.connection.Connection)
+                    index = busy.pop(conn)
+                    self.queue.finish(index, self._receive(conn, index, processes, connections))
+                    self._send_next(conn, busy)
+        except Exception as error:
+            self.error = error
+            self.queue.close()
+        finally:
+            for conn in connections:
+                try:
+                    conn.send(None)
+                except (BrokenPipeError, OSError):
+                    pass
+                conn.close()
+            for k, process in enumerate(processes):
+                if k not in served or _wait(process, 5) is None:
+                    process.terminate()  # one still starting is not waited for
+                    process.wait()
+
+    def _send_next(
+        self,
+        conn: multiprocessing.connection.Connection,
+        busy: dict[multiprocessing.connection.Connection, int],
+    ) -> bool:
+        index = self.queue.take()
+        if index is None:
+            return False
+        conn.send(list(self.queue.tasks[index]))
+        busy[conn] = index
+        return True
+
+    def _receive(
+        self,
+        conn: multiprocessing.connection.Connection,
+        index: int,
+        processes: list[subprocess.Popen[bytes]],
+        connections: list[multiprocessing.connection.Connection],
+    ) -> list[StageCost]:
+        task = self.queue.tasks[index]
+        try:
+            kind, payload = conn.recv()
+        except EOFError:
+            k = connections.index(conn)
+            code = _wait(processes[k], 5)
+            raise AlpaError(
+                f"costing worker {k} died (exit code {code}) while costing "
+                f"{len(task)} pairs on mesh {list(task[0].mesh.shape)}"
+            ) from None
+        if kind == "error":
+            message, position = payload
+            raise CostJobError(message, task[position] if position is not None else None)
+        return list(payload)
 
 
 def _start_worker() -> tuple[subprocess.Popen[bytes], multiprocessing.connection.Connection]:
@@ -164,18 +250,6 @@ def _wait(process: subprocess.Popen[bytes], seconds: float) -> int | None:
         return None
 
 
-def _send_next(
-    conn: multiprocessing.connection.Connection,
-    tasks: Sequence[Sequence[CostJob]],
-    pending: list[int],
-    busy: dict[multiprocessing.connection.Connection, int],
-) -> None:
-    if pending:
-        index = pending.pop()
-        conn.send(list(tasks[index]))
-        busy[conn] = index
-
-
 def _worker_main(conn: multiprocessing.connection.Connection) -> None:
     """A worker's loop: receive the model, cluster and functions, parse the
     functions, then cost each task it receives until it receives ``None``."""
@@ -186,9 +260,12 @@ def _worker_main(conn: multiprocessing.connection.Connection) -> None:
     use_planning_thresholds()  # this process only plans
     try:
         sys.path[:] = conn.recv()  # the parent's: its models may live in its own modules
-        model, cluster, texts = conn.recv()
+        setup = conn.recv()
     except EOFError:
         return
+    if setup is None:  # the parent needed no task of this worker
+        return
+    model, cluster, texts = setup
     try:
         functions = [main_function(parse_module(text)) for text in texts]
     except Exception as error:  # the parent reports it; nothing is costed

@@ -4,8 +4,11 @@ the cross-stage communication option."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -161,6 +164,37 @@ def test_workers_give_the_same_table_as_one_process() -> None:
     assert model.stats.hits + model.stats.misses == parallel.pairs_costed
 
 
+@dataclass
+class _SlowParentModel(AnalyticalStageCostModel):
+    """Costs as the analytical model; in this process a second per pair, so a
+    worker process starts and takes tasks; counts the pairs costed here."""
+
+    parent: int = 0
+    copies: list[_SlowParentModel] = field(default_factory=list)
+    costed_here: int = 0
+
+    def worker_copy(self) -> AnalyticalStageCostModel:
+        copy = _SlowParentModel(self.options, parent=os.getpid())
+        self.copies.append(copy)
+        return copy
+
+    def keyed_cost(self, *args: Any, **kwargs: Any) -> Any:
+        if os.getpid() == self.parent:
+            time.sleep(1.0)
+            self.costed_here += 1
+        return super().keyed_cost(*args, **kwargs)
+
+
+def test_the_parent_and_a_worker_process_share_the_tasks() -> None:
+    ranges = LayerRanges(main_function(_deep_module()))
+    serial = cost_table(ranges, _cluster(4), AnalyticalStageCostModel(), progress=False)
+    model = _SlowParentModel()
+    parallel = cost_table(ranges, _cluster(4), model, progress=False, workers=2, workers_from_ops=0)
+    assert parallel.costs == serial.costs
+    here = sum(c.costed_here for c in model.copies)
+    assert 0 < here < model.stats.misses  # the worker process costed the others
+
+
 def test_a_script_without_a_main_guard_costs_in_workers(tmp_path: Path) -> None:
     """The workers do not re-import the user's script (multiprocessing's
     spawn would run it again, and fail, without ``if __name__ == "__main__"``)."""
@@ -186,14 +220,21 @@ def test_a_script_without_a_main_guard_costs_in_workers(tmp_path: Path) -> None:
 
 
 class _FailingModel(AnalyticalStageCostModel):
-    """Fails in the worker (its copy), not in the parent."""
+    """Fails in a worker process; slow in the parent (also a worker), so that
+    a worker process starts and takes a task before the parent is done."""
 
     def worker_copy(self) -> AnalyticalStageCostModel:
-        return _FailingWorkerModel(self.options)
+        return _FailingWorkerModel(self.options, parent=os.getpid())
 
 
+@dataclass
 class _FailingWorkerModel(AnalyticalStageCostModel):
+    parent: int = 0
+
     def keyed_cost(self, *args: Any, **kwargs: Any) -> Any:
+        if os.getpid() == self.parent:
+            time.sleep(1.0)
+            return super().keyed_cost(*args, **kwargs)
         raise AlpaError("stage cost: this mesh is not allowed")
 
 
