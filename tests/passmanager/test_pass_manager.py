@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import io
 import re
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from xdsl.dialects.builtin import IntegerAttr, ModuleOp, StringAttr
 from xdsl.passes import ModulePass
 
 from alpa_ir.errors import AlpaError, IRVerifyError, PassFailure, PipelineError
+from alpa_ir.ir.collection import PLANNING_THRESHOLDS
 from alpa_ir.ir.context import make_context
 from alpa_ir.ir.text import parse_module, print_module
 from alpa_ir.passmanager.pass_manager import VERIFIER_ROW, PassManager, format_timing_report
@@ -71,10 +73,20 @@ class CountOps(ModulePass):
         op.attributes["count"] = IntegerAttr(len(list(op.walk())), 64)
 
 
+@dataclass(frozen=True)
+class RecordCollectionThresholds(ModulePass):
+    """Record the garbage collector's thresholds while the pass runs."""
+
+    name: ClassVar[str] = "record-gc-thresholds"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        op.attributes["gc"] = StringAttr(repr(gc.get_threshold()))
+
+
 class _Plugin:
     @hookimpl
     def alpa_ir_passes(self) -> list[type[ModulePass]]:
-        return [AppendTrace, RenameThenFail, CountOps]
+        return [AppendTrace, RenameThenFail, CountOps, RecordCollectionThresholds]
 
 
 @pytest.fixture
@@ -99,6 +111,21 @@ def test_runs_the_passes_in_order(registry: PluginRegistry, ctx: Context) -> Non
     listed = PassManager(registry, [AppendTrace("c"), AppendTrace("d")])
     assert listed.run(_module(ctx), ctx).attributes["trace"] == StringAttr("cd")
     assert listed.pipeline == "builtin.module(append-trace{mark=c},append-trace{mark=d})"
+
+
+def test_passes_run_with_rare_full_collections(registry: PluginRegistry, ctx: Context) -> None:
+    before = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 10, 10)  # Python's default
+        module = PassManager(registry, "record-gc-thresholds").run(_module(ctx), ctx)
+        assert module.attributes["gc"] == StringAttr(repr(PLANNING_THRESHOLDS))
+        assert gc.get_threshold() == (700, 10, 10)  # restored after the run
+        gc.set_threshold(50_000, 10, 20)  # thresholds set higher are not lowered
+        module = PassManager(registry, "record-gc-thresholds").run(_module(ctx), ctx)
+        assert module.attributes["gc"] == StringAttr(repr((50_000, 10, 20)))
+        assert gc.get_threshold() == (50_000, 10, 20)
+    finally:
+        gc.set_threshold(*before)
 
 
 def test_builds_its_own_context_when_none_is_given(registry: PluginRegistry, ctx: Context) -> None:
