@@ -24,9 +24,11 @@ allocations (Python's default: 700), so full ones come 14x less often."""
 @contextmanager
 def rare_full_collections() -> Iterator[None]:
     """Collect with :data:`PLANNING_THRESHOLDS` inside the block (never lower
-    than the thresholds already set), then restore the thresholds."""
+    than the thresholds already set, and not at all if a first threshold of 0
+    turned automatic collection off), then restore the thresholds."""
     before = gc.get_threshold()
-    gc.set_threshold(*(max(a, b) for a, b in zip(before, PLANNING_THRESHOLDS, strict=False)))
+    if before[0] > 0:
+        gc.set_threshold(*(max(a, b) for a, b in zip(before, PLANNING_THRESHOLDS, strict=False)))
     try:
         yield
     finally:

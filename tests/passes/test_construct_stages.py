@@ -166,15 +166,20 @@ def test_workers_give_the_same_table_as_one_process() -> None:
 
 @dataclass
 class _SlowParentModel(AnalyticalStageCostModel):
-    """Costs as the analytical model; in this process a second per pair, so a
-    worker process starts and takes tasks; counts the pairs costed here."""
+    """Costs as the analytical model, a second per pair in this process (so a
+    worker process starts and takes tasks before the parent is done), which
+    counts the pairs it costed; with ``fail_in_workers`` every other process
+    (a worker, or this one when the model is used directly) fails instead."""
 
     parent: int = 0
+    fail_in_workers: bool = False
     copies: list[_SlowParentModel] = field(default_factory=list)
     costed_here: int = 0
 
     def worker_copy(self) -> AnalyticalStageCostModel:
-        copy = _SlowParentModel(self.options, parent=os.getpid())
+        copy = _SlowParentModel(
+            self.options, parent=os.getpid(), fail_in_workers=self.fail_in_workers
+        )
         self.copies.append(copy)
         return copy
 
@@ -182,6 +187,8 @@ class _SlowParentModel(AnalyticalStageCostModel):
         if os.getpid() == self.parent:
             time.sleep(1.0)
             self.costed_here += 1
+        elif self.fail_in_workers:
+            raise AlpaError("stage cost: this mesh is not allowed")
         return super().keyed_cost(*args, **kwargs)
 
 
@@ -219,31 +226,17 @@ def test_a_script_without_a_main_guard_costs_in_workers(tmp_path: Path) -> None:
     assert done.stdout.count("RAN") == 1  # the script ran once, in the parent only
 
 
-class _FailingModel(AnalyticalStageCostModel):
-    """Fails in a worker process; slow in the parent (also a worker), so that
-    a worker process starts and takes a task before the parent is done."""
-
-    def worker_copy(self) -> AnalyticalStageCostModel:
-        return _FailingWorkerModel(self.options, parent=os.getpid())
-
-
-@dataclass
-class _FailingWorkerModel(AnalyticalStageCostModel):
-    parent: int = 0
-
-    def keyed_cost(self, *args: Any, **kwargs: Any) -> Any:
-        if os.getpid() == self.parent:
-            time.sleep(1.0)
-            return super().keyed_cost(*args, **kwargs)
-        raise AlpaError("stage cost: this mesh is not allowed")
-
-
 def test_a_worker_error_is_raised_in_the_parent() -> None:
     ranges = LayerRanges(main_function(_deep_module()))
     names = r"construct-stages: costing layers? [0-9-]+ on the logical mesh \[\d+, \d+\]: "
     with pytest.raises(AlpaError, match=names + "stage cost: this mesh is not allowed"):
         cost_table(
-            ranges, _cluster(4), _FailingModel(), progress=False, workers=2, workers_from_ops=0
+            ranges,
+            _cluster(4),
+            _SlowParentModel(fail_in_workers=True),
+            progress=False,
+            workers=2,
+            workers_from_ops=0,
         )
 
 
@@ -254,7 +247,7 @@ def test_a_failing_pair_names_its_layers_and_mesh_in_this_process() -> None:
         match=r"^construct-stages: costing layer 0 on the logical mesh \[1, 1\]: stage cost: "
         "this mesh is not allowed$",
     ):
-        cost_table(ranges, _cluster(4), _FailingWorkerModel(), progress=False)
+        cost_table(ranges, _cluster(4), _SlowParentModel(fail_in_workers=True), progress=False)
 
 
 def test_a_small_table_is_costed_without_starting_workers(

@@ -124,6 +124,9 @@ def test_passes_run_with_rare_full_collections(registry: PluginRegistry, ctx: Co
         module = PassManager(registry, "record-gc-thresholds").run(_module(ctx), ctx)
         assert module.attributes["gc"] == StringAttr(repr((50_000, 10, 20)))
         assert gc.get_threshold() == (50_000, 10, 20)
+        gc.set_threshold(0, 10, 20)  # automatic collection off stays off
+        module = PassManager(registry, "record-gc-thresholds").run(_module(ctx), ctx)
+        assert module.attributes["gc"] == StringAttr(repr((0, 10, 20)))
     finally:
         gc.set_threshold(*before)
 
