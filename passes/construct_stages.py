@@ -58,7 +58,9 @@ class ConstructStages(ModulePass):
     the local devices, for the ``local-cpu`` cluster)."""
     workers: int = 1
     """Processes that cost the stage-mesh pairs (``alpa_ir.costs.costing_workers``;
-    a model that measures on the local devices always costs in this one)."""
+    a model that measures on the local devices always costs in this one). Those
+    the context carries, started ahead (``AlpaContext.costing_workers``), are
+    taken first."""
     remat: bool = False
     """Each stage's backward recomputes its forward values (Alpa's
     ``remat_layer``); the stage cost model prices the recomputation."""
@@ -117,6 +119,7 @@ class ConstructStages(ModulePass):
             workers=self.workers,
             remat=self.remat,
             devices=self.devices,
+            started_workers=getattr(ctx, "costing_workers", None),  # AlpaContext's
         )
 
 

@@ -28,6 +28,7 @@ from alpa_ir.api.pipeshard import (
 )
 from alpa_ir.api.run_module import compile_module
 from alpa_ir.backends.xla_pipeline import LocalPipelineExecutable
+from alpa_ir.costs.costing_workers import StartedWorkers
 from alpa_ir.dialects.pipeline import plan_stages
 from alpa_ir.errors import AlpaError
 from alpa_ir.frontend.arguments import (
@@ -479,8 +480,6 @@ def plan_pipeshard(
     """Import ``fn`` for ``args`` and plan it with ``method``'s pass pipeline;
     nothing is compiled."""
     from alpa_ir.api.runtime_api import session_backend
-    from alpa_ir.passmanager.pass_manager import PassManager
-    from alpa_ir.pipeline.stage_assignment import count_layers
 
     del donate_argnums  # buffers of a pipeline step are not donated yet
     method = replace(method, backend=session_backend(method.backend))
@@ -496,6 +495,43 @@ def plan_pipeshard(
         unroll_differentiated_loops=True,
     )
     module = imported.module
+    main = main_function(module)
+    # a large step's costing workers import the compiler while the layers are found
+    with StartedWorkers(_early_workers(method, main)) as started:
+        return _plan_imported(
+            module, imported, arguments, method, devices, batch_argnums, b, registry, started
+        )
+
+
+def _early_workers(method: PipeshardParallel, main: func.FuncOp) -> int:
+    """How many costing workers to start before the layers are found: those
+    ``construct-stages`` will want besides this process, for a step large
+    enough that its cost table will (:data:`~alpa_ir.costs.stage_table.WORKERS_FROM_OPS`)."""
+    from alpa_ir.costs.stage_table import WORKERS_FROM_OPS
+
+    option = method.stage_option
+    if not isinstance(option, AutoStageOption) or option.stage_cost_model != "analytical":
+        return 0  # a model that measures on the local devices costs in this process
+    large = sum(1 for _ in main.body.block.ops) >= WORKERS_FROM_OPS
+    return option.worker_count() - 1 if large else 0
+
+
+def _plan_imported(
+    module: ModuleOp,
+    imported: Any,
+    arguments: Any,
+    method: PipeshardParallel,
+    devices: tuple[int, ...],
+    batch_argnums: Sequence[int],
+    b: int,
+    registry: PluginRegistry,
+    started: StartedWorkers,
+) -> PlannedPipeline:
+    """:func:`plan_pipeshard` after the import: the layer passes, then the plan's."""
+    from alpa_ir.ir.context import make_context
+    from alpa_ir.passmanager.pass_manager import PassManager
+    from alpa_ir.pipeline.stage_assignment import count_layers
+
     main = main_function(module)
     budget = plan_memory_budget(method.device_memory, method.backend, len(devices))
     if isinstance(method.stage_option, AutoStageOption):  # what construct-stages plans on
@@ -522,7 +558,9 @@ def plan_pipeshard(
         "emit-instructions",
     ]
     plan = PassManager(registry, f"builtin.module({','.join(plan_passes)})", verify_each="end")
-    statistics += plan.execute(module).statistics
+    ctx = make_context(registry)
+    ctx.costing_workers = started
+    statistics += plan.execute(module, ctx).statistics
     pass_pipeline = format_pipeline([*layers.passes, *plan.passes])  # one pipeline replays both
     signature = compiled_signature(arguments, imported.in_tree, imported.out_tree, imported.outputs)
     if len(main_function(module).args) > num_inputs:  # draw-micro-batch-rows added the rows

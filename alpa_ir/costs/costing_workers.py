@@ -22,6 +22,11 @@ for the analytical model. The pairs are spread over ``workers`` processes:
 * the parent is one of the ``workers``: it costs tasks from the start, while
   a thread starts the other ``workers - 1`` and serves them (a worker takes
   about 2 s to start; GPT-2 small's table is 5 tasks of 1 to 5 s);
+* a caller that knows early that a large table is coming (``plan_pipeshard``,
+  right after importing a large step) starts the workers ahead
+  (:class:`StartedWorkers`, which the pass finds on its context): they import
+  the compiler while the parent clusters the layers, and take tasks as soon
+  as the table begins (GPT-2 small: the worker's first task 2 s earlier);
 * a failing pair raises its error, with the worker's message, in the parent;
   a worker that dies is named.
 
@@ -72,6 +77,45 @@ def function_text(function: func.FuncOp) -> str:
     return str(ModuleOp([function.clone()]))
 
 
+_Worker = tuple[subprocess.Popen[bytes], multiprocessing.connection.Connection]
+"""A worker process and the parent's end of its socket pair."""
+
+
+class StartedWorkers:
+    """Worker processes started ahead of a cost table (module docstring),
+    which :func:`cost_in_workers` takes before starting any of its own; those
+    never taken are ended by :meth:`close` (or leaving the ``with`` block)."""
+
+    def __init__(self, count: int) -> None:
+        self._idle: list[_Worker] = []
+        try:
+            for _ in range(count):
+                self._idle.append(_launch_worker())
+        except BaseException:
+            self.close()
+            raise
+
+    def __len__(self) -> int:
+        return len(self._idle)
+
+    def take(self, count: int) -> list[_Worker]:
+        """Up to ``count`` of the started workers, now the caller's to end."""
+        taken, self._idle = self._idle[:count], self._idle[count:]
+        return taken
+
+    def close(self) -> None:
+        """End the workers nobody took (they are told that no work comes)."""
+        idle, self._idle = self._idle, []
+        for process, conn in idle:
+            _end_worker(process, conn, served=False)  # maybe still importing: not waited for
+
+    def __enter__(self) -> StartedWorkers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def cost_in_workers(
     functions: Sequence[func.FuncOp],
     tasks: Sequence[Sequence[CostJob]],
@@ -79,16 +123,18 @@ def cost_in_workers(
     model: ParallelStageCostModel,
     workers: int,
     on_done: Callable[[int], None] | None = None,
+    started: StartedWorkers | None = None,
 ) -> list[list[StageCost]]:
     """The :meth:`~ParallelStageCostModel.keyed_cost` of every job of every
     task (in task order), computed by ``workers`` processes, this one among
-    them: it costs tasks while the others start; ``on_done(n)`` after each
-    task with the number of jobs done so far."""
+    them: it costs tasks while the others start (taken from ``started``
+    first); ``on_done(n)`` after each task with the number of jobs done so far."""
     queue = _TaskQueue(tasks, on_done)
     helpers = min(workers, len(tasks)) - 1
     dispatcher = None
     if helpers > 0:
-        dispatcher = _Dispatcher(functions, cluster, model, helpers, queue)
+        ready = started.take(helpers) if started is not None else []
+        dispatcher = _Dispatcher(functions, cluster, model, helpers, queue, ready)
         dispatcher.start()
     local = model.worker_copy()
     try:
@@ -137,8 +183,9 @@ class _TaskQueue:
 
 
 class _Dispatcher(threading.Thread):
-    """A thread that starts ``count`` worker processes and serves them tasks
-    from ``queue`` until it is empty; the first error is kept in ``error``."""
+    """A thread that serves ``count`` worker processes (those of ``ready``,
+    started already, and as many more as it starts) tasks from ``queue``
+    until it is empty; the first error is kept in ``error``."""
 
     def __init__(
         self,
@@ -147,6 +194,7 @@ class _Dispatcher(threading.Thread):
         model: ParallelStageCostModel,
         count: int,
         queue: _TaskQueue,
+        ready: Sequence[_Worker] = (),
     ) -> None:
         super().__init__(name="costing-workers", daemon=True)
         self.functions = functions
@@ -154,18 +202,18 @@ class _Dispatcher(threading.Thread):
         self.model = model
         self.count = count
         self.queue = queue
+        self.ready = list(ready)
         self.error: Exception | None = None
 
     def run(self) -> None:
-        processes: list[subprocess.Popen[bytes]] = []
-        connections: list[multiprocessing.connection.Connection] = []
+        processes = [process for process, _ in self.ready]
+        connections = [conn for _, conn in self.ready]
         served: set[int] = set()  # workers that received a task
         try:
-            for _ in range(self.count):
-                process, parent_end = _start_worker()
+            for _ in range(self.count - len(self.ready)):
+                process, parent_end = _launch_worker()
                 processes.append(process)
                 connections.append(parent_end)
-                parent_end.send(sys.path)  # before anything that unpickles by module
             texts = [function_text(f) for f in self.functions]  # while the workers start
             setup = (self.model.worker_copy(), self.cluster, texts)
             busy: dict[multiprocessing.connection.Connection, int] = {}
@@ -183,16 +231,8 @@ class _Dispatcher(threading.Thread):
             self.error = error
             self.queue.close()
         finally:
-            for conn in connections:
-                try:
-                    conn.send(None)
-                except (BrokenPipeError, OSError):
-                    pass
-                conn.close()
-            for k, process in enumerate(processes):
-                if k not in served or _wait(process, 5) is None:
-                    process.terminate()  # one still starting is not waited for
-                    process.wait()
+            for k, (process, conn) in enumerate(zip(processes, connections, strict=True)):
+                _end_worker(process, conn, served=k in served)
 
     def _send_next(
         self,
@@ -229,7 +269,34 @@ class _Dispatcher(threading.Thread):
         return list(payload)
 
 
-def _start_worker() -> tuple[subprocess.Popen[bytes], multiprocessing.connection.Connection]:
+def _launch_worker() -> _Worker:
+    """A started worker that has the parent's ``sys.path`` (sent before anything
+    that unpickles by module)."""
+    process, conn = _start_worker()
+    try:
+        conn.send(sys.path)
+    except BaseException:
+        _end_worker(process, conn, served=False)
+        raise
+    return process, conn
+
+
+def _end_worker(
+    process: subprocess.Popen[bytes], conn: multiprocessing.connection.Connection, *, served: bool
+) -> None:
+    """Tell the worker that no more work comes and wait for it to end; one
+    never ``served`` a task (maybe still starting) is terminated instead."""
+    try:
+        conn.send(None)
+    except (BrokenPipeError, OSError):
+        pass
+    conn.close()
+    if not served or _wait(process, 5) is None:
+        process.terminate()
+        process.wait()
+
+
+def _start_worker() -> _Worker:
     """A worker interpreter (module docstring) and the parent's end of its socket pair."""
     parent_end, child_end = multiprocessing.Pipe()
     fd = child_end.fileno()
@@ -267,7 +334,8 @@ def _worker_main(conn: multiprocessing.connection.Connection) -> None:
         return
     model, cluster, texts = setup
     try:
-        functions = [main_function(parse_module(text)) for text in texts]
+        # printed from verified functions by the compiler itself: not verified again
+        functions = [main_function(parse_module(text, verify=False)) for text in texts]
     except Exception as error:  # the parent reports it; nothing is costed
         conn.send(("error", (f"costing worker: cannot read a function: {error}", None)))
         return
@@ -299,7 +367,7 @@ def _keyed_cost(
         raise CostJobError(str(error), job) from error
 
 
-__all__ = ["CostJob", "CostJobError", "cost_in_workers", "function_text"]
+__all__ = ["CostJob", "CostJobError", "StartedWorkers", "cost_in_workers", "function_text"]
 
 if __name__ == "__main__":  # a worker (module docstring): its socket's descriptor
     _worker_main(multiprocessing.connection.Connection(int(sys.argv[1])))

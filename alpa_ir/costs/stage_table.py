@@ -36,7 +36,7 @@ from typing import Protocol
 import numpy as np
 from xdsl.dialects import func
 
-from alpa_ir.costs.costing_workers import CostJob, CostJobError, cost_in_workers
+from alpa_ir.costs.costing_workers import CostJob, CostJobError, StartedWorkers, cost_in_workers
 from alpa_ir.costs.stage_cost import (
     FORWARD_SHARE,
     ParallelStageCostModel,
@@ -381,10 +381,12 @@ def cost_table(
     workers: int = 1,
     workers_from_ops: int = WORKERS_FROM_OPS,
     phase_flops: np.ndarray | None = None,
+    started: StartedWorkers | None = None,
 ) -> StageCostTable:
     """Price every layer range on every view (module docstring, step 1), in
-    ``workers`` processes if the model allows it (:mod:`alpa_ir.costs.costing_workers`)
-    and the work is worth starting them (``workers_from_ops``, :data:`WORKERS_FROM_OPS`);
+    ``workers`` processes if the model allows it (:mod:`alpa_ir.costs.costing_workers`;
+    ``started``: workers started ahead, taken first) and the work is worth
+    starting them (``workers_from_ops``, :data:`WORKERS_FROM_OPS`);
     ``phase_flops``: the layers' FLOPs per phase, for the schedules
     (:func:`alpa_ir.pipeline.layer_phases.layer_phase_flops`)."""
     if cost_mode not in COST_MODES:
@@ -406,7 +408,7 @@ def cost_table(
     with report.bar:
         if workers > 1 and isinstance(model, ParallelStageCostModel):
             _cost_in_workers(
-                table, ranges, spans, all_views, model, workers, report, workers_from_ops
+                table, ranges, spans, all_views, model, workers, report, workers_from_ops, started
             )
         else:
             for first, last in spans:
@@ -452,6 +454,7 @@ def _cost_in_workers(
     workers: int,
     report: _Progress,
     workers_from_ops: int = 0,
+    started: StartedWorkers | None = None,
 ) -> None:
     """The pairs of ``spans`` x ``views``, each distinct one (by the model's
     cache key) costed once in a worker, one task per view; in this process
@@ -496,6 +499,7 @@ def _cost_in_workers(
             model,
             workers,
             lambda n: report(f"costing distinct stage-mesh pairs in {workers} workers", done=n),
+            started,
         )
     except CostJobError as error:
         if error.job is None:

@@ -5,7 +5,7 @@ models and rules in it)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import Builtin
@@ -13,6 +13,9 @@ from xdsl.dialects.func import Func
 
 from alpa_ir.plugins.contributions import Lazy
 from alpa_ir.plugins.registry import PluginRegistry, default_registry
+
+if TYPE_CHECKING:  # the costs layer imports the IR, not the other way
+    from alpa_ir.costs.costing_workers import StartedWorkers
 
 
 @dataclass
@@ -22,6 +25,10 @@ class AlpaContext(Context):
     registry: PluginRegistry | None = field(default=None)
     statistics: list[Any] | None = field(default=None)
     """While a pass manager runs: the pass statistics recorded so far."""
+    costing_workers: StartedWorkers | None = field(default=None)
+    """Worker processes its owner started ahead for ``construct-stages``' cost
+    table (``alpa_ir.costs.costing_workers.StartedWorkers``); the owner ends
+    those not taken."""
 
     def clone(self) -> AlpaContext:
         base = super().clone()
@@ -33,6 +40,7 @@ class AlpaContext(Context):
             base._loaded_types,
             base._registered_dialects,
             registry=self.registry,
+            costing_workers=self.costing_workers,
         )
 
 

@@ -41,6 +41,7 @@ from xdsl.dialects.builtin import DenseArrayBase, DictionaryAttr, FloatAttr, Mod
 
 from alpa_ir.algorithms.stage_dp import StageDPResult, stage_dp
 from alpa_ir.costs.analytical_stage_cost import AnalyticalStageCostModel
+from alpa_ir.costs.costing_workers import StartedWorkers
 from alpa_ir.costs.stage_cost import StageCostModel
 from alpa_ir.costs.stage_table import StageCostTable, ViewCost, cost_table
 from alpa_ir.dialects.mesh import ClusterOp
@@ -548,10 +549,12 @@ def construct_stages(
     workers: int = 1,
     remat: bool = False,
     devices: Sequence[int] = (),
+    started_workers: StartedWorkers | None = None,
 ) -> StagePlan:
     """The pass as a function: plan, write the plan into ``module``, return it
     (``remat``: the stages' backward functions recompute their forward values;
-    ``devices``: the ids the cluster's devices stand for, default ``0..n-1``)."""
+    ``devices``: the ids the cluster's devices stand for, default ``0..n-1``;
+    ``started_workers``: costing workers started ahead, used first)."""
     if devices and len(devices) != cluster.num_devices:
         raise AlpaError(
             f"construct-stages: {len(devices)} device ids given for the {cluster.num_devices} "
@@ -576,6 +579,7 @@ def construct_stages(
         progress=progress,
         workers=workers,
         phase_flops=layer_phase_flops(ranges),
+        started=started_workers,
     )
     t2 = time.perf_counter()
     plan = plan_stages(

@@ -202,6 +202,37 @@ def test_the_parent_and_a_worker_process_share_the_tasks() -> None:
     assert 0 < here < model.stats.misses  # the worker process costed the others
 
 
+def test_workers_started_ahead_are_taken_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    import alpa_ir.costs.costing_workers as costing_workers
+
+    ranges = LayerRanges(main_function(_deep_module()))
+    serial = cost_table(ranges, _cluster(4), AnalyticalStageCostModel(), progress=False)
+    model = _SlowParentModel()
+    with costing_workers.StartedWorkers(1) as started:
+
+        def no_process() -> None:
+            raise AssertionError("the worker started ahead should be used")
+
+        monkeypatch.setattr(costing_workers, "_start_worker", no_process)
+        parallel = cost_table(
+            ranges, _cluster(4), model, progress=False, workers=2, workers_from_ops=0,
+            started=started,
+        )  # fmt: skip
+        assert len(started) == 0  # taken
+    assert parallel.costs == serial.costs
+    here = sum(c.costed_here for c in model.copies)
+    assert 0 < here < model.stats.misses  # the started worker costed the others
+
+
+def test_workers_started_ahead_and_not_taken_are_ended() -> None:
+    from alpa_ir.costs.costing_workers import StartedWorkers
+
+    with StartedWorkers(2) as started:
+        processes = [process for process, _ in started._idle]
+        assert len(started) == 2 and all(p.poll() is None for p in processes)
+    assert all(p.poll() is not None for p in processes)
+
+
 def test_a_script_without_a_main_guard_costs_in_workers(tmp_path: Path) -> None:
     """The workers do not re-import the user's script (multiprocessing's
     spawn would run it again, and fail, without ``if __name__ == "__main__"``)."""
