@@ -310,11 +310,10 @@ class _Band:
     """The allowed layers as a band: row ``k`` (last segment), column ``w = k − first``.
 
     ``valid[k, w]`` says whether segments ``k − w .. k`` fit the FLOP cap;
-    ``prev[k, w] = k − w`` indexes the DP row of the layer before (shifted by one).
+    the layer before ends at segment ``k − w − 1`` (DP row ``k − w``, :func:`_before`).
     """
 
     valid: np.ndarray  # [n, W] bool
-    prev: np.ndarray  # [n, W] int
     square: np.ndarray  # [n, W] float: FLOPs of the layer, squared
     prefix: np.ndarray  # [n + 1]
     cap: float
@@ -345,7 +344,6 @@ class _Band:
         layer_flops = prefix[ends + 1][:, None] - prefix[np.maximum(starts, 0)]
         return _Band(
             valid=valid,
-            prev=np.maximum(starts, 0),
             square=np.where(valid, layer_flops * layer_flops, np.inf),
             prefix=prefix,
             cap=cap,
@@ -363,16 +361,26 @@ class _Band:
         diff = np.zeros((num_segments, width + 1))
         np.add.at(diff, (dst, 0), weight)
         np.add.at(diff, (dst, np.minimum(dst - src, width)), -weight)
-        into = np.cumsum(diff[:, :width], axis=1)  # into[k, w] = R(k - w, k)
-        rows = np.arange(num_segments)[:, None]
-        cols = np.arange(width)[None, :]
-        # skewed[i, w] = into[i + w, w]: the diagonal through first segment i.
-        diagonal_row = rows + cols
-        inside = diagonal_row < num_segments
-        skewed = np.where(inside, into[np.minimum(diagonal_row, num_segments - 1), cols], 0.0)
-        per_first = np.cumsum(skewed, axis=1)  # per_first[i, w] = C(i, i + w)
-        first = rows - cols
-        received = per_first[np.maximum(first, 0), cols]
+        # into[k, w] = R(k - w, k), with ``width`` rows of zeros below
+        into = np.zeros((num_segments + width, width))
+        np.cumsum(diff[:, :width], axis=1, out=into[:num_segments])
+        # skewed[i, w] = into[i + w, w]: the diagonal through first segment i
+        # (zero past the last segment), read in place: a step of one row and
+        # one column is width + 1 elements
+        item = into.itemsize
+        skewed = np.lib.stride_tricks.as_strided(
+            into, shape=(num_segments, width), strides=(width * item, (width + 1) * item)
+        )
+        # per_first[i, w] = C(i, i + w), below ``width`` rows of zeros
+        per_first = np.zeros((width + num_segments, width))
+        np.cumsum(skewed, axis=1, out=per_first[width:])
+        # received[k, w] = per_first[k - w, w]: a step of one row back and one
+        # column on is -(width - 1) elements (rows k - w < 0 read the zeros)
+        received = np.lib.stride_tricks.as_strided(
+            per_first[width:],
+            shape=(num_segments, width),
+            strides=(width * item, -(width - 1) * item),
+        )
         return np.where(self.valid, received, np.inf)
 
     def row_range(self, layers_so_far: int, num_layers: int) -> tuple[int, int]:
@@ -395,6 +403,22 @@ class _Band:
         return int(hits[0]), int(hits[-1]) + 1
 
 
+def _before(previous: np.ndarray, lo: int, hi: int, band: _Band) -> np.ndarray:
+    """The DP row of the layer before, for ends ``lo..hi - 1``: row ``k``,
+    column ``w`` is ``previous[k - w]`` (``previous[0]`` where ``k - w < 0``, a
+    cell outside the band), read in place (a step of one row on and one
+    column on is zero elements)."""
+    width = band.valid.shape[1]
+    padded = np.empty(width + previous.size)
+    padded[:width] = previous[0]
+    padded[width:] = previous
+    item = padded.itemsize
+    start = padded[width + lo :]
+    return np.lib.stride_tricks.as_strided(
+        start, shape=(hi - lo, width), strides=(item, -item), writeable=False
+    )
+
+
 def _min_max_dp(band: _Band, received: np.ndarray, num_layers: int) -> float:
     """Eq. 6: ``G[r][k + 1] = min_w max(G[r − 1][k − w], C(k − w, k))``; returns ``G*``."""
     num_segments = band.num_segments
@@ -404,7 +428,7 @@ def _min_max_dp(band: _Band, received: np.ndarray, num_layers: int) -> float:
         current = np.full(num_segments + 1, np.inf)
         lo, hi = band.row_range(layers_so_far, num_layers)
         if hi > lo:
-            values = np.maximum(previous[band.prev[lo:hi]], received[lo:hi])
+            values = np.maximum(_before(previous, lo, hi, band), received[lo:hi])
             current[lo + 1 : hi + 1] = values.min(axis=1)
         previous = current
     best = float(previous[num_segments])
@@ -429,7 +453,7 @@ def _min_square_sum_dp(
         current = np.full(num_segments + 1, np.inf)
         lo, hi = band.row_range(layers_so_far, num_layers)
         if hi > lo:
-            values = previous[band.prev[lo:hi]] + allowed_square[lo:hi]
+            values = _before(previous, lo, hi, band) + allowed_square[lo:hi]
             arg = values.argmin(axis=1)
             current[lo + 1 : hi + 1] = values[np.arange(hi - lo), arg]
             choices[layers_so_far, lo:hi] = arg
