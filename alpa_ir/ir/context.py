@@ -5,7 +5,7 @@ models and rules in it)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import Builtin
@@ -13,9 +13,6 @@ from xdsl.dialects.func import Func
 
 from alpa_ir.plugins.contributions import Lazy
 from alpa_ir.plugins.registry import PluginRegistry, default_registry
-
-if TYPE_CHECKING:  # the costs layer imports the IR, not the other way
-    from alpa_ir.costs.costing_workers import StartedWorkers
 
 
 @dataclass
@@ -25,10 +22,11 @@ class AlpaContext(Context):
     registry: PluginRegistry | None = field(default=None)
     statistics: list[Any] | None = field(default=None)
     """While a pass manager runs: the pass statistics recorded so far."""
-    costing_workers: StartedWorkers | None = field(default=None)
+    costing_workers: Any = field(default=None)
     """Worker processes its owner started ahead for ``construct-stages``' cost
-    table (``alpa_ir.costs.costing_workers.StartedWorkers``); the owner ends
-    those not taken."""
+    table, an ``alpa_ir.costs.costing_workers.StartedWorkers`` (not named here:
+    the costs layer imports the IR, not the other way); the owner ends those
+    not taken."""
 
     def clone(self) -> AlpaContext:
         base = super().clone()
