@@ -21,7 +21,6 @@ not supported (a live set would count a tied variable several times).
 
 from __future__ import annotations
 
-import hashlib
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -43,38 +42,39 @@ class TiedProblem:
         return tuple(choice[t] for t in self.variable_of)
 
 
-def _digest(*parts: bytes) -> bytes:
-    h = hashlib.blake2b(digest_size=16)
-    for part in parts:
-        h.update(len(part).to_bytes(8, "little"))
-        h.update(part)
-    return h.digest()
+def _array_key(a: np.ndarray) -> tuple[tuple[int, ...], bytes]:
+    """An array's shape and values, as a dictionary key."""
+    return a.shape, np.ascontiguousarray(a, dtype=np.float64).tobytes()
 
 
-def _array_key(a: np.ndarray) -> bytes:
-    a = np.ascontiguousarray(a, dtype=np.float64)
-    return _digest(str(a.shape).encode(), a.tobytes())
-
-
-def colours(problem: ILPProblem, rounds: int) -> list[bytes]:
+def colours(problem: ILPProblem, rounds: int) -> list[int]:
     """Per node, a colour shared by nodes whose costs and surroundings up to
-    ``rounds`` edges away are the same."""
+    ``rounds`` edges away are the same. Colours are small integers, each the
+    index of a distinct (colour, sorted neighbour colours) of its round: no
+    hashing, so no two different surroundings can share one."""
     n = problem.num_nodes
     memory = problem.node_memory
+    ids: dict[object, int] = {}
+
+    def colour_of(key: object) -> int:
+        return ids.setdefault(key, len(ids))
+
     colour = [
-        _digest(
-            _array_key(problem.node_costs[v]),
-            _array_key(memory[v]) if memory is not None else b"",
+        colour_of(
+            (
+                _array_key(problem.node_costs[v]),
+                _array_key(memory[v]) if memory is not None else None,
+            )
         )
         for v in range(n)
     ]
-    incident: list[list[tuple[bytes, int]]] = [[] for _ in range(n)]
+    incident: list[list[tuple[int, int]]] = [[] for _ in range(n)]
     for e in problem.edges:  # the matrix as seen from each end
-        incident[e.u].append((_digest(b"out", _array_key(e.cost)), e.v))
-        incident[e.v].append((_digest(b"in", _array_key(e.cost.T)), e.u))
+        incident[e.u].append((colour_of(("out", _array_key(e.cost))), e.v))
+        incident[e.v].append((colour_of(("in", _array_key(e.cost.T))), e.u))
     for _ in range(rounds):
         colour = [
-            _digest(colour[v], *sorted(_digest(key, colour[w]) for key, w in incident[v]))
+            colour_of((colour[v], tuple(sorted((key, colour[w]) for key, w in incident[v]))))
             for v in range(n)
         ]
     return colour
@@ -86,11 +86,11 @@ def tie_repeated(problem: ILPProblem, rounds: int = 3, min_repeats: int = 3) -> 
     if problem.memory_budget is not None:
         return None
     colour = colours(problem, rounds)
-    count: dict[bytes, int] = defaultdict(int)
+    count: dict[int, int] = defaultdict(int)
     for c in colour:
         count[c] += 1
     variable_of: list[int] = []
-    variable_of_colour: dict[bytes, int] = {}
+    variable_of_colour: dict[int, int] = {}
     representatives: list[int] = []
     for v, c in enumerate(colour):
         shared = count[c] >= min_repeats
