@@ -34,11 +34,12 @@ from alpa_ir.errors import AlpaError
 from alpa_ir.frontend.arguments import (
     CompiledSignature,
     StaticArgnums,
+    StepArguments,
     check_micro_batches,
     compiled_signature,
     trace_arguments,
 )
-from alpa_ir.frontend.jaxpr_import import import_step
+from alpa_ir.frontend.jaxpr_import import ImportedStep, import_step
 from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
 from alpa_ir.hardware.memory_budget import MemoryBudget
 from alpa_ir.ir.collection import rare_full_collections
@@ -518,8 +519,8 @@ def _early_workers(method: PipeshardParallel, main: func.FuncOp) -> int:
 
 def _plan_imported(
     module: ModuleOp,
-    imported: Any,
-    arguments: Any,
+    imported: ImportedStep,
+    arguments: StepArguments,
     method: PipeshardParallel,
     devices: tuple[int, ...],
     batch_argnums: Sequence[int],
