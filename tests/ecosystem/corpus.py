@@ -176,11 +176,18 @@ def first_line(exc: BaseException, limit: int = 100) -> str:
 # Comparison
 
 
-def compare(got: Sequence[Any], want: Sequence[Any], want2: Sequence[Any], case: Case) -> None:
+def compare(
+    got: Sequence[Any],
+    want: Sequence[Any],
+    want2: Sequence[Any],
+    case: Case,
+    want3: Sequence[Any] | None = None,
+) -> None:
     """Every leaf of every step's output of ``got`` equals ``want`` within
     ``atol + rtol*|want| + 4*|want - want2|`` elementwise (floats), exactly
-    (integers, bools, PRNG key data). Raises AssertionError naming the step,
-    the leaf path and the max error."""
+    (integers, bools, PRNG key data); ``want3``, a third valid execution,
+    also counts as noise (``|want - want3|``). Raises AssertionError naming
+    the step, the leaf path and the max error."""
     if len(got) != len(want) or len(want2) != len(want):
         raise AssertionError(
             f"{case.name}: {len(got)} steps of output, reference has {len(want)} "
@@ -188,6 +195,7 @@ def compare(got: Sequence[Any], want: Sequence[Any], want2: Sequence[Any], case:
         )
     for step, (g_out, w_out, w2_out) in enumerate(zip(got, want, want2, strict=True)):
         g, w, w2 = snapshot(g_out), snapshot(w_out), snapshot(w2_out)
+        w3 = snapshot(want3[step]) if want3 is not None else [None] * len(w)
         g_paths, w_paths = [x.path for x in g], [x.path for x in w]
         if g_paths != w_paths:
             missing = sorted(set(w_paths) - set(g_paths))[:3]
@@ -196,11 +204,11 @@ def compare(got: Sequence[Any], want: Sequence[Any], want2: Sequence[Any], case:
                 f"{case.name} step {step}: output structure differs from the reference "
                 f"({len(g_paths)} leaves vs {len(w_paths)}; missing {missing}, extra {extra})"
             )
-        for a, b, c in zip(g, w, w2, strict=True):
-            _compare_leaf(a, b, c, case, step)
+        for a, b, c, d in zip(g, w, w2, w3, strict=True):
+            _compare_leaf(a, b, c, case, step, d)
 
 
-def _compare_leaf(a: Leaf, b: Leaf, c: Leaf, case: Case, step: int) -> None:
+def _compare_leaf(a: Leaf, b: Leaf, c: Leaf, case: Case, step: int, d: Leaf | None = None) -> None:
     where = f"{case.name} step {step} output{b.path}"
     if b.kind == "other" or a.kind == "other":
         if a.kind != b.kind:
@@ -227,6 +235,8 @@ def _compare_leaf(a: Leaf, b: Leaf, c: Leaf, case: Case, step: int) -> None:
     ref2 = c.value.astype(np.float64)
     err = np.abs(got - ref)
     noise = np.abs(ref - ref2)
+    if d is not None:
+        noise = np.maximum(noise, np.abs(ref - d.value.astype(np.float64)))
     # The leaf's round-off scale: the largest difference between the two valid
     # executions anywhere in the leaf (Adam turns a zero gradient into an
     # lr-sized update of random sign; where the references happen to agree on
@@ -515,7 +525,18 @@ def check_mode(case: Case, mode: str) -> None:
         warnings.simplefilter("always")
         with alpa_api(f"mode {mode}"):
             got = MODE_RUNNERS[mode](case)
-    compare(got, want, want2, case)
+    try:
+        compare(got, want, want2, case)
+    except AssertionError:
+        if mode != "c" or micro_stats:
+            raise
+        # Mode c adds up two micro-batches' gradients, which one device's
+        # micro-batched step does too: a valid execution whose difference
+        # from the reference is round-off as well (Adam on a gradient near
+        # its eps turns it into a visible step). Computed only when needed.
+        with alpa_api("the micro-batched reference (ShardParallel((1, 1)), 2 micro-batches)"):
+            micro = micro_batched_reference(case)
+        compare(got, want, want2, case, micro)
     if micro_stats and not any(MICRO_BATCH_WARNING in str(w.message) for w in caught):
         raise AssertionError(
             f"{case.name}: mode c gave no warning mentioning {MICRO_BATCH_WARNING!r} "

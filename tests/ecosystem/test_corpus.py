@@ -38,3 +38,20 @@ def test_case_matches_one_device(name: str, mode: str) -> None:
         raise
     except corpus.NotAlpaError as exc:
         pytest.fail(str(exc))
+
+
+def test_a_third_valid_execution_widens_the_tolerance_by_its_own_difference() -> None:
+    """``compare``'s ``want3`` counts ``|want - want3|`` as noise, like
+    ``want2``: an error within 4x of it passes, one beyond it still fails."""
+    import numpy as np
+
+    case = corpus.Case(name="synthetic", library="none", build=lambda: None, steps=1, atol=0.0)
+    want = [{"w": np.array([1.0, 2.0], np.float32)}]
+    got = [{"w": np.array([1.0, 2.001], np.float32)}]  # 1e-3 off, rtol 1e-4: 2e-4 allowed
+    with pytest.raises(AssertionError, match="max error"):
+        corpus.compare(got, want, want, case)
+    near = [{"w": np.array([1.0, 2.0003], np.float32)}]  # noise 3e-4: 4x covers 1e-3
+    corpus.compare(got, want, want, case, near)
+    far_off = [{"w": np.array([1.0, 2.0001], np.float32)}]  # noise 1e-4: 4x does not
+    with pytest.raises(AssertionError, match="max error"):
+        corpus.compare(got, want, want, case, far_off)
