@@ -43,7 +43,7 @@ from alpa_ir.frontend.jaxpr_import import ImportedStep, import_step
 from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
 from alpa_ir.hardware.memory_budget import MemoryBudget
 from alpa_ir.ir.collection import rare_full_collections
-from alpa_ir.ir.module_utils import main_function, symbol_op
+from alpa_ir.ir.module_utils import main_function, num_ops, symbol_op
 from alpa_ir.passmanager.pipeline_syntax import format_pipeline
 from alpa_ir.pipeline.plan_memory import StagePeak
 from alpa_ir.pipeline.schedule_kinds import SPLIT_SCHEDULES
@@ -513,7 +513,7 @@ def _early_workers(method: PipeshardParallel, main: func.FuncOp) -> int:
     option = method.stage_option
     if not isinstance(option, AutoStageOption) or option.stage_cost_model != "analytical":
         return 0  # a model that measures on the local devices costs in this process
-    large = sum(1 for _ in main.body.block.ops) >= WORKERS_FROM_OPS
+    large = num_ops(main) >= WORKERS_FROM_OPS
     return option.worker_count() - 1 if large else 0
 
 

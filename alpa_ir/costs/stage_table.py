@@ -47,6 +47,7 @@ from alpa_ir.costs.stage_cost import (
 from alpa_ir.errors import AlpaError, PlanError
 from alpa_ir.hardware.clusters import Cluster
 from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
+from alpa_ir.ir.module_utils import num_ops
 from alpa_ir.passmanager.progress import ProgressBar
 
 SUBMESH_SPACES = ("all", "single-node-model-parallel", "one-dimensional")
@@ -476,7 +477,7 @@ def _cost_in_workers(
                 if not functions or functions[-1] is not stage.function:
                     functions.append(stage.function)
                 jobs[key] = CostJob(len(functions) - 1, view, stage.param_args)
-    work = sum(_num_ops(functions[j.function]) for j in jobs.values() if j.mesh.size > 1)
+    work = sum(num_ops(functions[j.function]) for j in jobs.values() if j.mesh.size > 1)
     if work < workers_from_ops:
         workers = 1  # the same jobs, in this process (cost_in_workers with one worker)
     by_view: dict[tuple[int, ...], list[tuple[Hashable, CostJob]]] = {}
@@ -527,10 +528,6 @@ def _pair_error(error: AlpaError, first: int, last: int, shape: Sequence[int]) -
     layers = f"layer {first}" if first == last else f"layers {first}-{last}"
     kind = PlanError if isinstance(error, PlanError) else AlpaError
     return kind(f"construct-stages: costing {layers} on the logical mesh {list(shape)}: {error}")
-
-
-def _num_ops(function: func.FuncOp) -> int:
-    return sum(1 for _ in function.body.block.ops)
 
 
 __all__ = [

@@ -19,6 +19,11 @@ def main_function(module: ModuleOp, name: str = "main") -> func.FuncOp:
     raise AlpaError(f"module has no function @{name}")
 
 
+def num_ops(function: func.FuncOp) -> int:
+    """The ops of ``function``'s body (those nested in their regions not counted)."""
+    return sum(1 for _ in function.body.block.ops)
+
+
 def top_level_ops(module: ModuleOp, kind: type[Operation]) -> Iterator[Operation]:
     for op in module.ops:
         if isinstance(op, kind):

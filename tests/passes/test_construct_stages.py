@@ -192,36 +192,32 @@ class _SlowParentModel(AnalyticalStageCostModel):
         return super().keyed_cost(*args, **kwargs)
 
 
-def test_the_parent_and_a_worker_process_share_the_tasks() -> None:
-    ranges = LayerRanges(main_function(_deep_module()))
-    serial = cost_table(ranges, _cluster(4), AnalyticalStageCostModel(), progress=False)
-    model = _SlowParentModel()
-    parallel = cost_table(ranges, _cluster(4), model, progress=False, workers=2, workers_from_ops=0)
-    assert parallel.costs == serial.costs
-    here = sum(c.costed_here for c in model.copies)
-    assert 0 < here < model.stats.misses  # the worker process costed the others
-
-
-def test_workers_started_ahead_are_taken_first(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("ahead", [False, True], ids=["started-by-the-table", "started-ahead"])
+def test_the_parent_and_a_worker_process_share_the_tasks(
+    ahead: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The parent costs tasks beside a worker process: one the table starts,
+    or one started ahead, which is then taken instead of starting another."""
     import alpa_ir.costs.costing_workers as costing_workers
 
     ranges = LayerRanges(main_function(_deep_module()))
     serial = cost_table(ranges, _cluster(4), AnalyticalStageCostModel(), progress=False)
     model = _SlowParentModel()
-    with costing_workers.StartedWorkers(1) as started:
+    with costing_workers.StartedWorkers(1 if ahead else 0) as started:
+        if ahead:
 
-        def no_process() -> None:
-            raise AssertionError("the worker started ahead should be used")
+            def no_process() -> None:
+                raise AssertionError("the worker started ahead should be used")
 
-        monkeypatch.setattr(costing_workers, "_start_worker", no_process)
+            monkeypatch.setattr(costing_workers, "_start_worker", no_process)
         parallel = cost_table(
             ranges, _cluster(4), model, progress=False, workers=2, workers_from_ops=0,
             started=started,
         )  # fmt: skip
-        assert len(started) == 0  # taken
+        assert len(started) == 0  # taken (or none started)
     assert parallel.costs == serial.costs
     here = sum(c.costed_here for c in model.copies)
-    assert 0 < here < model.stats.misses  # the started worker costed the others
+    assert 0 < here < model.stats.misses  # the worker process costed the others
 
 
 def test_workers_started_ahead_and_not_taken_are_ended() -> None:
