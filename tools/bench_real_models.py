@@ -75,6 +75,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from alpa_ir.ir.collection import rare_full_collections
 from alpa_ir.tools.cli_args import OneLineParser, positive_int, positive_seconds
 
 if TYPE_CHECKING:  # imported where used: a bad option is rejected before jax loads
@@ -790,6 +791,7 @@ def peak_rss_gib() -> dict[str, float]:
     return {"planner": own / 2**20, "largest_worker": children / 2**20}
 
 
+@rare_full_collections()  # importing and costing allocate millions of objects
 def plan_model(spec: ModelSpec, cluster: Cluster, settings: PlanSettings) -> dict[str, Any]:
     """Import ``spec``'s step (abstract arguments), cut it into automatic layers,
     plan automatic stages on ``cluster`` and simulate the plan and the

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from alpa_ir.errors import AlpaError, PlanError
+from alpa_ir.ir.collection import rare_full_collections
 
 if TYPE_CHECKING:  # imported where used: a bad option is rejected before jax loads
     from xdsl.dialects.builtin import ModuleOp
@@ -87,6 +88,7 @@ Baselines = Callable[["LayerRanges", "StageCostTable", "StageCostOptions"], list
 ranges, the cost table and the cost options, their outcomes."""
 
 
+@rare_full_collections()  # tracing and costing allocate millions of objects
 def bench_model(
     name: str,
     cluster: Cluster,
@@ -169,6 +171,7 @@ def zoo_baselines(
     return []
 
 
+@rare_full_collections()
 def bench_module(
     module: ModuleOp,
     cluster: Cluster,

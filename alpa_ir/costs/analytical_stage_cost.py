@@ -102,6 +102,7 @@ from alpa_ir.costs.live_memory import peak_live_bytes
 from alpa_ir.costs.stage_cost import (
     FORWARD_SHARE,
     MEMORY_FALLBACK_FROM,
+    MEMORY_FALLBACK_MIP_GAP,
     MEMORY_FALLBACK_TIME_LIMIT,
     CacheStats,
     StageCost,
@@ -251,6 +252,7 @@ class AnalyticalStageCostModel:
             self.options,
             allow_replicated_parameters=False,
             time_limit=min(self.options.time_limit, MEMORY_FALLBACK_TIME_LIMIT),
+            mip_gap=max(self.options.mip_gap, MEMORY_FALLBACK_MIP_GAP),
         )
         try:
             sharded = self._plan_and_price(function, mesh, cluster, params, sharded_options)

@@ -89,3 +89,37 @@ def test_a_stage_takes_the_memory_saving_plan_only_when_the_first_does_not_fit()
     table.cluster = _small_cluster(devices=2, memory=100.0)
     (roomy,) = solve_stages(table, 4).stages
     assert roomy.cost is cost and roomy.latency == 1.0
+
+
+def test_the_second_plan_is_solved_to_the_fallback_gap_within_its_time_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The second plan accepts a plan within MEMORY_FALLBACK_MIP_GAP of the LP
+    bound (a dived plan, without CBC proving it optimal), under its own time
+    limit; a larger gap of the options applies as it is, the first plan keeps
+    the options' own."""
+    from alpa_ir.costs import analytical_stage_cost
+    from alpa_ir.costs.stage_cost import MEMORY_FALLBACK_MIP_GAP, MEMORY_FALLBACK_TIME_LIMIT
+
+    seen: list[StageCostOptions] = []
+    real = analytical_stage_cost.plan_function
+
+    def spy(function, mesh, options, *args, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append(options)
+        return real(function, mesh, options, *args, **kwargs)
+
+    monkeypatch.setattr(analytical_stage_cost, "plan_function", spy)
+    c = _small_cluster(devices=2, memory=SMALL_MEMORY)
+    function, params = _middle_layer()
+    for gap in (0.01, 0.2):
+        seen.clear()
+        options = StageCostOptions(memory_fallback=True, mip_gap=gap)
+        cost = AnalyticalStageCostModel(options).stage_cost(
+            function, c.logical_mesh((1, 2)), c, params
+        )
+        assert cost.memory_saving is not None
+        first, second = seen
+        assert (first.mip_gap, first.allow_replicated_parameters) == (gap, True)
+        assert second.mip_gap == max(gap, MEMORY_FALLBACK_MIP_GAP)
+        assert not second.allow_replicated_parameters
+        assert second.time_limit == MEMORY_FALLBACK_TIME_LIMIT
