@@ -62,7 +62,8 @@ def row_classes(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if n <= 1:
         return np.zeros(n, dtype=np.int64), np.zeros(min(n, 1), dtype=np.int64)
     weights = np.random.default_rng(n).random(rows.shape[1]) + 0.5
-    keys = np.nan_to_num(rows.astype(np.float64, copy=False), posinf=1e300) @ weights
+    values = rows.astype(np.float64, copy=False)
+    keys = np.where(values == np.inf, 1e300, values) @ weights  # forbidden pairs: large
     order = np.argsort(keys, kind="stable")
     ordered = rows[order]
     new = np.ones(n, dtype=bool)

@@ -1,5 +1,5 @@
 """The LP relaxation of a (presolved) auto-sharding ILP, built in bulk and solved
-by HiGHS (through SciPy).
+by HiGHS (through highspy).
 
 The formulation is the tight one of :mod:`alpa_ir.solvers.mip_model` (the
 local marginal polytope): ``s_v[i] in [0, 1]`` with ``Σ_i s_v[i] = 1``, and per
@@ -22,8 +22,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import highspy
 import numpy as np
-import scipy.optimize
 import scipy.sparse
 
 from alpa_ir.solvers.elimination import row_classes
@@ -101,36 +101,27 @@ def solve_relaxation(core: CoreProblem, time_limit: float | None = None) -> Rela
         cols += [pair_cols, offsets[edge.v] + np.arange(col_class.shape[0])]
         vals += [np.ones(k), -np.ones(col_class.shape[0])]
         num_rows += na + nb
-    a_eq = scipy.sparse.csr_matrix(
+    matrix = scipy.sparse.csc_matrix(
         (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
         shape=(num_rows, num_cols),
     )
-    b_eq = np.zeros(num_rows)
-    b_eq[: len(core.node_costs)] = 1.0
+    row_lower = np.zeros(num_rows)
+    row_lower[: len(core.node_costs)] = 1.0
+    row_upper = row_lower
     a_ub, b_ub = _memory_rows(core, offsets, num_cols)
+    if a_ub is not None and b_ub is not None:
+        matrix = scipy.sparse.vstack([matrix, a_ub], format="csc")
+        row_lower = np.concatenate([row_lower, np.full(b_ub.shape[0], -np.inf)])
+        row_upper = np.concatenate([row_upper, b_ub])
     cost = np.concatenate(cost_parts)
     scale = 1.0 / max(float(np.abs(cost).max(initial=0.0)), 1e-300)  # largest cost 1
-    options: dict[str, float | bool] = {
-        "presolve": False,  # HiGHS presolve: slower on these LPs (measured: 3.6 vs 4.8 s, 8 vs 11 s)
-        # tighter than HiGHS' 1e-7: the objective's tie-breaking terms are ~1e-9 of its largest cost
-        "primal_feasibility_tolerance": LP_TOL,
-        "dual_feasibility_tolerance": LP_TOL,
-    }
-    if time_limit is not None:
-        options["time_limit"] = max(float(time_limit), 1e-3)
-    result = scipy.optimize.linprog(
-        cost * scale,
-        A_ub=a_ub,
-        b_ub=b_ub,
-        A_eq=a_eq,
-        b_eq=b_eq,
-        bounds=np.stack([np.zeros(num_cols), np.concatenate(upper_parts)], axis=1),
-        method="highs-ds",
-        options=options,
+    solved = _solve_with_highs(
+        cost * scale, np.concatenate(upper_parts), matrix, row_lower, row_upper, time_limit
     )
-    if result.status != 0 or result.x is None:
+    if solved is None:
         return None
-    x = result.x[:num_node_vars]
+    objective, solution = solved
+    x = solution[:num_node_vars]
     rounded = []
     fractional = []
     for v in range(len(core.node_costs)):
@@ -140,17 +131,66 @@ def solve_relaxation(core: CoreProblem, time_limit: float | None = None) -> Rela
         if part[best] < 1.0 - INTEGRAL_TOL:
             fractional.append(v)
     integral = not fractional
-    bound = float(result.fun) / scale + core.constant
-    followed = () if integral else _follow_edges(core, result.x, offsets, pairs)
+    bound = objective / scale + core.constant
+    followed = () if integral else _follow_edges(core, solution, offsets, pairs)
     return Relaxation(
         bound=bound if math.isfinite(bound) else -math.inf,
         rounded=tuple(rounded),
         integral=integral,
         num_variables=num_cols,
-        num_constraints=num_rows + (0 if a_ub is None else a_ub.shape[0]),
+        num_constraints=matrix.shape[0],
         followed=followed,
         fractional=tuple(fractional),
     )
+
+
+def _solve_with_highs(
+    cost: np.ndarray,
+    upper: np.ndarray,
+    matrix: scipy.sparse.csc_matrix,
+    row_lower: np.ndarray,
+    row_upper: np.ndarray,
+    time_limit: float | None,
+) -> tuple[float, np.ndarray] | None:
+    """``min cost·x`` s.t. ``row_lower <= matrix·x <= row_upper``, ``0 <= x <=
+    upper`` by HiGHS' dual simplex (through highspy, as SciPy's ``linprog``
+    does, without converting its duals and slacks to lists): the objective
+    and ``x``, or None without an optimum in time."""
+    highs = highspy.Highs()
+    for option, value in (
+        ("output_flag", False),
+        (
+            "presolve",
+            "off",
+        ),  # HiGHS presolve: slower on these LPs (measured: 3.6 vs 4.8 s, 8 vs 11 s)
+        ("solver", "simplex"),
+        ("simplex_strategy", 1),  # dual
+        # tighter than HiGHS' 1e-7: the objective's tie-breaking terms are ~1e-9 of its largest cost
+        ("primal_feasibility_tolerance", LP_TOL),
+        ("dual_feasibility_tolerance", LP_TOL),
+        *((("time_limit", max(float(time_limit), 1e-3)),) if time_limit is not None else ()),
+    ):
+        highs.setOptionValue(option, value)
+    lp = highspy.HighsLp()
+    lp.num_col_, lp.num_row_ = matrix.shape[1], matrix.shape[0]
+    lp.col_cost_ = cost
+    lp.col_lower_ = np.zeros(matrix.shape[1])
+    lp.col_upper_ = upper
+    lp.row_lower_ = row_lower
+    lp.row_upper_ = row_upper
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.num_col_, lp.a_matrix_.num_row_ = matrix.shape[1], matrix.shape[0]
+    lp.a_matrix_.start_ = matrix.indptr
+    lp.a_matrix_.index_ = matrix.indices
+    lp.a_matrix_.value_ = matrix.data
+    if highs.passModel(lp) == highspy.HighsStatus.kError:
+        return None
+    if highs.run() == highspy.HighsStatus.kError:
+        return None
+    if highs.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+        return None
+    solution = np.asarray(highs.getSolution().col_value, dtype=np.float64)
+    return float(highs.getInfo().objective_function_value), solution
 
 
 def _follow_edges(
