@@ -75,6 +75,7 @@ processes (:class:`ParallelStageCostModel`, :mod:`alpa_ir.costs.costing_workers`
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -120,6 +121,9 @@ from alpa_ir.errors import AlpaError
 from alpa_ir.hardware.clusters import Cluster
 from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
 
+IDENTITIES_KEPT = 16
+"""Functions whose fingerprints a model keeps (it holds them alive meanwhile)."""
+
 
 @dataclass
 class AnalyticalStageCostModel:
@@ -134,9 +138,12 @@ class AnalyticalStageCostModel:
     function planned on it shares (``StrategyCache``)."""
     _pricers: dict[tuple[str, Cluster], object] = field(default_factory=dict, repr=False)
     """Per cost model name and cluster: the bound model that prices the collectives."""
-    _fingerprint: tuple[func.FuncOp, str, frozenset[int]] | None = field(default=None, repr=False)
-    """The last function, its fingerprint and its dimension sizes: a cost table
-    asks for one function on every view in turn."""
+    _identities: OrderedDict[func.FuncOp, tuple[str, frozenset[int]]] = field(
+        default_factory=OrderedDict, repr=False
+    )
+    """The fingerprints and dimension sizes of the last ``IDENTITIES_KEPT``
+    functions asked about: a cost table asks for one function on every view in
+    turn, a worker for each of its functions on one view."""
 
     def stage_cost(
         self,
@@ -178,7 +185,7 @@ class AnalyticalStageCostModel:
         module docstring)."""
         params = param_args_of(function, param_args)
         return (
-            self._identity(function)[1],
+            self._identity(function)[0],
             *mesh_key(
                 self.live_mesh(function, mesh), keep_axis_order=self.options.keep_argument_specs
             ),
@@ -199,7 +206,7 @@ class AnalyticalStageCostModel:
         planned once. Not with fixed argument shardings (axes by position)."""
         if self.options.keep_argument_specs:
             return mesh
-        dims = self._identity(function)[2]
+        dims = self._identity(function)[1]
         shape = tuple(n if any(d % n == 0 for d in dims) else 1 for n in mesh.shape)
         if shape == mesh.shape:
             return mesh
@@ -218,14 +225,16 @@ class AnalyticalStageCostModel:
             return cost
         return _spread(cost, adjustment)
 
-    def _identity(self, function: func.FuncOp) -> tuple[func.FuncOp, str, frozenset[int]]:
-        if self._fingerprint is None or self._fingerprint[0] is not function:
-            self._fingerprint = (
-                function,
-                function_fingerprint(function),
-                function_dimensions(function),
-            )
-        return self._fingerprint
+    def _identity(self, function: func.FuncOp) -> tuple[str, frozenset[int]]:
+        found = self._identities.get(function)
+        if found is None:
+            found = (function_fingerprint(function), function_dimensions(function))
+            self._identities[function] = found
+            if len(self._identities) > IDENTITIES_KEPT:
+                self._identities.popitem(last=False)
+        else:
+            self._identities.move_to_end(function)
+        return found
 
     def remember(self, key: tuple[object, ...], cost: StageCost) -> None:
         """Keep ``cost``, computed elsewhere (a worker process), under ``key``."""

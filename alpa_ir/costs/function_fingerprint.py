@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 
 from xdsl.dialects import func
-from xdsl.ir import Block, SSAValue
+from xdsl.ir import Attribute, Block, SSAValue
 
 from alpa_ir.dialects.lax import ConstantOp
 from alpa_ir.dialects.mesh import MESH_ATTR
@@ -21,11 +21,18 @@ def function_fingerprint(function: func.FuncOp) -> str:
     not count."""
     ids: dict[SSAValue, str] = {}
     parts: list[str] = [str(function.function_type)]
+    printed: dict[Attribute, str] = {}  # types and attributes recur: printed once
+
+    def text(attr: Attribute) -> str:
+        found = printed.get(attr)
+        if found is None:
+            found = printed[attr] = str(attr)
+        return found
 
     def visit_block(block: Block, prefix: str) -> None:
         for k, arg in enumerate(block.args):
             ids[arg] = f"{prefix}a{k}"
-        parts.append(f"block {prefix} {[str(a.type) for a in block.args]}")
+        parts.append(f"block {prefix} {[text(a.type) for a in block.args]}")
         for i, op in enumerate(block.ops):
             for k, res in enumerate(op.results):
                 ids[res] = f"{prefix}{i}.{k}"
@@ -33,17 +40,17 @@ def function_fingerprint(function: func.FuncOp) -> str:
             # a constant's value (``data``) changes no cost: blocks whose dropout draws
             # from a seed of their own (Hugging Face GPT-2's twelve) are costed once
             props = sorted(
-                (k, str(v))
+                (k, text(v))
                 for k, v in op.properties.items()
                 if not (isinstance(op, ConstantOp) and k == "data")
             )
             attrs = sorted(
-                (k, str(v))
+                (k, text(v))
                 for k, v in op.attributes.items()
                 if not k.startswith("sharding.") and k != MESH_ATTR
             )
             parts.append(
-                f"{op.name} {operands} {props} {attrs} {[str(r.type) for r in op.results]}"
+                f"{op.name} {operands} {props} {attrs} {[text(r.type) for r in op.results]}"
             )
             for r, region in enumerate(op.regions):
                 for b, inner in enumerate(region.blocks):

@@ -321,3 +321,38 @@ def test_layers_that_differ_only_in_constant_values_share_a_fingerprint() -> Non
 
     assert function_fingerprint(block(572844704)) == function_fingerprint(block(2099313785))
     assert function_fingerprint(block(1)) != function_fingerprint(block(1, "tensor<f32>"))
+
+
+def test_a_model_fingerprints_each_of_its_recent_functions_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker asks for each of its functions on one view in turn: the
+    fingerprints of the last IDENTITIES_KEPT functions are kept, not only the
+    last one's (GPT-2 small's parent process fingerprinted its 4 layers 20 times)."""
+    counted: list[func.FuncOp] = []
+    real = analytical_stage_cost.function_fingerprint
+
+    def counting(function: func.FuncOp) -> str:
+        counted.append(function)
+        return real(function)
+
+    monkeypatch.setattr(analytical_stage_cost, "function_fingerprint", counting)
+    c = _cluster()
+    functions = [_stage(0, count=1), _stage(0, count=2), _stage(1, count=1)]
+    model = AnalyticalStageCostModel()
+    keys = [
+        [model.cache_key(f, c.logical_mesh(shape), c) for f in functions]
+        for shape in ((1, 2), (2, 1), (1, 4))
+    ]
+    assert len(counted) == len(functions)
+    assert keys[0][0] != keys[0][1] and keys[0][0] == model.cache_key(
+        functions[0], c.logical_mesh((1, 2)), c
+    )
+    # beyond IDENTITIES_KEPT functions, the oldest is forgotten (and not held alive)
+    many = [functions[0].clone() for _ in range(analytical_stage_cost.IDENTITIES_KEPT + 1)]
+    for f in many:
+        model.cache_key(f, c.logical_mesh((1, 2)), c)
+    counted.clear()
+    model.cache_key(many[0], c.logical_mesh((1, 2)), c)
+    model.cache_key(many[-1], c.logical_mesh((1, 2)), c)
+    assert counted == [many[0]]
