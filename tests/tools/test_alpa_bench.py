@@ -254,3 +254,34 @@ def test_tracing_and_costing_run_with_rare_full_collections(
     for phase in ("trace", "costing"):
         assert all(t >= p for t, p in zip(seen[phase], PLANNING_THRESHOLDS, strict=True)), phase
     assert gc.get_threshold() == before
+
+
+def test_a_real_size_step_starts_its_costing_workers_before_it_is_traced(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Workers import the compiler while a zoo model is traced; the cost
+    table takes them. The tiny test models start none."""
+    from alpa_ir.costs import stage_table
+    from alpa_ir.costs.costing_workers import StartedWorkers
+    from alpa_ir.tools import bench_suite
+
+    assert bench_suite.early_workers("gpt3-39b", 2) == 1
+    assert bench_suite.early_workers("gpt3-350m", 4) == 3
+    assert bench_suite.early_workers("gpt-tiny", 2) == 0
+    assert bench_suite.early_workers("gpt3-39b", 1) == 0
+    seen: list[object] = []
+    real_table = stage_table.cost_table
+
+    def table_spy(*args: Any, **kwargs: Any) -> Any:
+        seen.append(kwargs.get("started"))
+        return real_table(*args, **kwargs)
+
+    monkeypatch.setattr(stage_table, "cost_table", table_spy)
+    monkeypatch.setattr(bench_suite, "early_workers", lambda name, workers: 1)
+    argv = ["--models=mlp-tiny", "--cluster=local-cpu", "--gpus=2", "--layers=2",
+            "--micro-batches=2", "--workers=2", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    capsys.readouterr()
+    (started,) = seen
+    assert isinstance(started, StartedWorkers)
+    assert len(started) == 0  # taken by the table, or ended with the run
