@@ -142,6 +142,9 @@ class _Reducer:
         self.adj: list[dict[int, None]] = [{} for _ in range(n)]
         self.edges: dict[tuple[int, int], np.ndarray] = {}
         self.edge_names: dict[tuple[int, int], str] = {}
+        # what is known of an edge's matrix since it last changed (dropped on a change)
+        self.finite: dict[tuple[int, int], bool] = {}  # no forbidden (inf) pair
+        self.not_additive: set[tuple[int, int]] = set()  # checked by _fold_additive
         for e in problem.edges:
             self._add_edge(e.u, e.v, np.asarray(e.cost, dtype=np.float64), original=True)
         self.eliminated = [False] * n
@@ -168,6 +171,7 @@ class _Reducer:
             self.cost[u] = self.cost[u] + np.diagonal(matrix)
             return
         key, m = ((u, v), matrix) if u < v else ((v, u), matrix.T)
+        self._changed(key)
         if key in self.edges:
             self.edges[key] = self.edges[key] + m
         else:
@@ -181,11 +185,24 @@ class _Reducer:
                 "left by eliminating the nodes between them"
             )
 
+    def _changed(self, key: tuple[int, int]) -> None:
+        """Forget what was known of edge ``key``'s matrix."""
+        self.finite.pop(key, None)
+        self.not_additive.discard(key)
+
+    def _is_finite(self, key: tuple[int, int]) -> bool:
+        """Whether edge ``key`` forbids no pair (kept until the edge changes)."""
+        found = self.finite.get(key)
+        if found is None:
+            found = self.finite[key] = bool(np.isfinite(self.edges[key]).all())
+        return found
+
     def _edge(self, v: int, w: int) -> np.ndarray:
         """The matrix of edge (v, w) with v's strategies on axis 0."""
         return self.edges[(v, w)] if v < w else self.edges[(w, v)].T
 
     def _drop_edge(self, v: int, w: int) -> None:
+        self._changed((min(v, w), max(v, w)))
         del self.edges[(min(v, w), max(v, w))]
         del self.adj[v][w]
         del self.adj[w][v]
@@ -214,6 +231,9 @@ class _Reducer:
         self.cost[v] = self.cost[v][keep]
         for w in self.adj[v]:
             key = (min(v, w), max(v, w))
+            self.not_additive.discard(key)  # fewer strategies may make it additive
+            if not self.finite.get(key, True):
+                del self.finite[key]  # fewer strategies may leave no inf (a finite one stays so)
             self.edges[key] = self.edges[key][keep] if v < w else self.edges[key][:, keep]
             self._push(w)
         self._push(v)
@@ -286,6 +306,8 @@ class _Reducer:
             )
         culprit = ""
         for w in self.adj[v]:
+            if self._is_finite((min(v, w), max(v, w))):
+                continue  # every row has a finite pair
             rows = np.isfinite(self._edge(v, w)).any(axis=1)
             if not (rows & keep).any() and not culprit:
                 culprit = self.edge_names[(min(v, w), max(v, w))]
@@ -299,9 +321,10 @@ class _Reducer:
 
     def _fold_additive(self, v: int) -> None:
         for w in list(self.adj[v]):
-            m = self._edge(v, w)
-            if not np.isfinite(m).all():
+            key = (min(v, w), max(v, w))
+            if key in self.not_additive or not self._is_finite(key):
                 continue
+            m = self._edge(v, w)
             a = m[:, 0]
             b = m[0, :] - m[0, 0]
             residual = np.abs(m - a[:, None] - b[None, :]).max()
@@ -310,6 +333,8 @@ class _Reducer:
                 self.cost[w] = self.cost[w] + b
                 self._drop_edge(v, w)
                 self._push(w)
+            else:
+                self.not_additive.add(key)
 
     def _dominated(self, v: int) -> bool:
         """Dead-end elimination (Goldstein's criterion): drop ``i`` if some ``k`` is
@@ -323,10 +348,12 @@ class _Reducer:
         with np.errstate(invalid="ignore"):
             for w in self.adj[v]:
                 m = self._edge(v, w)
+                finite = self._is_finite((min(v, w), max(v, w)))
                 step = max(1, _CHUNK // (size * m.shape[1]))
                 for lo in range(0, size, step):
                     diff = m[lo : lo + step, None, :] - m[None, :, :]
-                    diff[np.isnan(diff)] = -np.inf  # both forbidden: no constraint
+                    if not finite:
+                        diff[np.isnan(diff)] = -np.inf  # both forbidden: no constraint
                     worse[lo : lo + step] += diff.max(axis=2)
             dominates = worse <= 0
         if self.node_live[v]:
