@@ -89,7 +89,8 @@ class ShardStages(ModulePass):
             PassManager(registry, stage_passes, verify_each=False).run(single, ctx)
             original = symbol_op(op, name, func.FuncOp)
             assert isinstance(original, func.FuncOp)
-            planned = main_function(single).clone()
+            planned = main_function(single)
+            planned.detach()  # moved, not copied: its module is dropped
             planned.sym_name = StringAttr(name)
             planned.attributes[MESH_ATTR] = original.attributes[MESH_ATTR]
             op.body.block.insert_op_before(planned, original)

@@ -547,7 +547,7 @@ def _plan_imported(
         f"builtin.module({','.join(_layer_passes(module, method))})",
         verify_each="end",
     )
-    statistics = layers.execute(module).statistics
+    statistics = layers.execute(module, snapshot=input_module).statistics
     main = main_function(module)
     warn_micro_batch_statistics(main, batch_leaves_of(main), b)
     inner = method.auto_sharding_option.pipeline(1).removeprefix("builtin.module(")[:-1]

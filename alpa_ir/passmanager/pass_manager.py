@@ -197,8 +197,12 @@ class PassManager:
         """Run every pass on ``module`` (in place) and return it."""
         return self.execute(module, ctx).module
 
-    def execute(self, module: ModuleOp, ctx: Context | None = None) -> PassRunResult:
-        """Run every pass on ``module`` (in place); return it with the pass timings."""
+    def execute(
+        self, module: ModuleOp, ctx: Context | None = None, *, snapshot: ModuleOp | None = None
+    ) -> PassRunResult:
+        """Run every pass on ``module`` (in place); return it with the pass timings.
+        ``snapshot``: a copy of ``module`` as it is now that the caller keeps
+        unchanged, the crash reproducers' input instead of a copy of their own."""
         if ctx is None:
             ctx = make_context(self.registry)
         collecting = isinstance(ctx, AlpaContext)
@@ -207,7 +211,7 @@ class PassManager:
             ctx.statistics = []  # type: ignore[attr-defined]
         try:
             with rare_full_collections():
-                module, timings = self._execute(module, ctx)
+                module, timings = self._execute(module, ctx, snapshot)
             stats = tuple(ctx.statistics or ()) if collecting else ()  # type: ignore[attr-defined]
         finally:
             if collecting:
@@ -216,10 +220,14 @@ class PassManager:
             outer.extend(stats)
         return PassRunResult(module, timings, stats)
 
-    def _execute(self, module: ModuleOp, ctx: Context) -> tuple[ModuleOp, tuple[PassTiming, ...]]:
+    def _execute(
+        self, module: ModuleOp, ctx: Context, snapshot: ModuleOp | None = None
+    ) -> tuple[ModuleOp, tuple[PassTiming, ...]]:
         timings: list[PassTiming] = []
         verify_seconds = 0.0
-        initial = module.clone() if self.crash_reproducer else None
+        initial = None
+        if self.crash_reproducer:
+            initial = snapshot if snapshot is not None else module.clone()
         for index, pass_ in enumerate(self.passes):
             if self.progress is not None:
                 self.progress(index + 1, len(self.passes), pass_)

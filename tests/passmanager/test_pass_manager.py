@@ -7,12 +7,12 @@ import io
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pytest
 from xdsl.context import Context
 from xdsl.dialects import func
-from xdsl.dialects.builtin import IntegerAttr, ModuleOp, StringAttr
+from xdsl.dialects.builtin import IntegerAttr, ModuleOp, StringAttr, UnitAttr
 from xdsl.passes import ModulePass
 
 from alpa_ir.errors import AlpaError, IRVerifyError, PassFailure, PipelineError
@@ -418,3 +418,28 @@ builtin.module {
   }
 }
 """
+
+
+def test_a_snapshot_given_by_the_caller_is_the_reproducers_input(
+    registry: PluginRegistry, ctx: Context, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``execute(..., snapshot=)``: the caller's unchanged copy (plan_pipeshard
+    keeps one of the imported step) stands for the module as it was; the
+    manager copies nothing of its own."""
+    module = _module(ctx)
+    snapshot = module.clone()
+    snapshot.attributes["from_the_snapshot"] = UnitAttr()
+    clones: list[ModuleOp] = []
+    real_clone = ModuleOp.clone
+
+    def counting_clone(self: ModuleOp, *args: Any, **kwargs: Any) -> ModuleOp:
+        clones.append(self)
+        return real_clone(self, *args, **kwargs)
+
+    manager = PassManager(registry, "count-ops,rename-then-fail", reproducer_dir=tmp_path)
+    monkeypatch.setattr(ModuleOp, "clone", counting_clone)
+    with pytest.raises(PassFailure) as info:
+        manager.execute(module, ctx, snapshot=snapshot)
+    assert module not in clones  # the reproducer replays copies of the snapshot
+    text = Path(str(info.value.reproducer)).read_text()
+    assert "from_the_snapshot" in text and "count = 4" in text
