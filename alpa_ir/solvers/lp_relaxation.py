@@ -159,10 +159,8 @@ def _solve_with_highs(
     highs = highspy.Highs()
     for option, value in (
         ("output_flag", False),
-        (
-            "presolve",
-            "off",
-        ),  # HiGHS presolve: slower on these LPs (measured: 3.6 vs 4.8 s, 8 vs 11 s)
+        # HiGHS presolve: slower on these LPs (measured: 3.6 vs 4.8 s, 8 vs 11 s)
+        ("presolve", "off"),
         ("solver", "simplex"),
         ("simplex_strategy", 1),  # dual
         # tighter than HiGHS' 1e-7: the objective's tie-breaking terms are ~1e-9 of its largest cost
