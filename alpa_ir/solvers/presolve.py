@@ -185,6 +185,11 @@ class _Reducer:
                 "left by eliminating the nodes between them"
             )
 
+    @staticmethod
+    def _key(v: int, w: int) -> tuple[int, int]:
+        """Edge (v, w)'s key in ``edges``: its ends in order."""
+        return (v, w) if v < w else (w, v)
+
     def _changed(self, key: tuple[int, int]) -> None:
         """Forget what was known of edge ``key``'s matrix."""
         self.finite.pop(key, None)
@@ -202,8 +207,9 @@ class _Reducer:
         return self.edges[(v, w)] if v < w else self.edges[(w, v)].T
 
     def _drop_edge(self, v: int, w: int) -> None:
-        self._changed((min(v, w), max(v, w)))
-        del self.edges[(min(v, w), max(v, w))]
+        key = self._key(v, w)
+        self._changed(key)
+        del self.edges[key]
         del self.adj[v][w]
         del self.adj[w][v]
 
@@ -230,7 +236,7 @@ class _Reducer:
         self.alive[v] = self.alive[v][keep]
         self.cost[v] = self.cost[v][keep]
         for w in self.adj[v]:
-            key = (min(v, w), max(v, w))
+            key = self._key(v, w)
             self.not_additive.discard(key)  # fewer strategies may make it additive
             if not self.finite.get(key, True):
                 del self.finite[key]  # fewer strategies may leave no inf (a finite one stays so)
@@ -306,11 +312,11 @@ class _Reducer:
             )
         culprit = ""
         for w in self.adj[v]:
-            if self._is_finite((min(v, w), max(v, w))):
+            if self._is_finite(self._key(v, w)):
                 continue  # every row has a finite pair
             rows = np.isfinite(self._edge(v, w)).any(axis=1)
             if not (rows & keep).any() and not culprit:
-                culprit = self.edge_names[(min(v, w), max(v, w))]
+                culprit = self.edge_names[self._key(v, w)]
             keep &= rows
         reason = (
             f"{culprit} forbids every pair of remaining strategies (all inf)"
@@ -321,7 +327,7 @@ class _Reducer:
 
     def _fold_additive(self, v: int) -> None:
         for w in list(self.adj[v]):
-            key = (min(v, w), max(v, w))
+            key = self._key(v, w)
             if key in self.not_additive or not self._is_finite(key):
                 continue
             m = self._edge(v, w)
@@ -348,7 +354,7 @@ class _Reducer:
         with np.errstate(invalid="ignore"):
             for w in self.adj[v]:
                 m = self._edge(v, w)
-                finite = self._is_finite((min(v, w), max(v, w)))
+                finite = self._is_finite(self._key(v, w))
                 step = max(1, _CHUNK // (size * m.shape[1]))
                 for lo in range(0, size, step):
                     diff = m[lo : lo + step, None, :] - m[None, :, :]
