@@ -166,9 +166,10 @@ def _solve_with_highs(
         # tighter than HiGHS' 1e-7: the objective's tie-breaking terms are ~1e-9 of its largest cost
         ("primal_feasibility_tolerance", LP_TOL),
         ("dual_feasibility_tolerance", LP_TOL),
-        *((("time_limit", max(float(time_limit), 1e-3)),) if time_limit is not None else ()),
     ):
         highs.setOptionValue(option, value)
+    if time_limit is not None:
+        highs.setOptionValue("time_limit", max(float(time_limit), 1e-3))
     lp = highspy.HighsLp()
     lp.num_col_, lp.num_row_ = matrix.shape[1], matrix.shape[0]
     lp.col_cost_ = cost
