@@ -78,12 +78,11 @@ it is traced: they import the compiler while the step is traced and clustered,
 as ``PipeshardParallel`` does for a large step (GPT-3 39B: 0.5 s less)."""
 
 
-def early_workers(name: str, workers: int) -> int:
-    """Costing workers to start before zoo model ``name`` is traced: those the
-    cost table will want besides this process, for a step large enough."""
-    from alpa_ir.models.train_step import train_step_flops
-
-    return workers - 1 if train_step_flops(name) >= EARLY_WORKERS_FROM_FLOPS else 0
+def early_workers(step_flops: float, workers: int) -> int:
+    """Costing workers to start before a zoo step of ``step_flops`` FLOPs is
+    traced: those the cost table will want besides this process, for a step
+    large enough."""
+    return workers - 1 if step_flops >= EARLY_WORKERS_FROM_FLOPS else 0
 
 
 def trace(name: str, num_micro_batches: int, layers: int) -> Any:
@@ -137,7 +136,7 @@ def bench_model(
     ) -> list[Outcome]:
         return zoo_baselines(name, ranges, table, options, num_micro_batches, flops)
 
-    with StartedWorkers(early_workers(name, workers)) as started:
+    with StartedWorkers(early_workers(flops, workers)) as started:
         t0 = time.perf_counter()
         module = trace(name, num_micro_batches, layers)
         clustering = time.perf_counter() - t0

@@ -263,12 +263,13 @@ def test_a_real_size_step_starts_its_costing_workers_before_it_is_traced(
     table takes them. The tiny test models start none."""
     from alpa_ir.costs import stage_table
     from alpa_ir.costs.costing_workers import StartedWorkers
+    from alpa_ir.models.train_step import train_step_flops
     from alpa_ir.tools import bench_suite
 
-    assert bench_suite.early_workers("gpt3-39b", 2) == 1
-    assert bench_suite.early_workers("gpt3-350m", 4) == 3
-    assert bench_suite.early_workers("gpt-tiny", 2) == 0
-    assert bench_suite.early_workers("gpt3-39b", 1) == 0
+    assert bench_suite.early_workers(train_step_flops("gpt3-39b"), 2) == 1
+    assert bench_suite.early_workers(train_step_flops("gpt3-350m"), 4) == 3
+    assert bench_suite.early_workers(train_step_flops("gpt-tiny"), 2) == 0
+    assert bench_suite.early_workers(train_step_flops("gpt3-39b"), 1) == 0
     seen: list[object] = []
     real_table = stage_table.cost_table
 
@@ -277,7 +278,7 @@ def test_a_real_size_step_starts_its_costing_workers_before_it_is_traced(
         return real_table(*args, **kwargs)
 
     monkeypatch.setattr(stage_table, "cost_table", table_spy)
-    monkeypatch.setattr(bench_suite, "early_workers", lambda name, workers: 1)
+    monkeypatch.setattr(bench_suite, "early_workers", lambda flops, workers: 1)
     argv = ["--models=mlp-tiny", "--cluster=local-cpu", "--gpus=2", "--layers=2",
             "--micro-batches=2", "--workers=2", "--json"]  # fmt: skip
     assert main(argv) == 0
