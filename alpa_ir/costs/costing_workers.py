@@ -13,7 +13,8 @@ for the analytical model. The pairs are spread over ``workers`` processes:
   guard), joined to the parent by a socket pair, and sent the cluster, a
   fresh copy of the stage cost model
   (:class:`~alpa_ir.costs.stage_cost.ParallelStageCostModel`) and the functions as
-  IR text, which it parses once;
+  op tables (:mod:`alpa_ir.ir.op_tables`; IR text where a table cannot hold
+  one), which it rebuilds once;
 * work goes out in *tasks*, one per logical mesh: all functions on that mesh,
   so that a worker plans every function of one mesh with the same
   strategies (the analytical model keeps them per mesh,
@@ -21,15 +22,17 @@ for the analytical model. The pairs are spread over ``workers`` processes:
   a task gets the next one, largest meshes first;
 * the parent is one of the ``workers``: it costs tasks from the start, while
   a thread starts the other ``workers - 1`` and serves them (a worker takes
-  about 2 s to start; GPT-2 small's table is 5 tasks of 1 to 5 s);
+  about 2 s to start; GPT-2 small's table is 6 tasks of 0.1 to 3 s);
 * a caller that knows early that a large table is coming (``plan_pipeshard``,
   right after importing a large step) starts the workers ahead
   (:class:`StartedWorkers`, which the pass finds on its context): they import
   the compiler while the parent clusters the layers, and take tasks as soon
-  as they have parsed the functions (GPT-2 small: the worker's first task
-  1.3 s after the table begins instead of 2.0 s);
+  as they have rebuilt the functions (GPT-2 small: the worker's first task
+  0.15 s after the table begins; 1.3 s when the functions went as IR text);
 * a failing pair raises its error, with the worker's message, in the parent;
-  a worker that dies is named.
+  a worker that dies is named;
+* a worker ends without the interpreter's teardown, which the parent would
+  otherwise wait for at the end of the table (0.3 s on GPT-2 small).
 
 The results are the same as costing in the parent, pair by pair.
 """
@@ -38,6 +41,7 @@ from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.connection
+import os
 import subprocess
 import sys
 import threading
@@ -46,6 +50,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from xdsl.context import Context
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 
@@ -53,6 +58,7 @@ from alpa_ir.costs.stage_cost import ParallelStageCostModel, StageCost
 from alpa_ir.errors import AlpaError
 from alpa_ir.hardware.clusters import Cluster
 from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
+from alpa_ir.ir.op_tables import NotTabulable, dump_op, load_op
 
 
 class CostJobError(AlpaError):
@@ -76,6 +82,35 @@ class CostJob:
 def function_text(function: func.FuncOp) -> str:
     """``function`` as the IR text of a module of its own."""
     return str(ModuleOp([function.clone()]))
+
+
+FunctionPayload = tuple[str, bytes | str]
+"""A function as sent to a worker: ``("table", op table)`` or ``("text", IR text)``."""
+
+
+def function_payload(function: func.FuncOp) -> FunctionPayload:
+    """``function`` for a worker: its op table (:mod:`alpa_ir.ir.op_tables`, ten
+    times faster to build and rebuild than text), or its IR text where a table
+    cannot hold it."""
+    try:
+        return ("table", dump_op(function))
+    except NotTabulable:
+        return ("text", function_text(function))
+
+
+def function_of_payload(payload: FunctionPayload, context: Context) -> func.FuncOp:
+    """The function :func:`function_payload` sent, rebuilt in this process."""
+    from alpa_ir.ir.text import parse_module
+
+    kind, data = payload
+    if kind == "table":
+        function = load_op(data, context)  # type: ignore[arg-type]
+    else:  # printed from a verified function by the compiler itself: not verified again
+        function = parse_module(data, ctx=context, verify=False).body.block.first_op  # type: ignore[arg-type]
+        assert function is not None
+        function.detach()
+    assert isinstance(function, func.FuncOp)
+    return function
 
 
 _Worker = tuple[subprocess.Popen[bytes], multiprocessing.connection.Connection]
@@ -215,8 +250,8 @@ class _Dispatcher(threading.Thread):
                 process, parent_end = _launch_worker()
                 processes.append(process)
                 connections.append(parent_end)
-            texts = [function_text(f) for f in self.functions]  # while the workers start
-            setup = (self.model.worker_copy(), self.cluster, texts)
+            payloads = [function_payload(f) for f in self.functions]  # while the workers start
+            setup = (self.model.worker_copy(), self.cluster, payloads)
             busy: dict[multiprocessing.connection.Connection, int] = {}
             for k, conn in enumerate(connections):
                 conn.send(setup)
@@ -322,8 +357,7 @@ def _worker_main(conn: multiprocessing.connection.Connection) -> None:
     """A worker's loop: receive the model, cluster and functions, parse the
     functions, then cost each task it receives until it receives ``None``."""
     from alpa_ir.ir.collection import use_planning_thresholds
-    from alpa_ir.ir.module_utils import main_function
-    from alpa_ir.ir.text import parse_module
+    from alpa_ir.ir.context import make_context
 
     use_planning_thresholds()  # this process only plans
     try:
@@ -333,10 +367,10 @@ def _worker_main(conn: multiprocessing.connection.Connection) -> None:
         return
     if setup is None:  # the parent needed no task of this worker
         return
-    model, cluster, texts = setup
+    model, cluster, payloads = setup
     try:
-        # printed from verified functions by the compiler itself: not verified again
-        functions = [main_function(parse_module(text, verify=False)) for text in texts]
+        context = make_context()
+        functions = [function_of_payload(p, context) for p in payloads]
     except Exception as error:  # the parent reports it; nothing is costed
         conn.send(("error", (f"costing worker: cannot read a function: {error}", None)))
         return
@@ -368,7 +402,21 @@ def _keyed_cost(
         raise CostJobError(str(error), job) from error
 
 
-__all__ = ["CostJob", "CostJobError", "StartedWorkers", "cost_in_workers", "function_text"]
+__all__ = [
+    "CostJob",
+    "CostJobError",
+    "FunctionPayload",
+    "StartedWorkers",
+    "cost_in_workers",
+    "function_of_payload",
+    "function_payload",
+    "function_text",
+]
 
 if __name__ == "__main__":  # a worker (module docstring): its socket's descriptor
     _worker_main(multiprocessing.connection.Connection(int(sys.argv[1])))
+    # Ends without the interpreter's teardown (a third of a second with a
+    # planner's heap, which the parent would wait for): nothing is left to save.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
