@@ -31,7 +31,7 @@ from xdsl.ir import Operation, SSAValue
 from xdsl.passes import ModulePass
 
 from alpa_ir.algorithms import cluster_operators
-from alpa_ir.algorithms.operator_clustering import ClusteringResult, Edge
+from alpa_ir.algorithms.operator_clustering import ClusteringResult, Edge, clustering_objective
 from alpa_ir.costs.flops import op_flops
 from alpa_ir.dialects.lax import PRIMITIVE_OPS
 from alpa_ir.dialects.types import nbytes_of
@@ -114,8 +114,10 @@ class ClusterOperators(ModulePass):
             result = _fitted(result, flops, edges, self.layers)
         layer_of = {o: layer for layer, (a, b) in enumerate(result.layers) for o in ops[a : b + 1]}
         if regions is None:
+            first = block.first_op
             for layer, (_, last) in enumerate(result.layers[:-1]):
-                _insert_marker(ops[last], layer, layer_of)
+                _insert_marker(first, ops[last], layer, layer_of)
+                first = ops[last].next_op  # the marker, if one was inserted
         else:
             for _, last in result.layers[:-1]:
                 block.insert_op_after(make_marker("layer"), ops[last])
@@ -147,33 +149,40 @@ def _fitted(
         deltas.append(delta)
     if not deltas:
         return result
-    widest = cluster_operators(flops, edges, layers, deltas[-1], relax_delta=True)
+    # the widest δ's bytes alone: its layers are wanted only if no lower δ reaches them
+    widest = clustering_objective(flops, edges, layers, deltas[-1], relax_delta=True)
     # the least δ that reaches the widest one's bytes, trying the least first:
     # each clustering solved costs a DP over the whole step
-    enough = widest.objective * (1 + FIT_DELTA_TOLERANCE)
+    enough = widest * (1 + FIT_DELTA_TOLERANCE)
     if result.objective <= enough:
         return result
     for delta in deltas[:-1]:
         tried = cluster_operators(flops, edges, layers, delta, relax_delta=True)
         if tried.objective <= enough:
             return tried
-    return widest
+    return cluster_operators(flops, edges, layers, deltas[-1], relax_delta=True)
 
 
-def _insert_marker(last_op: Operation, layer: int, layer_of: dict[Operation, int]) -> None:
+def _insert_marker(
+    first_op: Operation | None, last_op: Operation, layer: int, layer_of: dict[Operation, int]
+) -> None:
     """After ``last_op`` (the end of ``layer``), route every value of layers
-    ``<= layer`` that a later layer (or the return) uses through one marker."""
+    ``<= layer`` that a later layer (or the return) uses through one marker.
+    Markers are inserted layer by layer, so only the ops from ``first_op``
+    (just after the previous layer's end: its marker, which carries every
+    earlier value still used) to ``last_op`` are looked at."""
     crossing: list[SSAValue] = []
     block = last_op.parent_block()
     assert block is not None
-    for o in block.ops:
-        if layer_of.get(o, layer + 1) > layer:
-            continue
-        for result in o.results:
-            if any(layer_of.get(u.operation, layer + 1) > layer for u in result.uses):
-                crossing.append(result)
+    o = first_op
+    while o is not None:
+        if layer_of.get(o, layer + 1) <= layer:
+            for result in o.results:
+                if any(layer_of.get(u.operation, layer + 1) > layer for u in result.uses):
+                    crossing.append(result)
         if o is last_op:
             break
+        o = o.next_op
     if not crossing:
         return
     marker = PRIMITIVE_OPS["pipeline_marker"].create(

@@ -110,55 +110,9 @@ def cluster_operators(
             allowed boundaries).
         PlanError: no clustering meets the FLOP bound and ``relax_delta`` is false.
     """
-    op_flops = _check_flops(flops)
+    problem = _Problem.build(flops, edges, num_layers, delta, allowed_boundaries, relax_delta)
+    band, received, starts, op_flops = problem.band, problem.received, problem.starts, problem.flops
     num_ops = op_flops.size
-    if isinstance(num_layers, bool) or not isinstance(num_layers, int | np.integer):
-        raise AlpaError(f"cluster_operators: num_layers must be an int, got {num_layers!r}")
-    if num_layers < 1:
-        raise AlpaError(f"cluster_operators: num_layers must be >= 1, got {num_layers}")
-    if num_layers > num_ops:
-        raise AlpaError(
-            f"cluster_operators: {num_layers} layers requested but there are only "
-            f"{num_ops} operators"
-        )
-    if not (_is_real(delta) and math.isfinite(delta) and delta >= 0.0):
-        raise AlpaError(f"cluster_operators: delta must be a finite number >= 0, got {delta!r}")
-    starts = _segment_starts(allowed_boundaries, num_ops)
-    if num_layers > starts.size:
-        raise AlpaError(
-            f"cluster_operators: {num_layers} layers requested but allowed_boundaries "
-            f"allows only {starts.size} layer starts"
-        )
-    segment_of_op = np.cumsum(_start_mask(starts, num_ops)) - 1
-    src, dst, weight = _chain_edges(edges, num_ops)
-    seg_src, seg_dst = segment_of_op[src], segment_of_op[dst]
-    crossing = seg_src < seg_dst
-    seg_flops = np.add.reduceat(op_flops, starts)
-
-    prefix = np.concatenate([[0.0], np.cumsum(seg_flops)])
-    total = float(prefix[-1])
-    cap = (1.0 + float(delta)) * total / num_layers
-    used_delta, relaxed = float(delta), False
-    if _min_layers(prefix, cap, num_layers) > num_layers:
-        smallest_cap = _smallest_feasible_cap(prefix, num_layers)
-        smallest_delta = smallest_cap * num_layers / total - 1.0
-        if not relax_delta:
-            heaviest = int(np.argmax(seg_flops))
-            what = (
-                f"heaviest operator {starts[heaviest]}"
-                if allowed_boundaries is None
-                else f"heaviest unsplittable run, from operator {starts[heaviest]},"
-            )
-            raise PlanError(
-                f"cluster_operators: no clustering of {num_ops} operators into {num_layers} "
-                f"layers keeps every layer within (1 + δ)·FLOP_total/L = {cap:.6g} FLOPs "
-                f"(δ = {delta:g}; the {what} has {seg_flops[heaviest]:.6g}); the smallest "
-                f"δ that works is {smallest_delta:.6g} (or pass relax_delta=True)"
-            )
-        cap, used_delta, relaxed = smallest_cap, smallest_delta, True
-
-    band = _Band.build(prefix, cap)
-    received = band.bytes_received(seg_src[crossing], seg_dst[crossing], weight[crossing])
     best_max = _min_max_dp(band, received, num_layers)
     ends = _min_square_sum_dp(band, received, num_layers, best_max)
 
@@ -178,10 +132,99 @@ def cluster_operators(
         objective=float(best_max),
         layer_flops=tuple(layer_flops),
         bytes_received=tuple(layer_bytes),
-        delta=used_delta,
-        delta_relaxed=relaxed,
-        flop_bound=float(cap),
+        delta=problem.delta,
+        delta_relaxed=problem.delta_relaxed,
+        flop_bound=float(band.cap),
     )
+
+
+def clustering_objective(
+    flops: npt.ArrayLike,
+    edges: Iterable[Edge],
+    num_layers: int,
+    delta: float = DEFAULT_DELTA,
+    *,
+    allowed_boundaries: npt.ArrayLike | None = None,
+    relax_delta: bool = False,
+) -> float:
+    """The ``objective`` of :func:`cluster_operators` (Eq. 6's ``G*``, the largest
+    bytes a layer receives) alone, without the tie-break pass that picks the
+    layers. Same arguments and errors."""
+    problem = _Problem.build(flops, edges, num_layers, delta, allowed_boundaries, relax_delta)
+    return _min_max_dp(problem.band, problem.received, num_layers)
+
+
+@dataclass(frozen=True)
+class _Problem:
+    """The inputs checked and tabulated: the operators' FLOPs, the segments'
+    starts, the band of allowed layers and the bytes each receives, and the δ used."""
+
+    flops: np.ndarray
+    starts: np.ndarray
+    band: _Band
+    received: np.ndarray
+    delta: float
+    delta_relaxed: bool
+
+    @staticmethod
+    def build(
+        flops: npt.ArrayLike,
+        edges: Iterable[Edge],
+        num_layers: int,
+        delta: float,
+        allowed_boundaries: npt.ArrayLike | None,
+        relax_delta: bool,
+    ) -> _Problem:
+        op_flops = _check_flops(flops)
+        num_ops = op_flops.size
+        if isinstance(num_layers, bool) or not isinstance(num_layers, int | np.integer):
+            raise AlpaError(f"cluster_operators: num_layers must be an int, got {num_layers!r}")
+        if num_layers < 1:
+            raise AlpaError(f"cluster_operators: num_layers must be >= 1, got {num_layers}")
+        if num_layers > num_ops:
+            raise AlpaError(
+                f"cluster_operators: {num_layers} layers requested but there are only "
+                f"{num_ops} operators"
+            )
+        if not (_is_real(delta) and math.isfinite(delta) and delta >= 0.0):
+            raise AlpaError(f"cluster_operators: delta must be a finite number >= 0, got {delta!r}")
+        starts = _segment_starts(allowed_boundaries, num_ops)
+        if num_layers > starts.size:
+            raise AlpaError(
+                f"cluster_operators: {num_layers} layers requested but allowed_boundaries "
+                f"allows only {starts.size} layer starts"
+            )
+        segment_of_op = np.cumsum(_start_mask(starts, num_ops)) - 1
+        src, dst, weight = _chain_edges(edges, num_ops)
+        seg_src, seg_dst = segment_of_op[src], segment_of_op[dst]
+        crossing = seg_src < seg_dst
+        seg_flops = np.add.reduceat(op_flops, starts)
+
+        prefix = np.concatenate([[0.0], np.cumsum(seg_flops)])
+        total = float(prefix[-1])
+        cap = (1.0 + float(delta)) * total / num_layers
+        used_delta, relaxed = float(delta), False
+        if _min_layers(prefix, cap, num_layers) > num_layers:
+            smallest_cap = _smallest_feasible_cap(prefix, num_layers)
+            smallest_delta = smallest_cap * num_layers / total - 1.0
+            if not relax_delta:
+                heaviest = int(np.argmax(seg_flops))
+                what = (
+                    f"heaviest operator {starts[heaviest]}"
+                    if allowed_boundaries is None
+                    else f"heaviest unsplittable run, from operator {starts[heaviest]},"
+                )
+                raise PlanError(
+                    f"cluster_operators: no clustering of {num_ops} operators into {num_layers} "
+                    f"layers keeps every layer within (1 + δ)·FLOP_total/L = {cap:.6g} FLOPs "
+                    f"(δ = {delta:g}; the {what} has {seg_flops[heaviest]:.6g}); the smallest "
+                    f"δ that works is {smallest_delta:.6g} (or pass relax_delta=True)"
+                )
+            cap, used_delta, relaxed = smallest_cap, smallest_delta, True
+
+        band = _Band.build(prefix, cap)
+        received = band.bytes_received(seg_src[crossing], seg_dst[crossing], weight[crossing])
+        return _Problem(op_flops, starts, band, received, used_delta, relaxed)
 
 
 def _is_real(value: object) -> bool:

@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from alpa_ir.algorithms import ClusteringResult, cluster_operators
+from alpa_ir.algorithms.operator_clustering import clustering_objective
 from alpa_ir.errors import AlpaError, PlanError
 
 Tensor = tuple[int, int | Sequence[int], float]
@@ -133,6 +134,9 @@ def test_equals_brute_force(instance) -> None:
     result = cluster_operators(flops, tensors, num_layers, delta, allowed_boundaries=mask)
     assert not result.delta_relaxed and result.delta == delta
     check_result(result, flops, tensors, num_layers, expected, allowed)
+    assert result.objective == clustering_objective(
+        flops, tensors, num_layers, delta, allowed_boundaries=mask
+    )
 
 
 def test_result_unpacks_as_layers_and_objective() -> None:
@@ -293,10 +297,22 @@ def test_fit_delta_takes_the_least_delta_within_a_tolerance_of_the_widest(
     def clustering(delta: float) -> ClusteringResult:
         return ClusteringResult(((0, 0),), received[delta], (1.0,), (0.0,), delta, False, 1.0)
 
+    solved: list[float] = []  # the deltas whose layers were computed
+
     def fake(flops: object, edges: object, layers: int, delta: float, **_: object) -> object:
+        solved.append(delta)
         return clustering(delta)
 
+    def objective(flops: object, edges: object, layers: int, delta: float, **_: object) -> float:
+        return received[delta]
+
     monkeypatch.setattr(pass_module, "cluster_operators", fake)
+    monkeypatch.setattr(pass_module, "clustering_objective", objective)
     assert pass_module._fitted(clustering(0.5), [1.0], [], 1).delta == 1.0
+    assert solved == [1.0]  # the widest δ's bytes alone, not its layers
     monkeypatch.setattr(pass_module, "FIT_DELTA_TOLERANCE", 0.0)
     assert pass_module._fitted(clustering(0.5), [1.0], [], 1).delta == 2.0  # exact equality
+    received.update({2.0: 11.0, 4.0: 10.5})  # only the widest reaches its own bytes
+    solved.clear()
+    assert pass_module._fitted(clustering(0.5), [1.0], [], 1).delta == 8.0
+    assert solved == [1.0, 2.0, 4.0, 8.0]
