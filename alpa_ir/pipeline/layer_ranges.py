@@ -63,6 +63,14 @@ class LayerRanges:
         self._layer = {
             op: key[0] for op, key in a.group.items() if key[1] in ("forward", "backward")
         }
+        # each layer's ops in program order, and every op's position: a range's
+        # ops without a walk over the whole step per range
+        self._position = {op: k for k, op in enumerate(a.ops)}
+        self._ops_of_layer: list[list[Operation]] = [[] for _ in range(self.num_layers)]
+        for op in a.ops:
+            layer = self._layer.get(op, -1)
+            if layer >= 0:
+                self._ops_of_layer[layer].append(op)
         # For every produced value: the layers that use it (through markers);
         # -1 stands for a use outside any layer (apply-grad or the return).
         outside = -1
@@ -141,7 +149,9 @@ class LayerRanges:
                 f"layer range {first}..{last} is outside the step's layers 0..{self.num_layers - 1}"
             )
         a = self._assignment
-        ops = [op for op in a.ops if first <= self._layer.get(op, -1) <= last]
+        ops = [op for layer in range(first, last + 1) for op in self._ops_of_layer[layer]]
+        if first < last:  # forward and backward ops of the layers interleave
+            ops.sort(key=self._position.__getitem__)
         inside = set(ops)
         inputs: list[SSAValue] = []
         seen: set[SSAValue] = set()
