@@ -1,16 +1,94 @@
 """A structural hash of a function: identical layer ranges (the same ops
 on the same shapes, whatever their value names and the values of their
-constants) are costed once."""
+constants) are costed once.
+
+:func:`function_fingerprint` hashes a function; :class:`Fingerprint` builds
+the same hash op by op, for a function that is not built yet (a layer range
+of a step: :meth:`alpa_ir.pipeline.layer_ranges.LayerRanges.fingerprint`),
+with the values as they are before the copy."""
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 
 from xdsl.dialects import func
-from xdsl.ir import Attribute, Block, SSAValue
+from xdsl.ir import Attribute, Block, Operation, SSAValue
 
 from alpa_ir.dialects.lax import ConstantOp
 from alpa_ir.dialects.mesh import MESH_ATTR
+
+
+class Fingerprint:
+    """The fingerprint of a function built op by op: :meth:`arguments` for
+    its block's arguments, then :meth:`op` for each op of its block in order
+    (the return op last), :meth:`same_as` where a value stands for another,
+    then :meth:`digest`."""
+
+    def __init__(self, function_type: Attribute) -> None:
+        self._ids: dict[SSAValue, str] = {}
+        self._parts: list[str] = [str(function_type)]
+        self._printed: dict[Attribute, str] = {}  # types and attributes recur: printed once
+        self._count = 0  # ops of the function's block so far
+
+    def _text(self, attr: Attribute) -> str:
+        found = self._printed.get(attr)
+        if found is None:
+            found = self._printed[attr] = str(attr)
+        return found
+
+    def arguments(self, values: Sequence[SSAValue], prefix: str = "") -> None:
+        """The block's arguments are ``values`` (typed as they are)."""
+        for k, value in enumerate(values):
+            self._ids[value] = f"{prefix}a{k}"
+        self._parts.append(f"block {prefix} {[self._text(v.type) for v in values]}")
+
+    def same_as(self, value: SSAValue, other: SSAValue) -> None:
+        """``value`` stands for ``other`` (unless it stands for something already)."""
+        if value not in self._ids and other in self._ids:
+            self._ids[value] = self._ids[other]
+
+    def op(self, op: Operation, index: int | None = None, prefix: str = "") -> None:
+        """The next op of the block (``index``: its position in a region's block)."""
+        if index is None:
+            index, self._count = self._count, self._count + 1
+        ids, text = self._ids, self._text
+        for k, res in enumerate(op.results):
+            ids[res] = f"{prefix}{index}.{k}"
+        operands = [ids.get(v, "?") for v in op.operands]
+        # a constant's value (``data``) changes no cost: blocks whose dropout draws
+        # from a seed of their own (Hugging Face GPT-2's twelve) are costed once
+        props = sorted(
+            (k, text(v))
+            for k, v in op.properties.items()
+            if not (isinstance(op, ConstantOp) and k == "data")
+        )
+        attrs = sorted(
+            (k, text(v))
+            for k, v in op.attributes.items()
+            if not k.startswith("sharding.") and k != MESH_ATTR
+        )
+        self._parts.append(
+            f"{op.name} {operands} {props} {attrs} {[text(r.type) for r in op.results]}"
+        )
+        for r, region in enumerate(op.regions):
+            for b, inner in enumerate(region.blocks):
+                self.block(inner, f"{prefix}{index}r{r}b{b}/")
+
+    def returned(self, values: Sequence[SSAValue]) -> None:
+        """The block ends returning ``values``."""
+        self._count += 1
+        operands = [self._ids.get(v, "?") for v in values]
+        self._parts.append(f"{func.ReturnOp.name} {operands} [] [] []")
+
+    def block(self, block: Block, prefix: str = "") -> None:
+        """A whole block (a region's, or the function's)."""
+        self.arguments(block.args, prefix)
+        for i, op in enumerate(block.ops):
+            self.op(op, i, prefix)
+
+    def digest(self) -> str:
+        return hashlib.sha256("\n".join(self._parts).encode()).hexdigest()
 
 
 def function_fingerprint(function: func.FuncOp) -> str:
@@ -19,42 +97,6 @@ def function_fingerprint(function: func.FuncOp) -> str:
     ``mesh.mesh``), result types and operand wiring, regions included. Value
     names, constants' values, the function's name and its own attributes do
     not count."""
-    ids: dict[SSAValue, str] = {}
-    parts: list[str] = [str(function.function_type)]
-    printed: dict[Attribute, str] = {}  # types and attributes recur: printed once
-
-    def text(attr: Attribute) -> str:
-        found = printed.get(attr)
-        if found is None:
-            found = printed[attr] = str(attr)
-        return found
-
-    def visit_block(block: Block, prefix: str) -> None:
-        for k, arg in enumerate(block.args):
-            ids[arg] = f"{prefix}a{k}"
-        parts.append(f"block {prefix} {[text(a.type) for a in block.args]}")
-        for i, op in enumerate(block.ops):
-            for k, res in enumerate(op.results):
-                ids[res] = f"{prefix}{i}.{k}"
-            operands = [ids.get(v, "?") for v in op.operands]
-            # a constant's value (``data``) changes no cost: blocks whose dropout draws
-            # from a seed of their own (Hugging Face GPT-2's twelve) are costed once
-            props = sorted(
-                (k, text(v))
-                for k, v in op.properties.items()
-                if not (isinstance(op, ConstantOp) and k == "data")
-            )
-            attrs = sorted(
-                (k, text(v))
-                for k, v in op.attributes.items()
-                if not k.startswith("sharding.") and k != MESH_ATTR
-            )
-            parts.append(
-                f"{op.name} {operands} {props} {attrs} {[text(r.type) for r in op.results]}"
-            )
-            for r, region in enumerate(op.regions):
-                for b, inner in enumerate(region.blocks):
-                    visit_block(inner, f"{prefix}{i}r{r}b{b}/")
-
-    visit_block(function.body.block, "")
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+    fingerprint = Fingerprint(function.function_type)
+    fingerprint.block(function.body.block)
+    return fingerprint.digest()

@@ -22,7 +22,7 @@ from alpa_ir.pipeline.stage_assignment import (
     count_layers,
     is_layer_marker,
 )
-from alpa_ir.pipeline.stage_functions import Group, build_function
+from alpa_ir.pipeline.stage_functions import Group, build_function, group_fingerprint
 from alpa_ir.pipeline.step_partition import is_grad_marker
 
 
@@ -46,7 +46,9 @@ class LayerRanges:
     """Extract the forward+backward computation of any layer range of a marked
     step (``@main`` with ``L`` layers, see :func:`count_layers`) without
     outlining: the ops are grouped per layer once, each range is then cut out
-    and cloned into a new function."""
+    and cloned into a new function, one for all ranges of the same structure
+    (fingerprinted before they are built: the repeated blocks of a model are
+    built once)."""
 
     def __init__(self, function: func.FuncOp) -> None:
         from alpa_ir.dialects.types import nbytes_of
@@ -66,6 +68,7 @@ class LayerRanges:
         # each layer's ops in program order, and every op's position: a range's
         # ops without a walk over the whole step per range
         self._position = {op: k for k, op in enumerate(a.ops)}
+        self._built: dict[tuple[object, ...], list[_Built]] = {}
         self._ops_of_layer: list[list[Operation]] = [[] for _ in range(self.num_layers)]
         for op in a.ops:
             layer = self._layer.get(op, -1)
@@ -142,8 +145,9 @@ class LayerRanges:
         table = prefix[hi, hi] - prefix[lo, hi] - prefix[hi, lo] + prefix[lo, lo]
         return np.where(lo < hi, table, 0.0)
 
-    def function(self, first: int, last: int, name: str = "main") -> LayerRangeFunction:
-        """Layers ``first..last`` (inclusive), forward and backward ops in program order."""
+    def group(self, first: int, last: int) -> Group:
+        """Layers ``first..last`` (inclusive): their forward and backward ops in
+        program order, the values they receive and those they pass on."""
         if not 0 <= first <= last < self.num_layers:
             raise AlpaError(
                 f"layer range {first}..{last} is outside the step's layers 0..{self.num_layers - 1}"
@@ -170,12 +174,20 @@ class LayerRanges:
             for r in op.results
             if any(not first <= u <= last for u in self._user_layers.get(r, ()))
         ]
-        g = Group((0, "forward"), ops, inputs, outputs)
-        built = build_function(g, a, "", self._batch)
-        built.sym_name = StringAttr(name)
-        built.attributes.pop(MESH_ATTR, None)
-        built.attributes.pop(PER_MICRO_BATCH_ATTR, None)
+        return Group((0, "forward"), ops, inputs, outputs)
+
+    def fingerprint(self, first: int, last: int) -> str:
+        """The :func:`~alpa_ir.costs.function_fingerprint.function_fingerprint`
+        of the function of layers ``first..last``, without building it."""
+        return group_fingerprint(self.group(first, last), self._assignment)
+
+    def function(self, first: int, last: int, name: str = "main") -> LayerRangeFunction:
+        """Layers ``first..last`` (inclusive) as one function, forward and
+        backward ops in program order; ranges of the same structure share it."""
+        g = self.group(first, last)
+        inputs = g.inputs
         params = tuple(k for k, v in enumerate(inputs) if v in self._params)
+        built = self._built_once(g, name, params)
         crossing = [v for v in inputs if v not in self._params and v not in self._batch]
         cross = float(sum(self._nbytes(v.type) for v in crossing))
         back = float(
@@ -186,3 +198,34 @@ class LayerRanges:
             )
         )
         return LayerRangeFunction(built, params, cross, back)
+
+    def _built_once(self, g: Group, name: str, params: tuple[int, ...]) -> func.FuncOp:
+        """``g``'s function, built once for all ranges of the same structure
+        (the same :func:`group_fingerprint`, parameters and batch arguments:
+        GPT-3 39B's 47 identical blocks are one function). Ranges of the same
+        size are fingerprinted only when a second one comes."""
+        batch = tuple(k for k, v in enumerate(g.inputs) if v in self._batch)
+        size = (name, len(g.ops), len(g.inputs), len(g.outputs), params, batch)
+        same_size = self._built.setdefault(size, [])
+        fingerprint = group_fingerprint(g, self._assignment) if same_size else None
+        for entry in same_size:
+            if entry.fingerprint is None:
+                entry.fingerprint = group_fingerprint(entry.group, self._assignment)
+            if entry.fingerprint == fingerprint:
+                return entry.function
+        built = build_function(g, self._assignment, "", self._batch)
+        built.sym_name = StringAttr(name)
+        built.attributes.pop(MESH_ATTR, None)
+        built.attributes.pop(PER_MICRO_BATCH_ATTR, None)
+        same_size.append(_Built(g, built, fingerprint))
+        return built
+
+
+@dataclass
+class _Built:
+    """A range's function as built, the group it was built from, and the
+    group's fingerprint once asked for."""
+
+    group: Group
+    function: func.FuncOp
+    fingerprint: str | None

@@ -4,17 +4,19 @@ and the order of the groups (the second half of outlining)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from xdsl.dialects import func
 from xdsl.dialects.builtin import (
     DenseArrayBase,
     FlatSymbolRefAttr,
+    FunctionType,
     i64,
 )
 from xdsl.ir import Block, Operation, Region, SSAValue
 
+from alpa_ir.costs.function_fingerprint import Fingerprint
 from alpa_ir.dialects.attrs import BATCH_ATTR, PER_MICRO_BATCH_ATTR
 from alpa_ir.dialects.mesh import MESH_ATTR
 from alpa_ir.errors import AlpaError
@@ -165,16 +167,14 @@ def _defined(value: SSAValue, defined: set[SSAValue]) -> bool:
     return not isinstance(value.owner, Operation) or value in defined
 
 
-def build_function(
-    g: Group, assignment: Assignment, mesh: str, main_batch: set[SSAValue]
-) -> func.FuncOp:
-    block = Block(arg_types=[v.type for v in g.inputs])
-    mapping: dict[SSAValue, SSAValue] = dict(zip(g.inputs, block.args, strict=True))
+def body_steps(g: Group, assignment: Assignment) -> Iterator[Operation | tuple[SSAValue, SSAValue]]:
+    """What :func:`build_function` puts into the function's block, in order:
+    an op to copy (the ops of ``g``, each after the copied and recomputed
+    producers of its operands), or ``(value, resolved)``: ``value`` stands for
+    ``resolved`` (seen through the markers) where that is in the function."""
     copied: set[Operation] = set()
 
-    def bind(operands: Sequence[SSAValue]) -> None:
-        """Map ``operands`` into the function, computing the copied (and the
-        rematerialized) ones first."""
+    def bind(operands: Sequence[SSAValue]) -> Iterator[Operation | tuple[SSAValue, SSAValue]]:
         for operand in operands:
             producer = assignment.copied(operand)
             if producer is None:
@@ -183,15 +183,44 @@ def build_function(
                     producer = owner
             if producer is not None and producer not in copied:
                 copied.add(producer)
-                bind(producer.operands)
-                block.add_op(producer.clone(mapping))
+                yield from bind(producer.operands)
+                yield producer
         for operand in operands:
-            mapping.setdefault(operand, mapping.get(assignment.resolve(operand), operand))
+            yield operand, assignment.resolve(operand)
 
     for op in g.ops:
-        bind(op.operands)
-        block.add_op(op.clone(mapping))
-    bind(g.outputs)
+        yield from bind(op.operands)
+        yield op
+    yield from bind(g.outputs)
+
+
+def group_fingerprint(g: Group, assignment: Assignment) -> str:
+    """The :func:`~alpa_ir.costs.function_fingerprint.function_fingerprint` of the
+    function :func:`build_function` would build for ``g``, without building it."""
+    fingerprint = Fingerprint(
+        FunctionType.from_lists([v.type for v in g.inputs], [v.type for v in g.outputs])
+    )
+    fingerprint.arguments(g.inputs)
+    for step in body_steps(g, assignment):
+        if isinstance(step, Operation):
+            fingerprint.op(step)
+        else:
+            fingerprint.same_as(*step)
+    fingerprint.returned(g.outputs)
+    return fingerprint.digest()
+
+
+def build_function(
+    g: Group, assignment: Assignment, mesh: str, main_batch: set[SSAValue]
+) -> func.FuncOp:
+    block = Block(arg_types=[v.type for v in g.inputs])
+    mapping: dict[SSAValue, SSAValue] = dict(zip(g.inputs, block.args, strict=True))
+    for step in body_steps(g, assignment):
+        if isinstance(step, Operation):
+            block.add_op(step.clone(mapping))
+        else:  # (with the value itself where its resolution is not in the function)
+            operand, resolved = step
+            mapping.setdefault(operand, mapping.get(resolved, operand))
     block.add_op(func.ReturnOp(*[mapping[v] for v in g.outputs]))
     function = func.FuncOp(
         function_name(*g.key),
