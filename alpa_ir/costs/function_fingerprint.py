@@ -25,10 +25,14 @@ class Fingerprint:
     (the return op last), :meth:`same_as` where a value stands for another,
     then :meth:`digest`."""
 
-    def __init__(self, function_type: Attribute) -> None:
+    def __init__(
+        self, function_type: Attribute, printed: dict[Attribute, str] | None = None
+    ) -> None:
         self._ids: dict[SSAValue, str] = {}
-        self._parts: list[str] = [str(function_type)]
-        self._printed: dict[Attribute, str] = {}  # types and attributes recur: printed once
+        # types and attributes recur: each printed once (``printed``: a table
+        # shared with other fingerprints, such as those of one step's layers)
+        self._printed = {} if printed is None else printed
+        self._parts: list[str] = [self._text(function_type)]
         self._count = 0  # ops of the function's block so far
 
     def _text(self, attr: Attribute) -> str:

@@ -10,7 +10,7 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import (
     StringAttr,
 )
-from xdsl.ir import Operation, SSAValue
+from xdsl.ir import Attribute, Operation, SSAValue
 
 from alpa_ir.dialects.attrs import PER_MICRO_BATCH_ATTR
 from alpa_ir.dialects.mesh import MESH_ATTR
@@ -69,6 +69,7 @@ class LayerRanges:
         # ops without a walk over the whole step per range
         self._position = {op: k for k, op in enumerate(a.ops)}
         self._built: dict[tuple[object, ...], list[_Built]] = {}
+        self._printed: dict[Attribute, str] = {}  # the fingerprints' texts of attributes
         self._ops_of_layer: list[list[Operation]] = [[] for _ in range(self.num_layers)]
         for op in a.ops:
             layer = self._layer.get(op, -1)
@@ -179,7 +180,7 @@ class LayerRanges:
     def fingerprint(self, first: int, last: int) -> str:
         """The :func:`~alpa_ir.costs.function_fingerprint.function_fingerprint`
         of the function of layers ``first..last``, without building it."""
-        return group_fingerprint(self.group(first, last), self._assignment)
+        return group_fingerprint(self.group(first, last), self._assignment, self._printed)
 
     def function(self, first: int, last: int, name: str = "main") -> LayerRangeFunction:
         """Layers ``first..last`` (inclusive) as one function, forward and
@@ -207,10 +208,10 @@ class LayerRanges:
         batch = tuple(k for k, v in enumerate(g.inputs) if v in self._batch)
         size = (name, len(g.ops), len(g.inputs), len(g.outputs), params, batch)
         same_size = self._built.setdefault(size, [])
-        fingerprint = group_fingerprint(g, self._assignment) if same_size else None
+        fingerprint = group_fingerprint(g, self._assignment, self._printed) if same_size else None
         for entry in same_size:
             if entry.fingerprint is None:
-                entry.fingerprint = group_fingerprint(entry.group, self._assignment)
+                entry.fingerprint = group_fingerprint(entry.group, self._assignment, self._printed)
             if entry.fingerprint == fingerprint:
                 return entry.function
         built = build_function(g, self._assignment, "", self._batch)

@@ -14,7 +14,7 @@ from xdsl.dialects.builtin import (
     FunctionType,
     i64,
 )
-from xdsl.ir import Block, Operation, Region, SSAValue
+from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 
 from alpa_ir.costs.function_fingerprint import Fingerprint
 from alpa_ir.dialects.attrs import BATCH_ATTR, PER_MICRO_BATCH_ATTR
@@ -194,11 +194,15 @@ def body_steps(g: Group, assignment: Assignment) -> Iterator[Operation | tuple[S
     yield from bind(g.outputs)
 
 
-def group_fingerprint(g: Group, assignment: Assignment) -> str:
+def group_fingerprint(
+    g: Group, assignment: Assignment, printed: dict[Attribute, str] | None = None
+) -> str:
     """The :func:`~alpa_ir.costs.function_fingerprint.function_fingerprint` of the
-    function :func:`build_function` would build for ``g``, without building it."""
+    function :func:`build_function` would build for ``g``, without building it
+    (``printed``: the attributes' texts, shared by many groups)."""
     fingerprint = Fingerprint(
-        FunctionType.from_lists([v.type for v in g.inputs], [v.type for v in g.outputs])
+        FunctionType.from_lists([v.type for v in g.inputs], [v.type for v in g.outputs]),
+        printed,
     )
     fingerprint.arguments(g.inputs)
     for step in body_steps(g, assignment):
