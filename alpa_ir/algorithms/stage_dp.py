@@ -405,61 +405,53 @@ def _branch_and_bound(problem: _Problem, reps: np.ndarray) -> StageDPResult:
     )
 
 
+def _candidates(problem: _Problem, cost: np.ndarray, shifted: np.ndarray, k: int) -> np.ndarray:
+    """``[S(after), M * span, width]``: the latency sum of a first stage of layers
+    ``k..last`` on submesh ``m`` (at ``m * span + last - k``) followed by the
+    best slicing of the rest on the devices left, per counter state after the
+    stage (``inf`` where the stage does not fit its memory with that many after it)."""
+    num_states, num_choices = problem.num_states, problem.sizes.size
+    span = problem.num_layers - k
+    stage_cost = cost[k, :, k:]  # [M, span]
+    if num_states > 1:
+        lam = problem.lam_kmi[k, :, k:]  # [M, span]
+        after = np.arange(num_states)[:, None, None]
+        stage_cost = np.where(lam[None] >= after, stage_cost[None], np.inf)  # [S, M, span]
+    cand = stage_cost[..., None] + shifted[:, :, k + 1 :, :]
+    return cand.reshape(num_states, num_choices * span, -1)
+
+
 def _solve_at(problem: _Problem, t_max: float) -> _Solve | None:
     """Eq. 3 at one ``t_max``: the min latency sum and its plan, or None if infeasible.
 
     ``F[c, k, d]`` is the least latency sum of layers ``k..L-1`` on ``d``
     devices whose stage count, saturated at ``S − 1``, is ``c``. ``shifted``
     holds ``F[c, i, d − size_m]`` at ``[c, m, i, d]`` so that a row of ``F``
-    is one broadcast add and one reduction.
+    is one broadcast add and one reduction. The rows keep only the minima;
+    the plan's choices are found again along its path (:func:`_candidates`
+    gives the same sums, and the first minimum is taken as ``argmin`` would
+    have): a minimum reduction is several times faster than an ``argmin``
+    across the middle axis.
     """
     num_layers, num_devices = problem.num_layers, problem.num_devices
     num_states = problem.num_states
-    num_choices = problem.sizes.size
     width = num_devices + 1
     cost = np.where(problem.pace_kmi <= t_max, problem.costs_kmi, np.inf)  # [L, M, L]
 
-    shifted = np.full((num_states, num_choices, num_layers + 1, width), np.inf)
+    shifted = np.full((num_states, problem.sizes.size, num_layers + 1, width), np.inf)
     last_row = np.full((num_states, width + 1), np.inf)
     last_row[0, 0] = 0.0
     shifted[:, :, num_layers, :] = last_row[:, problem.shift_index]
-    # choice[k, c, d] = flat index of (counter state after, submesh, last layer).
-    choice = np.zeros((num_layers, num_states, width), dtype=np.int64)
     row = np.empty((num_states, width + 1))
     for k in range(num_layers - 1, -1, -1):
-        span = num_layers - k
-        stage_cost = cost[k, :, k:]  # [M, span]
+        best = _candidates(problem, cost, shifted, k).min(axis=1)  # [S(after), width]
+        # Counter after this stage: min(after + 1, S − 1).
         if num_states == 1:
-            cand = stage_cost[:, :, None] + shifted[0, :, k + 1 :, :]
-            flat = cand.reshape(num_choices * span, width)
-            arg = flat.argmin(axis=0)
-            row[0, :width] = flat[arg, np.arange(width)]
-            choice[k, 0] = arg
+            row[0, :width] = best[0]
         else:
-            lam = problem.lam_kmi[k, :, k:]  # [M, span]
-            after = np.arange(num_states)[:, None, None]
-            masked = np.where(lam[None] >= after, stage_cost[None], np.inf)  # [S, M, span]
-            cand = masked[:, :, :, None] + shifted[:, :, k + 1 :, :]
-            flat = cand.reshape(num_states, num_choices * span, width)
-            arg = flat.argmin(axis=1)  # [S(after), width]
-            best = np.take_along_axis(flat, arg[:, None, :], axis=1)[:, 0, :]
-            # Counter after this stage: min(after + 1, S − 1).
             row[0, :width] = np.inf
-            choice[k, 0] = 0
-            if num_states > 2:
-                row[1 : num_states - 1, :width] = best[: num_states - 2]
-                choice[k, 1 : num_states - 1] = (
-                    np.arange(num_states - 2)[:, None] * flat.shape[1] + arg[: num_states - 2]
-                )
-            sat_prev = best[num_states - 1] < best[num_states - 2]
-            row[num_states - 1, :width] = np.where(
-                sat_prev, best[num_states - 1], best[num_states - 2]
-            )
-            choice[k, num_states - 1] = np.where(
-                sat_prev,
-                (num_states - 1) * flat.shape[1] + arg[num_states - 1],
-                (num_states - 2) * flat.shape[1] + arg[num_states - 2],
-            )
+            row[1 : num_states - 1, :width] = best[: num_states - 2]
+            row[num_states - 1, :width] = np.minimum(best[num_states - 1], best[num_states - 2])
         row[:, width] = np.inf
         shifted[:, :, k, :] = row[:, problem.shift_index]
 
@@ -472,14 +464,20 @@ def _solve_at(problem: _Problem, t_max: float) -> _Solve | None:
     k, d = 0, num_devices
     while k < num_layers:
         span = num_layers - k
-        flat_index = int(choice[k, state, d])
-        state, rest = divmod(flat_index, num_choices * span)
-        submesh, last = divmod(rest, span)
+        column = _candidates(problem, cost, shifted, k)[:, :, d]  # [S(after), M * span]
+        if num_states > 1:  # the state after this stage (a saturated one: the lesser)
+            if state == num_states - 1:
+                after = num_states - 1
+                if not column[num_states - 1].min() < column[num_states - 2].min():
+                    after = num_states - 2
+            else:
+                after = state - 1
+            state = after
+        submesh, last = divmod(int(np.argmin(column[state])), span)
         last += k
         stages.append((k, last, submesh))
         d -= int(problem.sizes[submesh])
         k = last + 1
-    assert d == 0 and state == 0, "stage_dp: inconsistent DP back-pointers"
     latencies = tuple(float(problem.costs_kmi[f, m, j]) for f, j, m in stages)
     paces = tuple(float(problem.pace_kmi[f, m, j]) for f, j, m in stages)
     return _Solve(
