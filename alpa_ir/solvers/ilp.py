@@ -119,17 +119,21 @@ def validate_problem(problem: ILPProblem) -> None:
     n = problem.num_nodes
     if problem.node_names is not None and len(problem.node_names) != n:
         raise AlpaError(f"ILP problem: {len(problem.node_names)} node names for {n} nodes")
+    if not _all_sound(problem.node_costs, 1):
+        for v, cost in enumerate(problem.node_costs):
+            _check_array(cost, 1, f"node {problem.node_name(v)} cost")
     for v, cost in enumerate(problem.node_costs):
-        _check_array(cost, 1, f"node {problem.node_name(v)} cost")
         if cost.shape[0] == 0:
             raise AlpaError(f"ILP problem: node {problem.node_name(v)} has no strategies")
     sizes = [c.shape[0] for c in problem.node_costs]
+    sound = _all_sound([edge.cost for edge in problem.edges], 2)
     for k, edge in enumerate(problem.edges):
         for end in (edge.u, edge.v):
             if not (isinstance(end, int | np.integer) and 0 <= end < n):
                 raise AlpaError(f"ILP problem: edge {k} names node {end!r}; nodes are 0..{n - 1}")
         where = f"edge {k} ({problem.node_name(edge.u)} -> {problem.node_name(edge.v)}) cost"
-        _check_array(edge.cost, 2, where)
+        if not sound:
+            _check_array(edge.cost, 2, where)
         if edge.cost.shape != (sizes[edge.u], sizes[edge.v]):
             raise AlpaError(
                 f"ILP problem: {where} has shape {edge.cost.shape}, expected "
@@ -159,6 +163,21 @@ def validate_problem(problem: ILPProblem) -> None:
             raise AlpaError("ILP problem: a memory budget needs node_memory")
         if not (math.isfinite(budget) and budget >= 0):
             raise AlpaError(f"ILP problem: memory budget {budget!r} must be finite and >= 0")
+
+
+def _all_sound(arrays: Sequence[object], ndim: int) -> bool:
+    """Whether every one of ``arrays`` passes :func:`_check_array`, checked at
+    once (a problem has thousands of small arrays; each checked alone took
+    most of the validation); False sends the caller to check them one by one
+    for the message."""
+    if not all(
+        isinstance(a, np.ndarray) and a.ndim == ndim and a.dtype.kind in "iuf" for a in arrays
+    ):
+        return False
+    if not arrays:
+        return True
+    flat = np.concatenate([a.ravel() for a in arrays])  # type: ignore[union-attr]
+    return not (np.isnan(flat).any() or np.isneginf(flat).any())
 
 
 def _check_array(array: object, ndim: int, where: str) -> None:
