@@ -325,7 +325,7 @@ class JaxprImporter:
         if name in REFUSED_PRIMITIVES:
             raise UnsupportedPrimitiveError(f"{where}: {REFUSED_PRIMITIVES[name]}")
         if spec is not None:
-            op = self._table_op(spec, eqn, inputs, result_types, emitter)
+            op = self._table_op(spec, eqn, inputs, result_types, loc)
         else:
             op = self._generic_op(eqn, inputs, result_types, where)
         if self.locations and loc is not None:
@@ -339,10 +339,12 @@ class JaxprImporter:
         eqn: Any,
         inputs: list[SSAValue],
         result_types: list[Attribute],
-        emitter: _BlockEmitter,
+        location: tuple[str, int, int] | None,
     ) -> Operation:
+        """The op of a primitive of the table (``location``: where the user's
+        code made ``eqn``, found once by :meth:`make_op`)."""
         params = eqn.params
-        where, location = emitter.where(eqn), emitter.location(eqn)
+        where = where_text(location)
         known = set(spec.params) | set(spec.region_params) | set(spec.rebuilt_params)
         if spec.variadic_region_param:
             known.add(spec.variadic_region_param)
