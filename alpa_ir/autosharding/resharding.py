@@ -142,6 +142,10 @@ class ReshardCoster:
     cost_model: CommCostModel
     options: ReshardOptions = field(default_factory=ReshardOptions)
     _cache: dict[tuple[object, ...], float] = field(default_factory=dict)
+    _steps: dict[tuple[ShardingSpec, ShardingSpec, str], list[ReshardStep]] = field(
+        default_factory=dict
+    )
+    """The steps of each (src, dst, reduce): the same for every shape."""
 
     def step_cost(
         self, step: ReshardStep, before: ShardingSpec, shape: Sequence[int], itemsize: int
@@ -185,8 +189,11 @@ class ReshardCoster:
         cached = self._cache.get(key)
         if cached is not None:
             return cached
+        steps = self._steps.get((src, dst, reduce))
+        if steps is None:
+            steps = self._steps[(src, dst, reduce)] = reshard_steps(src, dst, reduce)
         total, before = 0.0, src
-        for step in reshard_steps(src, dst, reduce):
+        for step in steps:
             total += self.step_cost(step, before, shape, itemsize)
             before = step.after
         self._cache[key] = total
