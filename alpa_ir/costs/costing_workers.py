@@ -39,6 +39,7 @@ The results are the same as costing in the parent, pair by pair.
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -371,6 +372,7 @@ def _worker_main(conn: multiprocessing.connection.Connection) -> None:
     try:
         context = make_context()
         functions = [function_of_payload(p, context) for p in payloads]
+        gc.freeze()  # what this process keeps: its collections walk only what costing makes
     except Exception as error:  # the parent reports it; nothing is costed
         conn.send(("error", (f"costing worker: cannot read a function: {error}", None)))
         return

@@ -47,6 +47,7 @@ from alpa_ir.costs.stage_cost import (
 from alpa_ir.errors import AlpaError, PlanError
 from alpa_ir.hardware.clusters import Cluster
 from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
+from alpa_ir.ir.collection import frozen_heap
 from alpa_ir.ir.module_utils import num_ops
 from alpa_ir.passmanager.progress import ProgressBar
 
@@ -406,7 +407,7 @@ def cost_table(
     )
     total = len(spans) * len(all_views)
     report = _Progress(progress, total)
-    with report.bar:
+    with report.bar, frozen_heap():  # the step and the layers outlive the costing
         if workers > 1 and isinstance(model, ParallelStageCostModel):
             _cost_in_workers(
                 table, ranges, spans, all_views, model, workers, report, workers_from_ops, started

@@ -35,6 +35,24 @@ def rare_full_collections() -> Iterator[None]:
         gc.set_threshold(*before)
 
 
+@contextmanager
+def frozen_heap() -> Iterator[None]:
+    """Leave the objects that exist now out of every collection inside the block
+    (``gc.freeze``), then put them back (``gc.unfreeze``): a full collection
+    then walks only what the block made. For a stretch of planning that keeps
+    what it finds (GPT-3 39B's cost table holds the traced step, about a
+    million objects: its full collections took 1.4 s, 0.7 s frozen). Nothing
+    is frozen where something froze objects already (theirs are left alone)."""
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 def use_planning_thresholds() -> None:
     """Set :data:`PLANNING_THRESHOLDS` for the rest of this process (a worker
     process that only plans)."""

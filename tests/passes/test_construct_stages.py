@@ -358,3 +358,21 @@ def test_cross_stage_comm_auto_keeps_the_plan_the_simulator_times_faster() -> No
             assert times[True] < times[False] and plans["auto"] == plans[True]
     one = cost_table(ranges, _cluster(1), model, progress=False)
     assert plan_stages(one, 4, cross_stage_comm="auto") == plan_stages(one, 4)
+
+
+def test_the_cost_table_leaves_the_step_out_of_collections() -> None:
+    """The step and its layers, which outlive the costing, are frozen while it runs."""
+    import gc
+
+    seen: list[int] = []
+
+    class Recording(AnalyticalStageCostModel):
+        def keyed_cost(self, *args: Any, **kwargs: Any) -> Any:
+            seen.append(gc.get_freeze_count())
+            return super().keyed_cost(*args, **kwargs)
+
+    ranges = LayerRanges(main_function(_deep_module()))
+    assert gc.get_freeze_count() == 0
+    cost_table(ranges, _cluster(4), Recording(), progress=False)
+    assert seen and min(seen) > 0
+    assert gc.get_freeze_count() == 0
