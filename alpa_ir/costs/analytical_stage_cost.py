@@ -98,7 +98,7 @@ from alpa_ir.costs.function_plan import (
     plan_function,
     replication,
 )
-from alpa_ir.costs.fusion import fused_traffic_bytes
+from alpa_ir.costs.fusion import BlockFusion, fused_traffic_bytes
 from alpa_ir.costs.live_memory import peak_live_bytes
 from alpa_ir.costs.stage_cost import (
     FORWARD_SHARE,
@@ -300,16 +300,17 @@ class AnalyticalStageCostModel:
 
         flops = function_flops(planned, local)
         block = planned.body.block
+        decisions = BlockFusion(block) if options.fusion else None  # for traffic and memory
         traffic = (
-            fused_traffic_bytes(block, local)
-            if options.fusion
+            fused_traffic_bytes(block, local, decisions)
+            if decisions is not None
             else sum(op_bytes(op, local) for op in block.ops if isinstance(op, LaxOp))
         )
         compute = flops / (cluster.peak_flops * options.compute_efficiency)
         hbm = cluster.hbm_bandwidth * options.memory_efficiency
         memory_time = traffic / hbm if hbm > 0 else 0.0
         comm, count = collective_time(planned, mesh, self._pricer(cluster, options))
-        memory = self._memory(planned, local, params, shape)
+        memory = self._memory(planned, local, params, shape, decisions)
         objective = planned.attributes.get("sharding.objective")
         recompute = FORWARD_SHARE * (compute + memory_time) if options.remat else 0.0
         return StageCost(
@@ -337,6 +338,7 @@ class AnalyticalStageCostModel:
         local: object,
         params: tuple[int, ...],
         mesh_shape: tuple[int, ...],
+        decisions: BlockFusion | None = None,
     ) -> StageMemory:
         assert callable(local)
 
@@ -354,7 +356,9 @@ class AnalyticalStageCostModel:
             if self.options.zero
             else parameters
         )
-        full = peak_live_bytes(block, set(params), nbytes, fusion=self.options.fusion)
+        full = peak_live_bytes(
+            block, set(params), nbytes, fusion=self.options.fusion, decisions=decisions
+        )
         activations, transient = full, 0.0
         if self.options.remat:
             inputs = forward_inputs(block, set(params))

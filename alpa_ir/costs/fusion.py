@@ -165,12 +165,14 @@ def merge_identity_ranges(
     return [r for k, r in enumerate(merged) if k not in dropped]
 
 
-def fused_live_ranges(block: Block, excluded_args: set[int]) -> list[tuple[SSAValue, int, int]]:
+def fused_live_ranges(
+    block: Block, excluded_args: set[int], fusion: BlockFusion | None = None
+) -> list[tuple[SSAValue, int, int]]:
     """``(value, born, last read)`` of every value that occupies device memory
     under the fusion model: the block's used arguments (but ``excluded_args``)
     and its materialized results. Positions index the block's ops; the end of
-    the block is ``len(ops)``."""
-    fusion = BlockFusion(block)
+    the block is ``len(ops)``. ``fusion``: the block's decisions, if made already."""
+    fusion = fusion or BlockFusion(block)
     ranges = [
         (arg, 0, fusion.last_read(arg, 0))
         for k, arg in enumerate(block.args)
@@ -183,11 +185,16 @@ def fused_live_ranges(block: Block, excluded_args: set[int]) -> list[tuple[SSAVa
     return ranges
 
 
-def fused_traffic_bytes(block: Block, shapes: Callable[[SSAValue], tuple[int, ...]]) -> float:
+def fused_traffic_bytes(
+    block: Block,
+    shapes: Callable[[SSAValue], tuple[int, ...]],
+    fusion: BlockFusion | None = None,
+) -> float:
     """Bytes written to and read from device memory by the block's kernels:
     each materialized result written once, and each materialized value or
-    argument read once per kernel that reads it."""
-    fusion = BlockFusion(block)
+    argument read once per kernel that reads it. ``fusion``: the block's
+    decisions, if made already."""
+    fusion = fusion or BlockFusion(block)
     total = 0.0
     values = [*block.args, *(r for op in fusion.ops for r in op.results)]
     for value in values:

@@ -5,23 +5,26 @@ from __future__ import annotations
 
 from xdsl.ir import Block, SSAValue
 
-from alpa_ir.costs.fusion import fused_live_ranges, merge_identity_ranges
+from alpa_ir.costs.fusion import BlockFusion, fused_live_ranges, merge_identity_ranges
 
 
 def peak_live_bytes(
-    block: Block, excluded_args: set[int], nbytes: object, *, fusion: bool = False
+    block: Block,
+    excluded_args: set[int],
+    nbytes: object,
+    *,
+    fusion: bool = False,
+    decisions: BlockFusion | None = None,
 ) -> float:
     """Peak bytes of the values live at once in ``block`` in program order: an
     argument (not excluded) from the start, a result from its op, each until
     its last use; returned values stay live to the end. With ``fusion``, only
     the values :mod:`alpa_ir.costs.fusion` materializes, each until the last kernel
-    that reads it."""
+    that reads it (``decisions``: the block's fusion, if made already)."""
     assert callable(nbytes)
     if fusion:
-        return _peak(
-            [(nbytes(v), born, last) for v, born, last in fused_live_ranges(block, excluded_args)],
-            len(block.ops),
-        )
+        ranges = fused_live_ranges(block, excluded_args, decisions)
+        return _peak([(nbytes(v), born, last) for v, born, last in ranges], len(block.ops))
     ops = list(block.ops)
     position = {op: i for i, op in enumerate(ops)}
     end = len(ops)
