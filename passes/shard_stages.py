@@ -27,6 +27,7 @@ from xdsl.passes import ModulePass
 
 from alpa_ir.dialects.attrs import BATCH_ATTR
 from alpa_ir.dialects.mesh import MESH_ATTR, ClusterOp, LogicalMeshOp
+from alpa_ir.ir.collection import frozen_heap
 from alpa_ir.ir.module_utils import main_function, symbol_op, top_level_ops
 from alpa_ir.pipeline.stage_specs import shard_in_call_order
 
@@ -96,4 +97,5 @@ class ShardStages(ModulePass):
             op.body.block.insert_op_before(planned, original)
             op.body.block.erase_op(original)
 
-        shard_in_call_order(op, shard)
+        with frozen_heap():  # the module outlives the planning of its functions
+            shard_in_call_order(op, shard)

@@ -376,3 +376,19 @@ def test_the_cost_table_leaves_the_step_out_of_collections() -> None:
     cost_table(ranges, _cluster(4), Recording(), progress=False)
     assert seen and min(seen) > 0
     assert gc.get_freeze_count() == 0
+
+
+def test_shard_stages_leaves_the_module_out_of_collections(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The module outlives the planning of its stage functions: frozen meanwhile."""
+    import gc
+
+    import alpa_ir.passes.shard_stages as shard_stages
+    from alpa_ir.ir.context import make_context
+
+    seen: list[int] = []
+    monkeypatch.setattr(
+        shard_stages, "shard_in_call_order", lambda op, shard: seen.append(gc.get_freeze_count())
+    )
+    shard_stages.ShardStages().apply(make_context(), _deep_module())
+    assert seen and seen[0] > 0
+    assert gc.get_freeze_count() == 0
