@@ -478,6 +478,7 @@ def _solve_at(problem: _Problem, t_max: float) -> _Solve | None:
         stages.append((k, last, submesh))
         d -= int(problem.sizes[submesh])
         k = last + 1
+    assert d == 0 and state == 0, "stage_dp: inconsistent DP back-pointers"
     latencies = tuple(float(problem.costs_kmi[f, m, j]) for f, j, m in stages)
     paces = tuple(float(problem.pace_kmi[f, m, j]) for f, j, m in stages)
     return _Solve(

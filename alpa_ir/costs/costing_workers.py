@@ -355,7 +355,7 @@ def _wait(process: subprocess.Popen[bytes], seconds: float) -> int | None:
 
 
 def _worker_main(conn: multiprocessing.connection.Connection) -> None:
-    """A worker's loop: receive the model, cluster and functions, parse the
+    """A worker's loop: receive the model, cluster and functions, rebuild the
     functions, then cost each task it receives until it receives ``None``."""
     from alpa_ir.ir.collection import use_planning_thresholds
     from alpa_ir.ir.context import make_context
