@@ -72,9 +72,7 @@ class Fingerprint:
             for k, v in op.attributes.items()
             if not k.startswith("sharding.") and k != MESH_ATTR
         )
-        self._parts.append(
-            f"{op.name} {operands} {props} {attrs} {[text(r.type) for r in op.results]}"
-        )
+        self._line(op.name, operands, props, attrs, [text(r.type) for r in op.results])
         for r, region in enumerate(op.regions):
             for b, inner in enumerate(region.blocks):
                 self.block(inner, f"{prefix}{index}r{r}b{b}/")
@@ -82,8 +80,18 @@ class Fingerprint:
     def returned(self, values: Sequence[SSAValue]) -> None:
         """The block ends returning ``values``."""
         self._count += 1
-        operands = [self._ids.get(v, "?") for v in values]
-        self._parts.append(f"{func.ReturnOp.name} {operands} [] [] []")
+        self._line(func.ReturnOp.name, [self._ids.get(v, "?") for v in values], [], [], [])
+
+    def _line(
+        self,
+        name: str,
+        operands: list[str],
+        props: list[tuple[str, str]],
+        attrs: list[tuple[str, str]],
+        result_types: list[str],
+    ) -> None:
+        """One op's line: the one place that says how an op reads."""
+        self._parts.append(f"{name} {operands} {props} {attrs} {result_types}")
 
     def block(self, block: Block, prefix: str = "") -> None:
         """A whole block (a region's, or the function's)."""
