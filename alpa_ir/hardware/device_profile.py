@@ -1,0 +1,240 @@
+"""Device profiles: the measured prices every planner decision reads.
+
+A :class:`DeviceProfile` is what one kind of device and its network really
+achieve, from microbenchmarks only (never fitted to end-to-end step times,
+which are the model's tests):
+
+* ``gemm``: measured matrix multiplications (``m × k`` by ``k × n``, a dtype,
+  the FLOP/s reached). :mod:`alpa_ir.costs.device_model` prices a GEMM of any
+  shape from them: a roofline over the asymptotic throughput and the memory
+  bandwidth, scaled by the measured efficiency of the nearest thin shape
+  (tensor-core efficiency falls for the thin matrices tensor parallelism makes).
+* ``memory_bandwidth``: bytes/s a streaming elementwise kernel reaches (read +
+  written), the price of every memory-bound op after XLA's fusion.
+* ``launch_overhead``: seconds a kernel costs however small (launch and tail),
+  the floor of every fused op.
+* ``collectives``: per network level and collective kind, the latency and the
+  achieved *bus* bandwidth in NCCL's convention (``nccl-tests``: an all-reduce
+  of ``S`` bytes over ``n`` devices takes ``α + 2(n−1)/n · S / busbw``; an
+  all-gather, reduce-scatter or all-to-all ``α + (n−1)/n · S / busbw``, ``S``
+  the whole tensor).
+* ``overlap``: the share of the gradient synchronization that runs under the
+  backward pass (XLA's async collectives), and of the cross-mesh transfers that
+  run under compute; 0 where the runtime gets none.
+
+Every profile names its ``source``: the publications of the built-in ones
+(:mod:`alpa_ir.hardware.builtin_profiles`), or the host and date where
+``alpa-calibrate`` measured it. Profiles are JSON files with a ``format`` and
+``version``; :func:`load_profile` refuses other versions with a one-line error.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from alpa_ir.errors import AlpaError
+
+FORMAT = "alpa_ir.device_profile"
+VERSION = 1
+
+COLLECTIVE_KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "send-recv")
+"""Kinds a profile prices; ``send-recv`` is a point-to-point transfer (``S / busbw``)."""
+
+
+@dataclass(frozen=True)
+class GemmPoint:
+    """One measured GEMM: ``m × k`` by ``k × n`` in ``dtype``, ``flops_per_s`` reached."""
+
+    m: int
+    n: int
+    k: int
+    dtype: str
+    flops_per_s: float
+
+
+@dataclass(frozen=True)
+class CollectiveFit:
+    """A collective ``kind`` over ``group`` devices joined at network ``level``
+    (0 = any group size): latency (s) and achieved bus bandwidth (bytes/s)."""
+
+    kind: str
+    level: str
+    group: int
+    latency: float
+    bus_bandwidth: float
+
+
+@dataclass(frozen=True)
+class Overlap:
+    """What the runtime overlaps (shares in [0, 1])."""
+
+    gradient_sync: float = 0.0
+    """Of the gradient all-reduce / reduce-scatter after the last micro-batch,
+    the share hidden under the backward pass."""
+    cross_mesh: float = 0.0
+    """Of a pipeline's cross-mesh transfers, the share hidden under compute."""
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """One device kind and its network as measured (module docstring)."""
+
+    name: str
+    device: str
+    source: str
+    peak_flops: tuple[tuple[str, float], ...]
+    """Datasheet dense peak FLOP/s per dtype (``float16``, ``bfloat16``, ``float32``)."""
+    gemm: tuple[GemmPoint, ...]
+    memory_bandwidth: float
+    launch_overhead: float
+    collectives: tuple[CollectiveFit, ...]
+    overlap: Overlap = field(default_factory=Overlap)
+    version: int = VERSION
+
+    def __post_init__(self) -> None:
+        where = f"device profile '{self.name}'"
+        if not self.gemm:
+            raise AlpaError(f"{where}: needs at least one GEMM measurement")
+        for p in self.gemm:
+            if min(p.m, p.n, p.k) < 1 or not _positive(p.flops_per_s):
+                raise AlpaError(f"{where}: GEMM point {p} must have positive sizes and FLOP/s")
+        for what, value in (
+            ("memory_bandwidth", self.memory_bandwidth),
+            *((f"peak_flops[{d}]", v) for d, v in self.peak_flops),
+        ):
+            if not _positive(value):
+                raise AlpaError(f"{where}: {what} must be positive, got {value}")
+        if not (math.isfinite(self.launch_overhead) and self.launch_overhead >= 0):
+            raise AlpaError(f"{where}: launch_overhead must be >= 0 s, got {self.launch_overhead}")
+        for c in self.collectives:
+            if c.kind not in COLLECTIVE_KINDS:
+                raise AlpaError(
+                    f"{where}: unknown collective kind '{c.kind}'; known: "
+                    f"{', '.join(COLLECTIVE_KINDS)}"
+                )
+            if not _positive(c.bus_bandwidth) or not c.latency >= 0 or c.group < 0:
+                raise AlpaError(f"{where}: collective {c} needs bandwidth > 0, latency >= 0")
+        for what, share in (
+            ("gradient_sync", self.overlap.gradient_sync),
+            ("cross_mesh", self.overlap.cross_mesh),
+        ):
+            if not 0.0 <= share <= 1.0:
+                raise AlpaError(f"{where}: overlap.{what} must be in [0, 1], got {share}")
+
+    # -- queries --------------------------------------------------------------
+
+    def peak(self, dtype: str) -> float:
+        """The datasheet peak for ``dtype`` (else the largest listed: a dtype
+        the datasheet does not name runs at most that fast)."""
+        found = dict(self.peak_flops)
+        return found.get(dtype, max(found.values()))
+
+    def gemm_points(self, dtype: str) -> tuple[GemmPoint, ...]:
+        """The measured GEMMs of ``dtype``, else of the dtype measured most."""
+        same = tuple(p for p in self.gemm if p.dtype == dtype)
+        if same:
+            return same
+        counts: dict[str, int] = {}
+        for p in self.gemm:
+            counts[p.dtype] = counts.get(p.dtype, 0) + 1
+        best = max(counts, key=lambda d: counts[d])
+        return tuple(p for p in self.gemm if p.dtype == best)
+
+    def collective(self, kind: str, level: str, group: int) -> CollectiveFit | None:
+        """The fit for ``kind`` over ``group`` devices at ``level``: the exact
+        group size if measured, else the nearest measured size (in log scale),
+        else the level's all-reduce fit (bus bandwidths of one link differ
+        little between kinds); None when the level is not in the profile."""
+        at_level = [c for c in self.collectives if c.level == level]
+        for wanted in (kind, "all-reduce"):
+            fits = [c for c in at_level if c.kind == wanted]
+            if fits:
+                return min(fits, key=lambda c: _group_distance(c.group, group))
+        return None
+
+    # -- files ------------------------------------------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        body = asdict(self)
+        body["peak_flops"] = dict(self.peak_flops)
+        return {"format": FORMAT, **body}
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        where = Path(path)
+        where.write_text(json.dumps(self.to_json(), indent=1, sort_keys=True) + "\n")
+        return where
+
+    @staticmethod
+    def from_json(data: Any, where: str = "device profile") -> DeviceProfile:
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise AlpaError(f'{where}: not a device profile (no "format": "{FORMAT}")')
+        if data.get("version") != VERSION:
+            raise AlpaError(
+                f"{where}: device profile version {data.get('version')!r} is not supported "
+                f"(this alpa_ir reads version {VERSION}); run alpa-calibrate again"
+            )
+        try:
+            return DeviceProfile(
+                name=str(data["name"]),
+                device=str(data["device"]),
+                source=str(data["source"]),
+                peak_flops=tuple(
+                    (str(k), float(v)) for k, v in sorted(dict(data["peak_flops"]).items())
+                ),
+                gemm=tuple(GemmPoint(**p) for p in data["gemm"]),
+                memory_bandwidth=float(data["memory_bandwidth"]),
+                launch_overhead=float(data["launch_overhead"]),
+                collectives=tuple(CollectiveFit(**c) for c in data["collectives"]),
+                overlap=Overlap(**data.get("overlap", {})),
+                version=VERSION,
+            )
+        except (KeyError, TypeError, ValueError) as err:
+            raise AlpaError(f"{where}: malformed device profile: {err}") from None
+
+    @staticmethod
+    def loads(text: str, where: str = "device profile") -> DeviceProfile:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise AlpaError(f"{where}: not JSON: {err}") from None
+        return DeviceProfile.from_json(data, where)
+
+
+def load_profile(path: str | os.PathLike[str]) -> DeviceProfile:
+    """The profile in the JSON file ``path`` (one-line errors)."""
+    where = Path(path)
+    try:
+        text = where.read_text()
+    except OSError as err:
+        raise AlpaError(f"device profile {where}: cannot read: {err.strerror or err}") from None
+    return DeviceProfile.loads(text, f"device profile {where}")
+
+
+def _positive(x: float) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+def _group_distance(measured: int, wanted: int) -> float:
+    if measured == 0:  # any group size: a fallback behind every exact one
+        return 1e9
+    return abs(math.log2(max(measured, 1)) - math.log2(max(wanted, 1)))
+
+
+__all__ = [
+    "COLLECTIVE_KINDS",
+    "FORMAT",
+    "VERSION",
+    "CollectiveFit",
+    "DeviceProfile",
+    "GemmPoint",
+    "Overlap",
+    "load_profile",
+]
