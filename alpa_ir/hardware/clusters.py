@@ -349,18 +349,86 @@ def alpa_testbed(num_nodes: int | None = None) -> Cluster:
     )
 
 
+@dataclass(frozen=True)
+class FabricTier:
+    """One switching tier of a scale-out network, innermost first.
+
+    The tier's switches join the units of the tier below (the first tier: the
+    nodes) into units of its own, ``name``, of at most ``nodes`` nodes (the
+    largest whole number of the units below that divides the cluster: the
+    units of a level are equal); the last tier joins whatever remains. Its
+    links give each GPU the NIC's bandwidth over ``oversubscription`` (1: full
+    bisection) at ``latency`` seconds.
+    """
+
+    name: str
+    nodes: int
+    latency: float
+    oversubscription: float = 1.0
+
+
+def largest_divisor(n: int, limit: int, step: int = 1) -> int:
+    """The largest multiple of ``step`` dividing ``n`` and at most ``limit``
+    (``step`` when none is larger; ``step`` must divide ``n``)."""
+    best = step
+    for k in range(step, min(n, limit) + 1, step):
+        if n % k == 0:
+            best = k
+    return best
+
+
+def scale_out_levels(
+    num_nodes: int, nic: ClusterLevel, tiers: Sequence[FabricTier]
+) -> tuple[ClusterLevel, ...]:
+    """The levels above one node's devices, outermost first, for ``num_nodes``
+    nodes with a NIC like ``nic`` (its bandwidth, sharing and name; cardinality
+    and latency ignored) under the switching ``tiers`` (innermost first). A
+    level joins the units of one tier inside a unit of the next, priced by that
+    tier; a tier with a single unit below it adds no level, so a cluster
+    under one first-tier switch keeps a single level of nodes."""
+    if not tiers:
+        raise AlpaError(f"cluster level '{nic.name}': a scale-out network needs a tier")
+    levels: list[ClusterLevel] = []
+    below, name = 1, nic.name  # nodes per unit of the tier below, and the units' name
+    for k, tier in enumerate(tiers):
+        last = k == len(tiers) - 1
+        unit = num_nodes if last else largest_divisor(num_nodes, tier.nodes, below)
+        if unit > below:
+            bandwidth = nic.bandwidth / tier.oversubscription
+            levels.append(ClusterLevel(name, unit // below, bandwidth, tier.latency, nic.shared))
+            below, name = unit, tier.name
+        if unit == num_nodes:
+            break
+    if not levels:  # one node
+        levels.append(ClusterLevel(nic.name, 1, nic.bandwidth, tiers[0].latency, nic.shared))
+    return tuple(reversed(levels))
+
+
 # NVIDIA DGX A100 (DGX A100 datasheet / user guide): 8 x A100-SXM4 80 GB on six
 # NVSwitches, NVLink 3 600 GB/s bidirectional per GPU (300 GB/s per direction);
 # 8 x ConnectX-6 200 Gb/s HDR InfiniBand for compute, one per GPU (25 GB/s per
 # GPU, not shared). A100: 312 TFLOP/s dense bf16, 2,039 GB/s HBM2e (A100 datasheet).
-def dgx_a100(num_nodes: int | None = None) -> Cluster:
+# Scale-out as a DGX SuperPOD (NVIDIA's DGX A100 SuperPOD reference architecture,
+# Selene, where Megatron-LM's Table 1 ran): scalable units of 20 nodes on
+# rail-optimized leaf switches, 7 units (140 nodes) per full fat tree of spine
+# switches, core switches above; non-blocking at every tier. Each tier up is
+# charged 1 us more latency (an HDR switch's port-to-port latency is ~0.13 us;
+# the rest is the longer cables and adaptive routing, an estimate).
+DGX_A100_TIERS = (
+    FabricTier("su", 20, 5e-6),
+    FabricTier("pod", 140, 6e-6),
+    FabricTier("cluster", 1 << 30, 7e-6),
+)
+
+
+def dgx_a100(
+    num_nodes: int | None = None, *, tiers: Sequence[FabricTier] = DGX_A100_TIERS
+) -> Cluster:
     n = preset_nodes("dgx-a100", num_nodes, 4)
+    nic = ClusterLevel("node", n, 200e9 / 8, 5e-6)
     return Cluster(
         "dgx-a100",
-        (
-            ClusterLevel("node", n, 200e9 / 8, 5e-6),
-            ClusterLevel("gpu", 8, 300 * GB, 3e-6),
-        ),
+        (*scale_out_levels(n, nic, tiers), ClusterLevel("gpu", 8, 300 * GB, 3e-6)),
         device_memory=80 * GiB,
         peak_flops=312e12,
         hbm_bandwidth=2039 * GB,
@@ -372,14 +440,28 @@ def dgx_a100(num_nodes: int | None = None) -> Cluster:
 # NVLink 4 900 GB/s bidirectional per GPU (450 GB/s per direction); 8 x
 # ConnectX-7 400 Gb/s NDR InfiniBand, one per GPU (50 GB/s per GPU). H100 SXM:
 # 989 TFLOP/s dense bf16, 3.35 TB/s HBM3 (H100 datasheet).
-def dgx_h100(num_nodes: int | None = None) -> Cluster:
+# Scale-out: scalable units of 32 nodes on rail-optimized leaf switches (DGX
+# H100 SuperPOD reference architecture), full bisection up to pods of 3,072
+# GPUs (384 nodes), and pods joined by aggregation switches at 1:7
+# oversubscription, as the 24K-GPU cluster Llama 3 405B was trained on
+# (Llama 3 paper, §3.3.1: 3,072-GPU pods of full bisection, 1:7 above them).
+# A cluster whose node count 384 does not divide gets pods of the largest
+# whole number of units that does (8,192 GPUs: 4 pods of 2,048).
+DGX_H100_TIERS = (
+    FabricTier("su", 32, 5e-6),
+    FabricTier("pod", 384, 6e-6),
+    FabricTier("cluster", 1 << 30, 7e-6, oversubscription=7.0),
+)
+
+
+def dgx_h100(
+    num_nodes: int | None = None, *, tiers: Sequence[FabricTier] = DGX_H100_TIERS
+) -> Cluster:
     n = preset_nodes("dgx-h100", num_nodes, 4)
+    nic = ClusterLevel("node", n, 400e9 / 8, 5e-6)
     return Cluster(
         "dgx-h100",
-        (
-            ClusterLevel("node", n, 400e9 / 8, 5e-6),
-            ClusterLevel("gpu", 8, 450 * GB, 2e-6),
-        ),
+        (*scale_out_levels(n, nic, tiers), ClusterLevel("gpu", 8, 450 * GB, 2e-6)),
         device_memory=80 * GiB,
         peak_flops=989e12,
         hbm_bandwidth=3350 * GB,
@@ -462,15 +544,20 @@ def get_cluster(
 
 
 __all__ = [
+    "DGX_A100_TIERS",
+    "DGX_H100_TIERS",
     "HBM_BANDWIDTH_ATTR",
     "MEMORY_SOURCE_ATTR",
     "Cluster",
     "ClusterLevel",
+    "FabricTier",
     "alpa_testbed",
     "builtin_presets",
     "dgx_a100",
     "dgx_h100",
     "get_cluster",
+    "largest_divisor",
     "local_cpu",
     "preset_nodes",
+    "scale_out_levels",
 ]

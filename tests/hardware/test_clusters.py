@@ -154,3 +154,65 @@ def test_paper_scale_mesh_is_cheap() -> None:
     c = get_cluster("dgx-h100", num_devices=1024)
     m = c.logical_mesh((128, 8))
     assert m.size == 1024 and math.isclose(m.beta[0], 1 / 50e9)
+
+
+def test_presets_under_one_switch_keep_two_levels() -> None:
+    for preset, nodes in (("dgx-a100", 20), ("dgx-h100", 32), ("alpa-testbed", 100)):
+        c = get_cluster(preset, num_nodes=nodes)
+        assert [lv.name for lv in c.levels] == ["node", "gpu"]
+        assert c.levels[0].cardinality == nodes
+
+
+def test_llama3_cluster_has_oversubscribed_pods() -> None:
+    # 16,384 H100s: 8 pods of 2,048 GPUs (384 nodes do not divide 2,048 nodes),
+    # 8 scalable units of 32 nodes per pod, 1:7 between pods.
+    c = get_cluster("dgx-h100", num_devices=16384)
+    assert [(lv.name, lv.cardinality) for lv in c.levels] == [
+        ("pod", 8),
+        ("su", 8),
+        ("node", 32),
+        ("gpu", 8),
+    ]
+    assert c.num_nodes == 2048 and c.devices_per_node == 8
+    # an axis inside a pod keeps the NIC's 50 GB/s; one across pods gets a seventh
+    m = c.logical_mesh((8, 256, 8))
+    assert m.beta == pytest.approx((7 / 50e9, 1 / 50e9, 1 / 450e9))
+    assert m.alpha[0] > m.alpha[1] > m.alpha[2]
+    # the calibrated model prices the oversubscribed level: the same all-reduce
+    # across pods costs more than inside one
+    from alpa_ir.p2.calibrated import CalibratedCostModel
+
+    prices = CalibratedCostModel.for_cluster(c)
+    across = prices.all_reduce(c.logical_mesh((8, 2048)), 2**28, (0,))
+    within = prices.all_reduce(c.logical_mesh((256, 8, 8)), 2**28, (1,))
+    assert across > 2 * within
+
+
+def test_megatron_gpu_counts_build_on_dgx_a100() -> None:
+    for gpus in (32, 64, 128, 256, 512, 1024, 1536, 1920, 2520, 3072):
+        c = get_cluster("dgx-a100", num_devices=gpus)
+        assert c.num_devices == gpus and c.devices_per_node == 8
+        assert all(lv.bandwidth == 25e9 for lv in c.levels[:-1])  # non-blocking fat tree
+    c = get_cluster("dgx-a100", num_devices=2520)  # 315 nodes: units of 15, pods of 105
+    assert [lv.cardinality for lv in c.levels] == [3, 7, 15, 8]
+
+
+def test_four_levels_round_trip_through_the_op_and_text() -> None:
+    c = get_cluster("dgx-h100", num_devices=8192)
+    assert len(c.levels) == 4
+    parsed = next(iter(parse_module(str(ModuleOp([c.to_op()]))).ops))
+    assert isinstance(parsed, ClusterOp)
+    assert parsed.num_devices() == 8192
+    assert Cluster.from_op(parsed) == c
+
+
+def test_scale_out_tiers_are_a_parameter() -> None:
+    from alpa_ir.hardware.clusters import FabricTier, dgx_h100
+
+    flat = dgx_h100(64, tiers=(FabricTier("cluster", 1 << 30, 5e-6),))
+    assert [lv.cardinality for lv in flat.levels] == [64, 8]
+    tight = dgx_h100(64, tiers=(FabricTier("su", 8, 5e-6), FabricTier("c", 1, 9e-6, 2.0)))
+    assert [(lv.name, lv.cardinality, lv.bandwidth) for lv in tight.levels[:2]] == [
+        ("su", 8, 25e9),
+        ("node", 8, 50e9),
+    ]
