@@ -19,7 +19,8 @@ ORDER: tuple[tuple[str, ...], ...] = (
     ("backends",),
     ("plots", "passes"),
     ("api",),
-    ("plugins.builtin", "alpa_ir", "tools"),
+    ("compat",),
+    ("plugins.builtin", "alpa_ir", "tools", "testing", "util"),
 )
 """Ranks, lowest first; a folder may import its own rank and those below."""
 

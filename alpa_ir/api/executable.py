@@ -81,6 +81,35 @@ class PlannedExecutable(ABC):
     def hlo_files(self, *args: Any) -> dict[str, str]:
         """The compiled HLO of each program, by file name under ``hlo/``."""
 
+    @abstractmethod
+    def get_total_allocation_size(self) -> int:
+        """Bytes one device allocates to run the step (Alpa's
+        ``get_total_allocation_size``), from XLA's memory analysis of the
+        compiled programs (:func:`allocation_bytes`)."""
+
+    def preshard_dynamic_args(self, *args: Any) -> tuple[Any, ...]:
+        """The step's dynamic arguments (static ones left out) placed where the
+        step reads them (Alpa's ``preshard_dynamic_args``): a later call with
+        them moves nothing. On the ray backend the hosts place their inputs
+        themselves, so the arguments come back as given."""
+        import jax
+
+        dynamic = self.signature.dynamic(args)
+        self.signature.flatten(args)  # the arguments the step was compiled for
+        if self.remote is not None:
+            return dynamic
+        shardings = iter(
+            jax.tree.leaves(
+                self.get_input_shardings(), is_leaf=lambda x: isinstance(x, jax.sharding.Sharding)
+            )
+        )
+        leaves, tree = jax.tree.flatten(dynamic)
+        static = {k for k, _ in self.signature.static_leaves}
+        placed = [
+            x if k in static else jax.device_put(x, next(shardings)) for k, x in enumerate(leaves)
+        ]
+        return tuple(jax.tree.unflatten(tree, placed))
+
     def dump_debug_info(self, folder: str, *args: Any) -> Any:
         """Write the imported module, the pass pipeline, the planned module, the
         plan and the compiled HLO under ``folder`` (see :mod:`alpa_ir.api.debug_info`;
@@ -96,4 +125,17 @@ class PlannedExecutable(ABC):
         return write_debug_info(folder, files)
 
 
-__all__ = ["PlannedExecutable"]
+def allocation_bytes(compiled: Any) -> int:
+    """Bytes one device allocates for a compiled XLA program: its arguments,
+    its outputs (less those written into donated arguments) and its
+    temporaries, by XLA's memory analysis."""
+    stats = compiled.memory_analysis()
+    return int(
+        stats.argument_size_in_bytes
+        + stats.output_size_in_bytes
+        - stats.alias_size_in_bytes
+        + stats.temp_size_in_bytes
+    )
+
+
+__all__ = ["PlannedExecutable", "allocation_bytes"]

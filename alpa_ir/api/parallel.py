@@ -75,6 +75,11 @@ class ParallelizedFunction:
             )
         return self._cache[key]
 
+    def preshard_dynamic_args(self, *args: Any) -> tuple[Any, ...]:
+        """The dynamic arguments placed where the step reads them (Alpa's
+        ``preshard_dynamic_args``): ``state, batch = f.preshard_dynamic_args(state, batch)``."""
+        return self.get_executable(*args).preshard_dynamic_args(*args)
+
     def __call__(self, *args: Any) -> Any:
         executable = self.get_executable(*args)
         remote = getattr(executable, "remote", None)

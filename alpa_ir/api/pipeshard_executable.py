@@ -213,6 +213,34 @@ class PipeshardExecutable(PlannedExecutable):
             texts.append(hlo_text(compiled.run.lower(*avals), which))  # type: ignore[attr-defined]
         return texts
 
+    def get_allocation_sizes(self) -> dict[str, int]:
+        """Bytes one device of its mesh allocates for each stage program, by
+        program name (XLA's memory analysis; see :meth:`stage_function_names`)."""
+        from alpa_ir.api.executable import allocation_bytes
+        from alpa_ir.dialects.types import dtype_of, shape_of
+
+        sizes = {}
+        for name in self.stage_function_names():
+            function = symbol_op(self.module, name, func.FuncOp)
+            assert isinstance(function, func.FuncOp)
+            compiled = self.functions[name]
+            avals = [
+                jax.ShapeDtypeStruct(shape_of(t), dtype_of(t), sharding=s)
+                for t, s in zip(
+                    function.function_type.inputs.data, compiled.in_shardings, strict=True
+                )
+            ]
+            lowered = compiled.run.lower(*avals)  # type: ignore[attr-defined]
+            sizes[name] = allocation_bytes(lowered.compile())
+        return sizes
+
+    def get_total_allocation_size(self) -> int:
+        """Bytes one device allocates for the largest stage program
+        (:meth:`get_allocation_sizes`): a device runs its stage's programs one
+        at a time, and what they keep between them (weights, stashed
+        activations) is counted in each program's arguments."""
+        return max(self.get_allocation_sizes().values(), default=0)
+
     def hlo_files(self, *args: Any) -> dict[str, str]:
         """Each stage program's compiled HLO (no example arguments needed)."""
         del args

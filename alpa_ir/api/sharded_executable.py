@@ -220,6 +220,22 @@ class ShardedExecutable(PlannedExecutable):
         of the first call)."""
         return {"hlo/step.hlo": self.get_hlo_text(*args)}
 
+    def get_total_allocation_size(self) -> int:
+        """Bytes one device allocates for the SPMD program (XLA's memory analysis
+        of the program compiled for its inputs' shapes and shardings)."""
+        from alpa_ir.api.executable import allocation_bytes
+
+        run, in_shardings, _ = self._compile_local()
+        avals = list(self.signature.avals)
+        if self.signature.micro_batch_rows:
+            avals.append(((self.signature.micro_batch_rows,), np.int32))
+        b, structs = self.num_micro_batches, []
+        for k, ((shape, dtype), sharding) in enumerate(zip(avals, in_shardings, strict=True)):
+            if b > 1 and k in self.batch_leaves:
+                shape = (b, shape[0] // b, *shape[1:])
+            structs.append(jax.ShapeDtypeStruct(shape, dtype, sharding=sharding))
+        return allocation_bytes(run.lower(*structs).compile())
+
     def get_input_placement_specs(self) -> Any:
         assert self.mesh.axis_names is not None
         specs = [

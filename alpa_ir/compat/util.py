@@ -1,0 +1,56 @@
+"""``alpa.util``'s user-facing helpers: ``benchmark_func`` and
+``disable_tqdm_globally``."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+
+def benchmark_func(
+    run_func: Callable[[], Any],
+    sync_func: Callable[[], Any] | None = None,
+    warmup: int = 1,
+    repeat: int = 3,
+    number: int = 5,
+    min_repeat_second: float | None = None,
+) -> np.ndarray:
+    """Seconds per call of ``run_func``, as Alpa's helper: ``warmup`` calls,
+    then ``repeat`` rounds of ``number`` calls each (``sync_func``, when
+    given, waits for the devices before and after a round); returns the
+    ``repeat`` per-round means. With ``min_repeat_second``, ``number`` is
+    chosen so that a round lasts at least that long."""
+    for _ in range(warmup):
+        run_func()
+    if min_repeat_second:
+        once = _timed(run_func, sync_func, 1)
+        number = max(int(min_repeat_second / max(once, 1e-9)), 1)
+    return np.array([_timed(run_func, sync_func, number) / number for _ in range(repeat)])
+
+
+def _timed(run_func: Callable[[], Any], sync_func: Callable[[], Any] | None, number: int) -> float:
+    if sync_func is not None:
+        sync_func()
+    tic = time.perf_counter()
+    for _ in range(number):
+        run_func()
+    if sync_func is not None:
+        sync_func()
+    return time.perf_counter() - tic
+
+
+def disable_tqdm_globally() -> None:
+    """Turn off every ``tqdm`` progress bar made after this call, as Alpa's
+    helper (which patches ``tqdm.tqdm``, a process-wide switch by design). A
+    no-op without tqdm. The planner's own progress display is an option
+    (``AutoStageOption(progress=...)``), never a global."""
+    try:
+        import tqdm
+    except ImportError:
+        return
+    import functools
+
+    tqdm.tqdm.__init__ = functools.partialmethod(tqdm.tqdm.__init__, disable=True)  # type: ignore[method-assign]

@@ -1,0 +1,67 @@
+"""Alpa's helpers under their Alpa names: ``alpa_ir.testing.assert_allclose``
+and ``alpa_ir.util`` (``benchmark_func``, ``disable_tqdm_globally``)."""
+
+from __future__ import annotations
+
+import time
+
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax.core import FrozenDict
+from flax.training.train_state import TrainState
+
+from alpa_ir.testing import assert_allclose
+from alpa_ir.util import benchmark_func, disable_tqdm_globally
+
+
+def test_assert_allclose_walks_mappings_sequences_and_arrays() -> None:
+    a = {"w": jnp.ones((2, 3)), "b": [np.zeros(2), 1.0], "name": "x"}
+    assert_allclose(a, {"w": np.ones((2, 3)) + 5e-5, "b": (np.zeros(2), 1.0), "name": "x"})
+    assert_allclose(FrozenDict({"k": jnp.arange(3.0)}), {"k": np.arange(3.0)})
+    with pytest.raises(AssertionError, match=r"\['b'\]\[0\]"):
+        assert_allclose(a, {"w": np.ones((2, 3)), "b": [np.ones(2), 1.0], "name": "x"})
+    with pytest.raises(AssertionError, match="keys"):
+        assert_allclose({"a": 1.0}, {"b": 1.0})
+    with pytest.raises(AssertionError, match="3 elements against 2"):
+        assert_allclose([1, 2, 3], [1, 2])
+    assert_allclose([1.0], [1.2], atol=0.3)  # Alpa's tolerances are arguments
+
+
+def test_assert_allclose_compares_train_states_by_leaves() -> None:
+    params = {"w": jnp.ones((2, 2))}
+    state = TrainState.create(apply_fn=None, params=params, tx=optax.sgd(0.1))
+    assert_allclose(state, state.replace(params={"w": jnp.ones((2, 2)) + 1e-6}))
+    with pytest.raises(AssertionError):
+        assert_allclose(state, state.replace(params={"w": jnp.zeros((2, 2))}))
+
+
+def test_benchmark_func_counts_warmup_rounds_and_calls() -> None:
+    calls: list[str] = []
+    costs = benchmark_func(
+        lambda: (calls.append("run"), time.sleep(0.002)),
+        lambda: calls.append("sync"),
+        warmup=2,
+        repeat=3,
+        number=4,
+    )
+    assert costs.shape == (3,)
+    assert calls.count("run") == 2 + 3 * 4
+    assert calls.count("sync") == 2 * 3  # before and after each round
+    assert np.all(costs >= 0.002)  # seconds per call, not per round
+    assert np.all(costs < 0.05)
+    assert benchmark_func(lambda: None).shape == (3,)  # Alpa's defaults
+
+
+def test_benchmark_func_min_repeat_second_chooses_number() -> None:
+    calls = []
+    benchmark_func(lambda: (calls.append(1), time.sleep(0.01)), warmup=0, repeat=1,
+                   number=1, min_repeat_second=0.05)  # fmt: skip
+    assert len(calls) >= 1 + 4  # one timing call, then at least 0.05 / 0.01 - rounding
+
+
+def test_disable_tqdm_globally() -> None:
+    tqdm = pytest.importorskip("tqdm")
+    disable_tqdm_globally()
+    assert tqdm.tqdm(range(3)).disable
