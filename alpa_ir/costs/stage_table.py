@@ -51,7 +51,10 @@ from alpa_ir.ir.collection import frozen_heap
 from alpa_ir.ir.module_utils import num_ops
 from alpa_ir.passmanager.progress import ProgressBar
 
-SUBMESH_SPACES = ("all", "single-node-model-parallel", "one-dimensional")
+SUBMESH_SPACES = ("all", "single-node-model-parallel", "one-dimensional", "power-of-two")
+"""``power-of-two``: Alpa's submeshes whose node count is a power of two,
+``(1, 2^k)`` and ``(2^k, M)``, each with all its views: ``log N`` submeshes
+instead of ``N`` (the search that scales, :mod:`alpa_ir.pipeline.pipeline_replicas`)."""
 COST_MODES = ("range", "layer-sum")
 WORKERS_FROM_OPS = 4000
 """Worker processes cost a table only when its distinct pairs on meshes of
@@ -76,6 +79,9 @@ class ViewCost:
     """A second plan of the same range on the same view that keeps no parameter
     replicated (``StageCost.memory_saving``); :meth:`StageCostTable.picks`
     considers both."""
+    gradients: float = 0.0
+    """Bytes of gradients per device (part of ``persistent``): what an
+    all-reduce across data-parallel replicas of the stage moves."""
 
     def choices(self) -> tuple[ViewCost, ...]:
         return (self,) if self.memory_saving is None else (self, self.memory_saving)
@@ -105,6 +111,7 @@ def _view_cost(cost: StageCost, cross_bytes: float, backward_bytes: float = 0.0)
         m.transient,
         backward_bytes,
         None if saving is None else _view_cost(saving, cross_bytes, backward_bytes),
+        m.gradients,
     )
 
 
@@ -122,6 +129,7 @@ def _add(a: ViewCost, b: ViewCost) -> ViewCost:
         max(a.transient, b.transient),
         a.backward_bytes + b.backward_bytes,
         saving,
+        a.gradients + b.gradients,
     )
 
 
@@ -186,12 +194,12 @@ class StageCostTable:
     def arrays(self, view_shape: tuple[int, ...]) -> dict[str, np.ndarray]:
         """Every range's costs on one view as ``[choice, first, last]`` arrays
         (``latency``, ``persistent``, ``activations``, ``transient``,
-        ``cross_bytes``, ``backward_bytes``): choice 0 is the plan, choice 1
+        ``cross_bytes``, ``backward_bytes``, ``gradients``): choice 0 is the plan, choice 1
         the memory-saving plan (the plan itself where there is none); ``inf``
         latency where a range was not costed."""
         num, shape = self.num_layers, tuple(view_shape)
         names = ("latency", "persistent", "activations", "transient", "cross_bytes")
-        names += ("backward_bytes",)
+        names += ("backward_bytes", "gradients")
         if self.internal is None:
             out = {n: np.zeros((2, num, num)) for n in names}
             out["latency"][:] = np.inf
@@ -332,6 +340,8 @@ def submesh_views(
         )
     out: dict[tuple[int, int], tuple[LogicalDeviceMesh, ...]] = {}
     for submesh in cluster.submesh_shapes():
+        if space == "power-of-two" and submesh[0] & (submesh[0] - 1):
+            continue
         views = cluster.submesh_logical_meshes(submesh)
         size = submesh[0] * submesh[1]
         if space == "single-node-model-parallel":

@@ -1,0 +1,323 @@
+"""The search that scales (issue #42): data-parallel replicas of one pipeline,
+planned outside the stage DP.
+
+Alpa's space grows with every node: ``(n, M)`` for every ``n`` and every
+``(dp, mp)`` view of each, all priced for every layer; at 1,024 GPUs that is
+1,746 views and the DP's device axis has 1,025 entries per row. Real
+pre-training runs (Megatron-LM, Llama 3) are a pipeline of at most a few
+hundred GPUs replicated data-parallel over the rest. This module searches
+that space:
+
+* ``r`` **replicas** of one pipeline of ``N / r`` nodes (``r`` divides the node
+  count and the micro-batches: each replica runs ``B / r`` of the step's
+  micro-batches, at the shape the step was traced at). One replica's stages
+  come from the stage DP of :mod:`alpa_ir.pipeline.stage_construction`,
+  unchanged, on the pipeline's nodes (:func:`pipeline_cluster`, the first
+  ``N / r`` nodes of the cluster with their levels).
+* After the last micro-batch, each device all-reduces its gradients with the
+  devices at the same place in the other replicas
+  (:func:`replica_sync_seconds`): priced on the network level the replicas'
+  group crosses, by the cost model the stages are priced with (a mesh of the
+  replicas by the stage's devices on the whole cluster, so a shared NIC or an
+  oversubscribed tier counts). The all-reduces of distinct meshes run at once
+  (the slowest counts); none overlaps the pipeline (an upper bound).
+* **One cost table** serves every ``r``: it is built once on the largest
+  pipeline, over the submeshes whose node count is a power of two
+  (``power-of-two`` space: ``(1, 2^k)`` and ``(2^k, M)``, each with every
+  view), and each ``r``'s DP reads the part that fits its pipeline
+  (:func:`sub_table`). Views that no plan can tell apart (an axis that divides
+  no dimension) are priced once by the cost model's cache.
+
+Exactness: with ``replicas=(1,)`` and the table of the whole cluster this is
+the stage DP itself (same plan, same latency); for several ``r`` it is the
+best of the DPs run one by one on tables built for each pipeline (tests).
+:func:`search_kind` keeps the full search wherever its space is small enough
+(:data:`FULL_SEARCH_VIEWS`), so plans there are today's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from alpa_ir.autosharding.cost_model import collective_bytes_on_wire
+from alpa_ir.costs.stage_table import StageCostTable
+from alpa_ir.errors import AlpaError, PlanError
+from alpa_ir.hardware.clusters import Cluster
+from alpa_ir.pipeline.stage_construction import StagePlan, plan_stages
+
+FULL_SEARCH_VIEWS = 256
+"""The most logical mesh views (Alpa's ``all`` space) for which ``search=auto``
+keeps the full search (64 GPUs of 8-GPU nodes: 62 views; 128: 146)."""
+DEFAULT_MAX_PIPELINE_DEVICES = 1024
+"""The largest pipeline the scaled search prices (power-of-two submeshes up
+to 128 nodes of 8: 66 views)."""
+SEARCHES = ("full", "scaled", "auto")
+
+
+def count_views(cluster: Cluster, space: str = "all", limit: int = 1 << 62) -> int:
+    """Logical mesh views of ``space`` (``all`` or ``power-of-two``) on
+    ``cluster``, counted up to just past ``limit`` (without building them)."""
+    m, nodes = cluster.devices_per_node, cluster.num_nodes
+    if m & (m - 1):
+        cluster.submesh_shapes()  # raises: not a power of two per node
+    views = sum(_divisor_count(1 << k) for k in range(m.bit_length()))
+    for n in range(2, nodes + 1):
+        if views > limit:
+            break
+        if space == "power-of-two" and n & (n - 1):
+            continue
+        views += _divisor_count(n * m)
+    return views
+
+
+def _divisor_count(n: int) -> int:
+    count, k = 0, 1
+    while k * k <= n:
+        if n % k == 0:
+            count += 1 if k * k == n else 2
+        k += 1
+    return count
+
+
+def search_kind(cluster: Cluster, search: str = "auto") -> str:
+    """``full`` or ``scaled``: ``auto`` is the full search where Alpa's space
+    has at most :data:`FULL_SEARCH_VIEWS` views."""
+    if search not in SEARCHES:
+        raise AlpaError(
+            f"construct-stages: search must be one of {', '.join(SEARCHES)}, got {search!r}"
+        )
+    if search != "auto":
+        return search
+    return (
+        "full" if count_views(cluster, "all", FULL_SEARCH_VIEWS) <= FULL_SEARCH_VIEWS else "scaled"
+    )
+
+
+def pipeline_cluster(cluster: Cluster, nodes: int) -> Cluster:
+    """The first ``nodes`` nodes of ``cluster`` as a cluster: its levels from the
+    inside out, each as many units as the nodes fill (a level of one unit is
+    dropped). Raise if the nodes are not a whole block of every level they
+    span (e.g. 24 nodes of 16-node units)."""
+    if not 1 <= nodes <= cluster.num_nodes:
+        raise AlpaError(
+            f"cluster '{cluster.name}': a pipeline of {nodes} nodes does not fit its "
+            f"{cluster.num_nodes} nodes"
+        )
+    levels = []
+    remaining = nodes
+    for level in reversed(cluster.levels[:-1]):
+        if remaining == 1:
+            break
+        units = min(level.cardinality, remaining)
+        if remaining % units:
+            raise AlpaError(
+                f"cluster '{cluster.name}': {nodes} nodes are not a whole number of its "
+                f"'{level.name}' units of {level.cardinality}"
+            )
+        levels.append(replace(level, cardinality=units))
+        remaining //= units
+    return replace(cluster, levels=(*reversed(levels), cluster.levels[-1]))
+
+
+def replica_counts(
+    num_nodes: int, num_micro_batches: int, max_pipeline_nodes: int
+) -> tuple[int, ...]:
+    """Replica counts ``r`` that divide the nodes and the micro-batches, with
+    pipelines of at most ``max_pipeline_nodes`` nodes, fewest replicas first."""
+    return tuple(
+        r
+        for r in range(1, num_nodes + 1)
+        if num_nodes % r == 0
+        and num_micro_batches % r == 0
+        and num_nodes // r <= max_pipeline_nodes
+    )
+
+
+def sub_table(table: StageCostTable, cluster: Cluster) -> StageCostTable:
+    """``table`` (built on a pipeline of at least ``cluster``'s nodes) read for a
+    pipeline on ``cluster``: the submeshes that fit it, the same costs."""
+    if cluster.devices_per_node != table.cluster.devices_per_node or (
+        cluster.num_nodes > table.cluster.num_nodes
+    ):
+        raise AlpaError(
+            f"construct-stages: a table of {table.cluster.num_nodes} nodes of "
+            f"{table.cluster.devices_per_node} cannot plan {cluster.num_nodes} nodes of "
+            f"{cluster.devices_per_node}"
+        )
+    fits = tuple(s for s in table.submeshes if s[0] * s[1] <= cluster.num_devices)
+    return replace(table, cluster=cluster, submeshes=fits, views={s: table.views[s] for s in fits})
+
+
+def replica_sync_seconds(
+    cluster: Cluster, plan: StagePlan, replicas: int, pricer: object = None
+) -> float:
+    """Seconds of the gradient all-reduce across ``replicas`` replicas of
+    ``plan`` (one replica's pipeline on devices ``0..P-1`` of ``cluster``,
+    replica ``k`` on ``k·P ..``): per mesh, its devices' gradients over a mesh
+    ``(replicas, mesh devices)`` of ``cluster``, axis 0; the slowest mesh.
+    ``pricer``: a bound cost model with ``seconds(kind, mesh, bytes, axes)``;
+    else ``α + β·bytes on the wire`` of axis 0."""
+    if replicas == 1:
+        return 0.0
+    mesh_of = plan.mesh_of or tuple(range(len(plan.stages)))
+    gradients: dict[int, float] = {}
+    devices: dict[int, tuple[int, ...]] = {}
+    for stage, k in zip(plan.stages, mesh_of, strict=True):
+        gradients[k] = gradients.get(k, 0.0) + stage.cost.gradients
+        devices[k] = tuple(stage.mesh.devices or range(math.prod(stage.mesh.shape)))
+    width = sum(len(ids) for ids in devices.values())
+    if width * replicas != cluster.num_devices:
+        raise AlpaError(
+            f"construct-stages: {replicas} replicas of a pipeline of {width} devices are not "
+            f"the {cluster.num_devices} devices of cluster '{cluster.name}'"
+        )
+    seconds = getattr(pricer, "seconds", None)
+    slowest = 0.0
+    for k, ids in devices.items():
+        if gradients[k] <= 0:
+            continue
+        grid = [r * width + d for r in range(replicas) for d in ids]
+        mesh = cluster.logical_mesh((replicas, len(ids)), grid)
+        assert mesh.alpha is not None and mesh.beta is not None
+        if seconds is not None:
+            t = float(seconds("all_reduce", mesh, gradients[k], (0,)))
+        else:
+            wire = collective_bytes_on_wire("all-reduce", gradients[k], replicas)
+            t = mesh.alpha[0] + mesh.beta[0] * wire
+        slowest = max(slowest, t)
+    return slowest
+
+
+@dataclass(frozen=True)
+class ReplicaCandidate:
+    """One replica count's best plan (``plan`` None: none fits, ``note`` why)."""
+
+    replicas: int
+    plan: StagePlan | None
+    pipeline_seconds: float = math.inf
+    """One replica's step: the plan's latency (simulated, where the schedule was chosen)."""
+    sync_seconds: float = 0.0
+    note: str = ""
+
+    @property
+    def iteration_time(self) -> float:
+        return self.pipeline_seconds + self.sync_seconds
+
+
+@dataclass(frozen=True)
+class ReplicatedPlan:
+    """The scaled search's plan: ``replicas`` copies of ``plan`` (on
+    ``pipeline``, the first nodes of the cluster), each running
+    ``num_micro_batches`` micro-batches, then the gradient all-reduce."""
+
+    plan: StagePlan
+    replicas: int
+    num_micro_batches: int
+    pipeline: Cluster
+    pipeline_seconds: float
+    sync_seconds: float
+    candidates: tuple[ReplicaCandidate, ...] = ()
+    """Every replica count tried, fewest replicas first."""
+
+    @property
+    def iteration_time(self) -> float:
+        return self.pipeline_seconds + self.sync_seconds
+
+
+def plan_replicated(
+    table: StageCostTable,
+    cluster: Cluster,
+    num_micro_batches: int,
+    schedule: str = "1f1b",
+    *,
+    replicas: Sequence[int] | None = None,
+    pricer: object = None,
+    epsilon: float = 0.0,
+    cross_stage_comm: bool = False,
+    remat: bool = False,
+) -> ReplicatedPlan:
+    """The best of ``replicas`` (default: every count whose pipeline ``table``
+    covers, :func:`replica_counts`) by one replica's step plus the gradient
+    all-reduce; ``table`` is built on the largest pipeline's cluster."""
+    if replicas is None:
+        replicas = replica_counts(cluster.num_nodes, num_micro_batches, table.cluster.num_nodes)
+    if not replicas:
+        raise PlanError(
+            f"construct-stages: no replica count divides both the {cluster.num_nodes} nodes "
+            f"and the {num_micro_batches} micro-batches with pipelines of at most "
+            f"{table.cluster.num_nodes} nodes"
+        )
+    tried = []
+    for r in replicas:
+        if r < 1 or cluster.num_nodes % r or num_micro_batches % r:
+            raise AlpaError(
+                f"construct-stages: {r} replicas do not divide the {cluster.num_nodes} nodes "
+                f"and the {num_micro_batches} micro-batches"
+            )
+        try:
+            pipeline = pipeline_cluster(cluster, cluster.num_nodes // r)
+            sub = table if r == 1 and pipeline == table.cluster else sub_table(table, pipeline)
+            plan = plan_stages(
+                sub,
+                num_micro_batches // r,
+                schedule,
+                epsilon=epsilon,
+                cross_stage_comm=cross_stage_comm,
+                remat=remat,
+            )
+        except (AlpaError, PlanError) as error:
+            tried.append(ReplicaCandidate(r, None, note=str(error)))
+            continue
+        step = plan.candidates[0].iteration_time if plan.candidates else plan.latency
+        sync = replica_sync_seconds(cluster, plan, r, pricer)
+        tried.append(ReplicaCandidate(r, plan, step, sync))
+    found = [c for c in tried if c.plan is not None]
+    if not found:
+        raise PlanError(
+            "construct-stages: no replicated pipeline fits: "
+            + "; ".join(f"{c.replicas} replicas: {c.note}" for c in tried)
+        )
+    best = min(found, key=lambda c: (c.iteration_time, c.replicas))
+    assert best.plan is not None
+    return ReplicatedPlan(
+        best.plan,
+        best.replicas,
+        num_micro_batches // best.replicas,
+        pipeline_cluster(cluster, cluster.num_nodes // best.replicas),
+        best.pipeline_seconds,
+        best.sync_seconds,
+        tuple(tried),
+    )
+
+
+def largest_pipeline_nodes(cluster: Cluster, num_micro_batches: int, max_devices: int) -> int:
+    """Nodes of the largest pipeline the scaled search plans: ``N / r`` for the
+    fewest replicas ``r`` with a pipeline of at most ``max_devices``."""
+    most = max(1, max_devices // cluster.devices_per_node)
+    counts = replica_counts(cluster.num_nodes, num_micro_batches, most)
+    if not counts:
+        raise PlanError(
+            f"construct-stages: no replica count divides both the {cluster.num_nodes} nodes "
+            f"and the {num_micro_batches} micro-batches with pipelines of at most "
+            f"{max_devices} devices"
+        )
+    return cluster.num_nodes // counts[0]
+
+
+__all__ = [
+    "DEFAULT_MAX_PIPELINE_DEVICES",
+    "FULL_SEARCH_VIEWS",
+    "SEARCHES",
+    "ReplicaCandidate",
+    "ReplicatedPlan",
+    "count_views",
+    "largest_pipeline_nodes",
+    "pipeline_cluster",
+    "plan_replicated",
+    "replica_counts",
+    "replica_sync_seconds",
+    "search_kind",
+    "sub_table",
+]

@@ -1,0 +1,189 @@
+"""The search that scales: data-parallel replicas of one pipeline outside the
+stage DP, one cost table for every replica count, the power-of-two submesh
+space, and the full search kept where it runs (exactness)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from stage_fixtures import _deep_module
+
+from alpa_ir.costs.analytical_stage_cost import AnalyticalStageCostModel
+from alpa_ir.costs.stage_table import StageCostTable, ViewCost, cost_table, submesh_views
+from alpa_ir.errors import AlpaError, PlanError
+from alpa_ir.hardware.clusters import Cluster, ClusterLevel
+from alpa_ir.ir.module_utils import main_function
+from alpa_ir.pipeline.layer_ranges import LayerRanges
+from alpa_ir.pipeline.pipeline_replicas import (
+    count_views,
+    pipeline_cluster,
+    plan_replicated,
+    replica_counts,
+    replica_sync_seconds,
+    search_kind,
+    sub_table,
+)
+from alpa_ir.pipeline.stage_construction import plan_stages
+
+
+def _cluster(nodes: int, per_node: int = 2, memory: float = 1e9, shared: bool = False) -> Cluster:
+    return Cluster(
+        "replicas",
+        (
+            ClusterLevel("node", nodes, 1e9, 1e-5, shared=shared),
+            ClusterLevel("gpu", per_node, 1e11, 1e-6),
+        ),
+        memory,
+        1e12,
+    )
+
+
+def _random_table(cluster: Cluster, layers: int, seed: int, space: str = "all") -> StageCostTable:
+    """Every range on every view: a latency falling with the view's devices (and
+    noise, so that views and submeshes differ), parameters, activations and
+    gradients."""
+    rng = np.random.default_rng(seed)
+    views = submesh_views(cluster, space)
+    table = StageCostTable(cluster, tuple(views), views, layers)
+    work = rng.uniform(0.5, 2.0, layers)
+    for i in range(layers):
+        for j in range(i, layers):
+            for meshes in views.values():
+                for view in meshes:
+                    size = int(np.prod(view.shape))
+                    latency = work[i : j + 1].sum() / size**0.8 * rng.uniform(0.9, 1.3)
+                    params = 100.0 * (j - i + 1) / size
+                    table.costs[(i, j, view.shape)] = ViewCost(
+                        float(latency), 4 * params, 10.0, 8.0, gradients=params
+                    )
+    return table
+
+
+def test_one_replica_is_the_stage_dp() -> None:
+    """replicas=(1,) on the whole cluster's table: the same plan and latency."""
+    cluster = _cluster(4)
+    table = _random_table(cluster, 5, seed=0)
+    full = plan_stages(table, 8)
+    one = plan_replicated(table, cluster, 8, replicas=(1,))
+    assert one.replicas == 1 and one.sync_seconds == 0.0
+    assert one.plan.latency == full.latency
+    assert [(s.first, s.last, s.submesh) for s in one.plan.stages] == [
+        (s.first, s.last, s.submesh) for s in full.stages
+    ]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_several_replica_counts_are_the_best_of_each_planned_alone(seed: int) -> None:
+    """One table of the whole cluster read per replica count equals a table
+    built for each pipeline's own cluster, planned alone, plus its all-reduce."""
+    cluster = _cluster(4)
+    table = _random_table(cluster, 5, seed=seed)
+    found = plan_replicated(table, cluster, 8)
+    assert [c.replicas for c in found.candidates] == [1, 2, 4]
+    best = np.inf
+    for r in (1, 2, 4):
+        pipeline = pipeline_cluster(cluster, 4 // r)
+        alone = _random_table(pipeline, 5, seed=seed)  # different noise: re-key below
+        alone.costs = {k: v for k, v in table.costs.items() if k[2] in _shapes(alone)}
+        plan = plan_stages(alone, 8 // r)
+        total = plan.latency + replica_sync_seconds(cluster, plan, r)
+        best = min(best, total)
+        got = next(c for c in found.candidates if c.replicas == r)
+        assert got.iteration_time == pytest.approx(total, rel=1e-12)
+    assert found.iteration_time == pytest.approx(best, rel=1e-12)
+    assert found.num_micro_batches * found.replicas == 8
+
+
+def _shapes(table: StageCostTable) -> set[tuple[int, ...]]:
+    return {tuple(v.shape) for views in table.views.values() for v in views}
+
+
+def test_sync_is_an_all_reduce_across_nodes_per_mesh() -> None:
+    """Two replicas of a one-node pipeline: each GPU all-reduces its gradients
+    with its peer on the other node, over the node link: α + β·2(r−1)/r·bytes;
+    with a shared NIC the node's two groups share it (β doubled)."""
+    for shared, factor in ((False, 1.0), (True, 2.0)):
+        cluster = _cluster(2, shared=shared)
+        table = _random_table(cluster, 3, seed=1)
+        found = plan_replicated(table, cluster, 4, replicas=(2,))
+        grads = max(s.cost.gradients for s in found.plan.stages)  # one stage per mesh
+        expected = 1e-5 + factor / 1e9 * 2 * (2 - 1) / 2 * grads
+        assert found.sync_seconds == pytest.approx(expected, rel=1e-9)
+        assert found.pipeline.num_devices == 2
+
+
+def test_replica_counts_divide_nodes_and_micro_batches() -> None:
+    assert replica_counts(12, 8, 12) == (1, 2, 4)
+    assert replica_counts(12, 8, 3) == (4,)
+    assert replica_counts(12, 3, 2) == ()
+
+
+def test_no_replica_count_is_a_plan_error() -> None:
+    cluster = _cluster(4)
+    table = _random_table(pipeline_cluster(cluster, 1), 2, seed=0)
+    with pytest.raises(PlanError, match="no replica count divides"):
+        plan_replicated(table, cluster, 1)  # one micro-batch cannot be split over 4
+    with pytest.raises(AlpaError, match="3 replicas do not divide"):
+        plan_replicated(table, cluster, 8, replicas=(3,))
+
+
+def test_pipeline_cluster_keeps_the_levels_its_nodes_span() -> None:
+    levels = (
+        ClusterLevel("pod", 3, 1e9, 3e-6),
+        ClusterLevel("su", 8, 2e9, 2e-6),
+        ClusterLevel("node", 16, 4e9, 1e-6),
+        ClusterLevel("gpu", 8, 1e11, 1e-7),
+    )
+    cluster = Cluster("tiers", levels, 1e9, 1e12)
+    assert [lv.cardinality for lv in pipeline_cluster(cluster, 96).levels] == [6, 16, 8]
+    assert [lv.name for lv in pipeline_cluster(cluster, 256).levels] == ["pod", "su", "node", "gpu"]
+    assert [lv.cardinality for lv in pipeline_cluster(cluster, 8).levels] == [8, 8]
+    assert [lv.cardinality for lv in pipeline_cluster(cluster, 1).levels] == [8]
+    with pytest.raises(
+        AlpaError, match="24 nodes are not a whole number of its 'node' units of 16"
+    ):
+        pipeline_cluster(cluster, 24)
+    # a view of the pipeline is priced as the same devices of the whole cluster
+    sub = pipeline_cluster(cluster, 32)
+    assert sub.logical_mesh((4, 64)).beta == cluster.logical_mesh((4, 64)).beta
+
+
+def test_sub_table_reads_the_submeshes_that_fit() -> None:
+    cluster = _cluster(8)
+    table = _random_table(cluster, 2, seed=0, space="power-of-two")
+    assert table.submeshes == ((1, 1), (1, 2), (2, 2), (4, 2), (8, 2))
+    small = sub_table(table, pipeline_cluster(cluster, 4))
+    assert small.submeshes == ((1, 1), (1, 2), (2, 2), (4, 2))
+    assert small.costs is table.costs
+    with pytest.raises(AlpaError, match="cannot plan 16 nodes"):
+        sub_table(small, _cluster(16))
+
+
+def test_views_counted_per_space_and_the_search_kept_full_where_it_runs() -> None:
+    small = _cluster(8, per_node=8)  # 64 GPUs: Alpa's 62 views
+    assert count_views(small) == sum(len(v) for v in submesh_views(small, "all").values()) == 62
+    power = sum(len(v) for v in submesh_views(small, "power-of-two").values())
+    assert count_views(small, "power-of-two") == power == 28
+    assert search_kind(small) == "full"
+    assert search_kind(_cluster(128, per_node=8)) == "scaled"
+    assert search_kind(small, "scaled") == "scaled"
+    with pytest.raises(AlpaError, match="search must be one of"):
+        search_kind(small, "fast")
+
+
+def test_a_real_table_plans_replicas_with_measured_gradients() -> None:
+    """The deep test step costed by the analytical model on a power-of-two
+    space: every stage's gradients are its parameters' bytes per device, and
+    replicas need the all-reduce one pipeline does not."""
+    ranges = LayerRanges(main_function(_deep_module()))
+    cluster = _cluster(4, per_node=2, memory=2**30)
+    table = cost_table(
+        ranges, pipeline_cluster(cluster, 2), AnalyticalStageCostModel(), space="power-of-two",
+        progress=False,
+    )  # fmt: skip
+    layer = table.cost(0, 0, (1, 1))
+    assert layer.gradients == 16 * 16 * 4  # one 16x16 f32 weight
+    found = plan_replicated(table, cluster, 4)
+    assert [c.replicas for c in found.candidates] == [2, 4]
+    assert all(c.sync_seconds > 0 for c in found.candidates)
+    assert found.iteration_time == min(c.iteration_time for c in found.candidates)
