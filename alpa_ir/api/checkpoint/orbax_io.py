@@ -1,0 +1,235 @@
+"""Orbax under the checkpoints: a synchronous manager per call (no thread of
+its own outlives a call), its log records dropped while it works for us (its
+failures come back as one-line errors naming the user's leaf and keeping the
+cause), and a failed save's partial step removed at once."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import shutil
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from alpa_ir.errors import AlpaError
+
+_ITEM = re.compile(r"\bleaf\d{5}\b")
+_OS_ERROR_CODE = re.compile(r"os_error_code='?(\d+)")
+_DETAIL_CHARS = 300
+TMP_SUFFIX = ".orbax-checkpoint-tmp"
+
+
+def _orbax() -> Any:
+    import orbax.checkpoint as ocp
+
+    return ocp
+
+
+class _DropOrbaxRecords(logging.Filter):
+    """Drops the records orbax logs (through absl) while a call runs."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return f"{os.sep}orbax{os.sep}" not in record.pathname
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """Orbax logs nothing on the way: what fails comes back as our error."""
+    logger = logging.getLogger("absl")
+    drop = _DropOrbaxRecords()
+    logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        logger.removeFilter(drop)
+
+
+@contextlib.contextmanager
+def opened(path: Path, *, create: bool) -> Iterator[Any]:
+    """A synchronous orbax ``CheckpointManager`` on ``path`` keeping one
+    committed step, quiet, closed on the way out. Synchronous: orbax's
+    asynchronous save leaves non-daemon threads waiting forever when its
+    temporary folder cannot be made (a read-only file system), and the
+    process could not exit."""
+    ocp = _orbax()
+    with quiet():
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=1,
+            create=create,
+            cleanup_tmp_directories=True,
+            enable_async_checkpointing=False,
+        )
+        manager = ocp.CheckpointManager(path.resolve(), options=options)
+        try:
+            yield manager
+        finally:
+            manager.close()
+
+
+def latest_step(path: Path) -> int | None:
+    """The newest committed step of the checkpoint folder ``path``."""
+    with opened(path, create=False) as manager:
+        return manager.latest_step()
+
+
+# --------------------------------------------------------------------------- messages
+
+
+def describe(err: BaseException, names: Mapping[str, str]) -> str:
+    """``err`` as one line: the operating system's cause first where one is
+    behind it (no space left, read-only, ...), then orbax's text cut short,
+    its item names (``leaf00003``) written as the user's leaf paths."""
+    text = " ".join(str(err).split()) or type(err).__name__
+    text = _ITEM.sub(lambda m: names.get(m.group(0), m.group(0)), text)
+    detail = text if len(text) <= _DETAIL_CHARS else text[:_DETAIL_CHARS] + "..."
+    cause = os_cause(err)
+    if cause is not None and cause not in detail:
+        return f"{cause} ({detail})"
+    return detail
+
+
+def os_cause(err: BaseException) -> str | None:
+    """The operating system's message behind ``err``: an ``OSError``'s in its
+    chain, or the error code tensorstore writes into its text."""
+    seen: set[int] = set()
+    link: BaseException | None = err
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        if isinstance(link, OSError) and link.errno:
+            return os.strerror(link.errno)
+        found = _OS_ERROR_CODE.search(str(link))
+        if found:
+            return os.strerror(int(found.group(1)))
+        link = link.__cause__ or link.__context__
+    return None
+
+
+def blamed_item(err: BaseException) -> str | None:
+    """The first orbax item (``leaf00003``) ``err``'s text names."""
+    found = _ITEM.search(str(err))
+    return found.group(0) if found else None
+
+
+# --------------------------------------------------------------------------- write
+
+
+def item_names(manifest: Mapping[str, Any]) -> dict[str, str]:
+    """Orbax item -> the user's leaf path, from a manifest."""
+    return {
+        e["item"]: e["path"]
+        for e in manifest.get("leaves", [])
+        if isinstance(e, dict) and isinstance(e.get("item"), str)
+    }
+
+
+def write_checkpoint(
+    path: str, number: int, arrays: dict[str, Any], manifest: dict[str, Any]
+) -> None:
+    """Write one orbax step of ``arrays`` and ``manifest`` (every process of
+    the JAX world calls it; each writes the shards it holds). A failure is a
+    one-line error naming the leaf orbax was writing and the cause, and the
+    partial step is removed before it is raised."""
+    where = Path(path)
+    created = not where.exists()
+    ocp = _orbax()
+    try:
+        with opened(where, create=True) as manager:
+            manager.save(
+                number,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardSave(arrays), manifest=ocp.args.JsonSave(manifest)
+                ),
+                force=True,
+            )
+            manager.wait_until_finished()
+    except BaseException as err:
+        remove_partial(where, number, created=created)
+        if isinstance(err, AlpaError) or not isinstance(err, Exception):
+            raise
+        names = item_names(manifest)
+        item = blamed_item(err)
+        leaf = f": leaf {names.get(item, item)}" if item else ""
+        step = manifest.get("step")
+        raise AlpaError(
+            f"cannot save checkpoint {where} (step {number if step is None else step}){leaf}: "
+            f"{describe(err, names)}"
+        ) from None
+
+
+def remove_partial(where: Path, number: int, *, created: bool) -> None:
+    """Remove what a failed save of step ``number`` left (its temporary
+    folder; the checkpoint folder too when the save made it and it is empty).
+    Process 0 does it: the others may still be writing their shards."""
+    if jax.process_index() != 0:
+        return
+    with contextlib.suppress(OSError):
+        for tmp in where.glob(f"{number}{TMP_SUFFIX}*"):
+            if not tmp.is_symlink():
+                shutil.rmtree(tmp, ignore_errors=True)
+        if created and where.is_dir() and not any(where.iterdir()):
+            where.rmdir()
+
+
+# --------------------------------------------------------------------------- read
+
+
+def read_manifest_item(manager: Any, step: int) -> Any:
+    """The manifest item of ``step``, as orbax reads its JSON."""
+    ocp = _orbax()
+    with quiet():
+        return manager.restore(
+            step, args=ocp.args.Composite(manifest=ocp.args.JsonRestore())
+        ).manifest
+
+
+def read_items(
+    manager: Any, step: int, abstract: dict[str, jax.ShapeDtypeStruct]
+) -> dict[str, Any]:
+    """The arrays of the items in ``abstract`` (any subset of the step's: a
+    partial restore), each read with its shape, dtype and sharding."""
+    if not abstract:
+        return {}
+    ocp = _orbax()
+    args = ocp.args.PyTreeRestore(
+        item=abstract,
+        restore_args=ocp.checkpoint_utils.construct_restore_args(abstract),
+        partial_restore=True,
+    )
+    with quiet():
+        return dict(manager.restore(step, args=ocp.args.Composite(state=args)).state)
+
+
+def read_leaves(
+    label: str,
+    manager: Any,
+    step: int,
+    abstract: dict[str, jax.ShapeDtypeStruct],
+    names: Mapping[str, str],
+) -> dict[str, Any]:
+    """Every item of ``abstract`` at once; when that fails, each alone, to
+    name the leaf that cannot be read with orbax's reason."""
+    try:
+        return read_items(manager, step, abstract)
+    except Exception as err:
+        first = err
+    failed: list[tuple[str, Exception]] = []
+    for item, spec in abstract.items():
+        try:
+            read_items(manager, step, {item: spec})
+        except Exception as err:
+            failed.append((item, err))
+    if failed and (len(failed) < len(abstract) or len(abstract) == 1):
+        item, err = failed[0]
+        more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
+        raise AlpaError(
+            f"{label}: leaf {names.get(item, item)}{more} cannot be read: {describe(err, names)}"
+        )
+    which = "any of its" if failed else "its"
+    raise AlpaError(
+        f"{label}: cannot read {which} {len(abstract)} array leaves: {describe(first, names)}"
+    )
