@@ -48,6 +48,7 @@ from alpa_ir.frontend.arguments import (
 )
 from alpa_ir.frontend.differentiation import mark_differentiation
 from alpa_ir.frontend.jax_versions import is_jaxpr, jaxpr_and_consts
+from alpa_ir.frontend.output_paths import argument_paths, output_paths
 from alpa_ir.frontend.pytree_codec import encode_treedef
 
 IN_TREE_ATTR = "alpa.in_tree"
@@ -522,18 +523,20 @@ def _aliases(
     example_args: tuple[Any, ...], out_shape: Any, donated: Sequence[int]
 ) -> list[list[int]]:
     """[output, input] for each donated input leaf whose path (below its
-    argument) and type an output leaf (below its output element) repeats."""
-    ins = jax.tree_util.tree_flatten_with_path(example_args)[0]
-    outs = jax.tree_util.tree_flatten_with_path(out_shape)[0]
-    by_path: dict[tuple[Any, ...], list[int]] = {}
-    for j, (path, leaf) in enumerate(outs):
-        key = (tuple(path[1:]), tuple(leaf.shape), str(leaf.dtype))
-        by_path.setdefault(key, []).append(j)
+    argument) and type an output leaf repeats (its path below its output
+    element, or below the output when the step returns one bare pytree:
+    :func:`~alpa_ir.frontend.output_paths.output_paths`)."""
+    ins = argument_paths(example_args)
+    by_path: dict[tuple[Any, ...], list[tuple[int, int]]] = {}
+    for j, (paths, leaf) in enumerate(output_paths(out_shape)):
+        for rank, path in enumerate(paths):
+            key = (path, tuple(leaf.shape), str(leaf.dtype))
+            by_path.setdefault(key, []).append((rank, j))
     pairs, taken = [], set()
     for i in donated:
         path, leaf = ins[i]
-        key = (tuple(path[1:]), tuple(np.shape(leaf)), str(leaf.dtype))
-        for j in by_path.get(key, []):
+        key = (path, tuple(np.shape(leaf)), str(leaf.dtype))
+        for _, j in sorted(by_path.get(key, [])):
             if j not in taken:
                 taken.add(j)
                 pairs.append([j, i])

@@ -33,6 +33,7 @@ import jax
 from jax import tree_util
 
 from alpa_ir.errors import AlpaError
+from alpa_ir.frontend.output_paths import argument_paths, output_paths
 
 _BUILTIN_NAMES = {dict: "dict", list: "list", tuple: "tuple", type(None): "None"}
 _BUILTIN_TYPES = {name: cls for cls, name in _BUILTIN_NAMES.items()}
@@ -348,26 +349,28 @@ class TreeTexts:
 
 
 def _match_static(args: Any, out_tree: Any, wanted: dict[int, str]) -> dict[int, Any]:
-    """Values for the output leaves that are not arrays, taken from the arguments."""
+    """Values for the output leaves that are not arrays, taken from the arguments
+    (by path: :mod:`alpa_ir.frontend.output_paths`)."""
     by_path: dict[tuple[Any, ...], Any] = {}
     by_description: dict[str, list[Any]] = {}
-    for path, x in jax.tree_util.tree_flatten_with_path(args)[0]:
+    for path, x in argument_paths(args):
         if not is_array_leaf(x):
-            by_path.setdefault(tuple(path[1:]), x)
+            by_path.setdefault(path, x)
             by_description.setdefault(_describe(x).removeprefix(_OPAQUE_PREFIX), []).append(x)
     template = jax.tree.unflatten(out_tree, [0] * out_tree.num_leaves)
     out: dict[int, Any] = {}
-    for k, (path, _) in enumerate(jax.tree_util.tree_flatten_with_path(template)[0]):
+    for k, (paths, _) in enumerate(output_paths(template)):
         if k not in wanted:
             continue
-        if tuple(path[1:]) in by_path:
-            out[k] = by_path[tuple(path[1:])]
+        found = [p for p in paths if p in by_path]
+        if found:
+            out[k] = by_path[found[0]]
         elif len(by_description.get(wanted[k], [])) == 1:
             out[k] = by_description[wanted[k]][0]
         else:
             raise AlpaError(
-                f"cannot rebuild output leaf {jax.tree_util.keystr(path)} ({wanted[k]}): it is "
-                "not an array and no argument leaf matches it"
+                f"cannot rebuild output leaf {jax.tree_util.keystr(paths[-1])} ({wanted[k]}): "
+                "it is not an array and no argument leaf matches it"
             )
     return out
 
