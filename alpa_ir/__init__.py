@@ -15,6 +15,10 @@ that need no JAX):
   printable, ``save``/``Plan.load``, ``executable()``).
 - ``save_checkpoint(path, state, step)``, ``restore_checkpoint(path, target)``:
   plan-independent checkpoints of (sharded) training states.
+- ``train(step, state, batch_fn, method=..., num_steps=..., checkpoint_dir=...,
+  checkpoint_every=...)``: the training loop, with checkpoints; it resumes
+  from ``checkpoint_dir`` and survives a lost Ray host (re-plans, restores,
+  replays; ``RecoveryOption``).
 - ``hlo_collectives(text)``: the collectives of compiled HLO text.
 - ``mark_pipeline_boundary``, ``grad``, ``value_and_grad``: markers for steps.
 - ``get_3d_parallel_method(num_micro_batches, dp, op, pp)``: Megatron-style 3-D
@@ -71,6 +75,8 @@ _EXPORTS: dict[str, str] = {
     "save_checkpoint": "alpa_ir.api.checkpoint",
     "restore_checkpoint": "alpa_ir.api.checkpoint",
     "HloStatus": "alpa_ir.api.hlo_status",
+    "train": "alpa_ir.api.train",
+    "RecoveryOption": "alpa_ir.api.train",
 }
 
 __version__ = "0.1.0"
