@@ -101,6 +101,14 @@ from alpa_ir.tools.cli_args import (
 
 if TYPE_CHECKING:  # imported where used: a bad option is rejected before jax loads
     from alpa_ir.hardware.clusters import Cluster
+from alpa_ir.tools.bench_measured import (
+    entries,
+    entries_json,
+    format_entries,
+    format_summary,
+    summarize,
+    summary_json,
+)
 from alpa_ir.tools.bench_suite import (
     SUITES,
     auto_micro_batches,
@@ -188,12 +196,35 @@ def _auto_or_positive(text: str) -> int | str:
 
 
 def _micro_batches_arg(text: str) -> int | str:
+    if text.strip() == "artifact":
+        return "artifact"
     try:
         return _auto_or_positive(text)
     except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(
-            f"must be a positive integer or 'auto', got {text!r}"
+            f"must be a positive integer, 'artifact' or 'auto', got {text!r}"
         ) from None
+
+
+def micro_batches_of(name: str, option: int | str) -> int | str:
+    """``--micro-batches`` for model ``name``: ``artifact`` is the count of
+    Alpa's measured plan of a suite size (``ARTIFACT_MICRO_BATCHES``), and
+    :data:`DEFAULT_MICRO_BATCHES` for any other model."""
+    if option != "artifact":
+        return option
+    from alpa_ir.models.measurements import ARTIFACT_MICRO_BATCHES
+
+    return ARTIFACT_MICRO_BATCHES.get(name, DEFAULT_MICRO_BATCHES)
+
+
+def dtype_of(name: str, option: str) -> str | None:
+    """``--dtype`` for model ``name``: ``artifact`` is the suite's dtype in
+    Alpa's artifact (Wide-ResNet fp32), the config's own for any other model."""
+    if option != "artifact":
+        return option
+    from alpa_ir.models.measurements import artifact_dtype
+
+    return artifact_dtype(name)
 
 
 def _cluster_presets(name: str = "") -> Any:
@@ -316,9 +347,18 @@ def build_parser() -> OneLineParser:
     parser.add_argument(
         "--micro-batches",
         type=_micro_batches_arg,
-        default=DEFAULT_MICRO_BATCHES,
+        default="artifact",
         help="micro-batches per step: a positive integer dividing each model's global batch, "
-        "or 'auto' (the best power of two up to --max-micro-batches)",
+        "'auto' (the best power of two up to --max-micro-batches) or 'artifact' (the "
+        f"count of Alpa's measured plan of each suite size; {DEFAULT_MICRO_BATCHES} for "
+        "other models)",
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=("artifact", "float16", "bfloat16", "float32"),
+        default="artifact",
+        help="the computation dtype (artifact: as Alpa's artifact ran each suite, GPT-3 and "
+        "MoE float16, Wide-ResNet float32; other models their config's)",
     )
     parser.add_argument(
         "--max-micro-batches",
@@ -390,7 +430,18 @@ def build_parser() -> OneLineParser:
         help=f"processes that cost the stage-mesh pairs (at most {WORKERS_PER_CORE} per core; "
         "the default is one per core)",
     )
-    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument(
+        "--measured",
+        action="store_true",
+        help="print beside every method Alpa's measured per-GPU TFLOPS (the OSDI'22 "
+        "artifact) and the ratio, and the agreement over all entries",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print the results as JSON (with --measured: an object with the results and "
+        "the agreement)",
+    )
     parser.add_argument(
         "--quiet", action="store_true", help="no progress display (shown only on a terminal)"
     )
@@ -417,6 +468,8 @@ class BenchRun:
     cluster: Cluster
     layers: int
     batch_size: int
+    micro_batches: int | str
+    dtype: str | None
 
 
 def _model_names(parser: OneLineParser, args: argparse.Namespace) -> list[str]:
@@ -515,13 +568,22 @@ def check_args(parser: OneLineParser, args: argparse.Namespace) -> list[BenchRun
         if gpus not in clusters:
             clusters[gpus] = _bench_cluster_checked(parser, args, gpus, name)
         batch = int(config.batch_size)
-        if args.micro_batches != "auto" and batch % args.micro_batches:
+        micro = micro_batches_of(name, args.micro_batches)
+        if micro != "auto" and batch % micro:  # type: ignore[operator]
+            default = args.micro_batches == "artifact"
             parser.error(
-                f"--micro-batches {args.micro_batches} does not divide the global batch of "
+                f"--micro-batches {micro} does not divide the global batch of "
                 f"{name} ({batch}); use a divisor of {batch} or 'auto'"
+                + (
+                    f" ({micro}: the default for models without an artifact count)"
+                    if default
+                    else ""
+                )
             )
         layers = default_layers(name) if args.layers == "auto" else args.layers
-        runs.append(BenchRun(name, clusters[gpus], layers, batch))
+        runs.append(
+            BenchRun(name, clusters[gpus], layers, batch, micro, dtype_of(name, args.dtype))
+        )
     return runs
 
 
@@ -552,14 +614,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "progress": not args.quiet,
                     "cost_model": args.cost_model,
                     "schedule": args.schedule,
+                    "dtype": run.dtype,
                 }
                 try:
-                    if args.micro_batches == "auto":
+                    if run.micro_batches == "auto":
                         candidates = batch_divisors(run.batch_size, max_micro_batches)
                         result = auto_micro_batches(run.name, candidates, **common)
                     else:
                         result = bench_model(
-                            run.name, num_micro_batches=args.micro_batches, **common
+                            run.name,
+                            num_micro_batches=int(run.micro_batches),
+                            **common,
                         )
                 except AlpaError as error:
                     if args.layers != "auto" and str(error).startswith("cluster-operators:"):
@@ -567,12 +632,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                             f"--layers {args.layers} for {run.name}: {error}"
                         ) from error
                     raise AlpaError(f"{run.name}: {error}") from error
+                result["dtype"] = run.dtype
+                if args.measured:
+                    result["measured"] = entries_json(result)
                 results.append(result)
                 if not args.json:
                     print(format_result(result, args.why), flush=True)
+                    if args.measured:
+                        print(format_entries(result), flush=True)
             suite.update(len(runs))
+        summary = summarize([e for r in results for e in entries(r)]) if args.measured else None
         if args.json:
-            print(json.dumps(results, indent=1, default=float))
+            shown: Any = results
+            if summary is not None:
+                shown = {"results": results, "measured": summary_json(summary)}
+            print(json.dumps(shown, indent=1, default=float))
+        elif summary is not None:
+            print(format_summary(summary), flush=True)
         if args.figure:
             from alpa_ir.plots.scaling import draw_scaling
 

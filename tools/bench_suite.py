@@ -85,17 +85,33 @@ def early_workers(step_flops: float, workers: int) -> int:
     return workers - 1 if step_flops >= EARLY_WORKERS_FROM_FLOPS else 0
 
 
-def trace(name: str, num_micro_batches: int, layers: int) -> Any:
+def trace(name: str, num_micro_batches: int, layers: int, dtype: str | None = None) -> Any:
+    """The zoo step ``name`` traced abstractly at the micro-batch shape with
+    ``layers`` automatic layers; ``dtype``: its computation dtype (None: the
+    config's)."""
+    import dataclasses
+
     from alpa_ir.frontend.arguments import micro_batch_args
     from alpa_ir.frontend.jaxpr_import import import_jax
     from alpa_ir.frontend.markers import AutomaticLayers, automatic_layers
+    from alpa_ir.models.registry import get_config
     from alpa_ir.models.train_step import make_train_step
 
-    step, args = make_train_step(name, abstract=True, optimizer=bench_optimizer(name)[0])
+    config = get_config(name)
+    if dtype is not None:
+        config = dataclasses.replace(config, dtype=jnp_dtype(dtype))
+    step, args = make_train_step(config, abstract=True, optimizer=bench_optimizer(name)[0])
     micro = micro_batch_args(tuple(args), (1,), num_micro_batches)
     with automatic_layers(AutomaticLayers(layers, 0.5, fit_delta=True)):
         # a fresh function object: JAX's trace cache must not reuse an unmarked trace
         return import_jax(lambda *a: step(*a), *micro, batch_argnums=(1,))
+
+
+def jnp_dtype(name: str) -> Any:
+    """The JAX dtype named ``name`` (``float16``, ``float32``, ``bfloat16``)."""
+    import jax.numpy as jnp
+
+    return jnp.dtype(name).type
 
 
 Baselines = Callable[["LayerRanges", "StageCostTable", "StageCostOptions"], list[Outcome]]
@@ -123,9 +139,11 @@ def bench_model(
     progress: bool = True,
     cost_model: str = "auto",
     schedule: str = "1f1b",
+    dtype: str | None = None,
 ) -> dict[str, Any]:
     """:func:`bench_module` for the zoo model ``name``: traced abstractly with
-    ``layers`` automatic layers, its analytic FLOPs, its suite's baselines."""
+    ``layers`` automatic layers (``dtype``: its computation dtype, None: the
+    config's), its analytic FLOPs, its suite's baselines."""
     from alpa_ir.costs.costing_workers import StartedWorkers
     from alpa_ir.models.train_step import train_step_flops
 
@@ -138,7 +156,7 @@ def bench_model(
 
     with StartedWorkers(early_workers(flops, workers)) as started:
         t0 = time.perf_counter()
-        module = trace(name, num_micro_batches, layers)
+        module = trace(name, num_micro_batches, layers, dtype)
         clustering = time.perf_counter() - t0
         return bench_module(
             module,
@@ -161,7 +179,7 @@ def bench_model(
             schedule=schedule,
             optimizer_state_factor=bench_optimizer(name)[1],
             clustering_time=clustering,
-            retrace=lambda count: trace(name, num_micro_batches, count),
+            retrace=lambda count: trace(name, num_micro_batches, count, dtype),
             baselines=baselines,
             started=started,
         )

@@ -71,6 +71,47 @@ SUITE_METHODS = {
 """The methods the artifact measured for each suite (Figure 8), by the names
 ``alpa-bench`` gives its plans."""
 
+ARTIFACT_MICRO_BATCHES = {
+    # suite_artifact_e2e_gpt.py (artifact_result_e2e_gpt_suite); 39B, which the
+    # artifact does not run, from benchmark/alpa/suite_paper_auto_gpt.py
+    # (tmp_auto_gpt_suite's 64-GPU plan; the search tried 128 to 1024)
+    "gpt3-350m": 512,
+    "gpt3-1.3b": 128,
+    "gpt3-2.6b": 128,
+    "gpt3-6.7b": 64,
+    "gpt3-15b": 128,
+    "gpt3-39b": 256,
+    # suite_artifact_e2e_moe.py; 70B from suite_paper_auto_moe.py (64 GPUs)
+    "moe-380m": 512,
+    "moe-1.3b": 32,
+    "moe-2.4b": 32,
+    "moe-10b": 16,
+    "moe-27b": 128,
+    "moe-70b": 64,
+    # suite_artifact_e2e_wresnet.py (artifact_result_e2e_wresnet_suite); 13B from
+    # suite_paper_wresnet.py (64 GPUs: 32 or 48 micro-batches of a 1536 batch)
+    "wresnet-250m": 24,
+    "wresnet-1b": 24,
+    "wresnet-2b": 24,
+    "wresnet-4b": 32,
+    "wresnet-6.8b": 32,
+    "wresnet-13b": 32,
+}
+"""The micro-batches per step of Alpa's measured plan of each suite size."""
+ARTIFACT_DTYPE = {"gpt3": "float16", "moe": "float16", "wresnet": "float32"}
+"""The computation dtype of each suite in the artifact: GPT and MoE in mixed
+precision (``dtype = jnp.float16`` in benchmark_3d_one_case_{gpt_bert,moe}.py),
+Wide-ResNet in fp32 (``wresnet_specs`` of suite_paper_wresnet.py: "fp32" for
+every size)."""
+
+
+def artifact_dtype(model: str) -> str | None:
+    """The artifact's computation dtype of a suite size; None for other models."""
+    for suite, dtype in ARTIFACT_DTYPE.items():
+        if model.startswith(suite) and model in ARTIFACT_MICRO_BATCHES:
+            return dtype
+    return None
+
 
 @dataclass(frozen=True)
 class Measurement:

@@ -270,7 +270,7 @@ def test_bench_help_lists_presets_suites_models_and_defaults(
     for text in ("alpa-testbed", "dgx-a100", "local-cpu", "gpt3-39b (64 GPUs)", "moe-70b"):
         assert text in out
     assert "wresnet-13b" in out and "mlp-tiny" in out
-    assert "(default: 16)" in out and "(default: 64)" in out and "(default: 60.0)" in out
+    assert "(default: artifact)" in out and "(default: 64)" in out and "(default: 60.0)" in out
 
 
 def test_bench_checks_accept_good_runs() -> None:
