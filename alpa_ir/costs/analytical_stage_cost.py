@@ -86,7 +86,8 @@ from xdsl.dialects.builtin import (
 from xdsl.ir import SSAValue
 
 from alpa_ir.autosharding.graph import StrategyCache
-from alpa_ir.costs.flops import function_flops, op_bytes
+from alpa_ir.costs.device_model import DeviceModel, nominal_profile
+from alpa_ir.costs.flops import function_flops
 from alpa_ir.costs.function_fingerprint import function_fingerprint
 from alpa_ir.costs.function_plan import (
     _argument_specs,
@@ -98,7 +99,7 @@ from alpa_ir.costs.function_plan import (
     plan_function,
     replication,
 )
-from alpa_ir.costs.fusion import BlockFusion, fused_traffic_bytes
+from alpa_ir.costs.fusion import BlockFusion
 from alpa_ir.costs.live_memory import peak_live_bytes
 from alpa_ir.costs.stage_cost import (
     FORWARD_SHARE,
@@ -112,7 +113,6 @@ from alpa_ir.costs.stage_cost import (
     cached_cost,
     mesh_key,
 )
-from alpa_ir.dialects.lax import LaxOp
 from alpa_ir.dialects.sharding import (
     spec_of_value,
 )
@@ -138,6 +138,8 @@ class AnalyticalStageCostModel:
     function planned on it shares (``StrategyCache``)."""
     _pricers: dict[tuple[str, Cluster], object] = field(default_factory=dict, repr=False)
     """Per cost model name and cluster: the bound model that prices the collectives."""
+    _devices: dict[tuple[object, ...], DeviceModel] = field(default_factory=dict, repr=False)
+    """Per profile (or nominal figures): the model that prices the kernels."""
     _identities: OrderedDict[func.FuncOp, tuple[str, frozenset[int]]] = field(
         default_factory=OrderedDict, repr=False
     )
@@ -191,6 +193,7 @@ class AnalyticalStageCostModel:
             ),
             cluster.peak_flops,
             cluster.hbm_bandwidth,
+            cluster.profile,
             self.options,
             params,
             _argument_specs(function) if self.options.keep_argument_specs else (),
@@ -300,15 +303,14 @@ class AnalyticalStageCostModel:
 
         flops = function_flops(planned, local)
         block = planned.body.block
-        decisions = BlockFusion(block) if options.fusion else None  # for traffic and memory
-        traffic = (
-            fused_traffic_bytes(block, local, decisions)
-            if decisions is not None
-            else sum(op_bytes(op, local) for op in block.ops if isinstance(op, LaxOp))
+        decisions = BlockFusion(block)  # for traffic and memory
+        times = self.device_model(cluster, options).block_times(
+            block, local, decisions, fused=options.fusion
         )
-        compute = flops / (cluster.peak_flops * options.compute_efficiency)
-        hbm = cluster.hbm_bandwidth * options.memory_efficiency
-        memory_time = traffic / hbm if hbm > 0 else 0.0
+        compute = times.gemm
+        memory_time = times.memory + times.launches
+        if not options.fusion:
+            decisions = None
         comm, count = collective_time(planned, mesh, self._pricer(cluster, options))
         memory = self._memory(planned, local, params, shape, decisions)
         objective = planned.attributes.get("sharding.objective")
@@ -324,6 +326,21 @@ class AnalyticalStageCostModel:
             num_collectives=count,
             recompute_time=recompute,
         )
+
+    def device_model(self, cluster: Cluster, options: StageCostOptions) -> DeviceModel:
+        """The kernel prices of ``cluster``'s devices: its profile, else the
+        nominal one from its peak and bandwidth at ``options``' efficiencies (kept)."""
+        key = (cluster.profile, cluster.peak_flops, cluster.hbm_bandwidth, options)
+        found = self._devices.get(key)
+        if found is None:
+            profile = cluster.profile or nominal_profile(
+                cluster.peak_flops,
+                cluster.hbm_bandwidth,
+                options.compute_efficiency,
+                options.memory_efficiency,
+            )
+            found = self._devices[key] = DeviceModel(profile)
+        return found
 
     def _pricer(self, cluster: Cluster, options: StageCostOptions) -> object:
         """The communication cost model of ``options`` bound to ``cluster`` (kept)."""

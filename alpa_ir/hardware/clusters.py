@@ -39,12 +39,17 @@ from xdsl.dialects.builtin import ArrayAttr, FloatAttr, ModuleOp, StringAttr, f6
 
 from alpa_ir.dialects.mesh import ClusterOp, LevelAttr
 from alpa_ir.errors import AlpaError
+from alpa_ir.hardware.builtin_profiles import a100_sxm4_dgx, h100_sxm5_dgx, v100_sxm2_aws
 from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
+from alpa_ir.hardware.device_profile import DeviceProfile
 from alpa_ir.hardware.memory_budget import MemoryBudget, local_device_budget
 from alpa_ir.ir.module_utils import top_level_ops
 
 HBM_BANDWIDTH_ATTR = "mesh.hbm_bandwidth"
 """Discardable attribute of ``mesh.cluster``: device memory bandwidth in bytes/s."""
+DEVICE_PROFILE_ATTR = "mesh.device_profile"
+"""Discardable attribute of ``mesh.cluster``: the device profile (JSON) its
+prices come from (:mod:`alpa_ir.hardware.device_profile`)."""
 MEMORY_SOURCE_ATTR = "mesh.memory_source"
 """Discardable attribute of ``mesh.cluster``: where ``device_memory`` comes from
 (e.g. the shared host memory of the local CPU devices, or a figure given by hand)."""
@@ -89,6 +94,9 @@ class Cluster:
     tensor-core peak for GPUs), ``hbm_bandwidth`` in bytes/s (0 = unknown);
     ``memory_source`` says where ``device_memory`` comes from (empty: the
     preset's datasheet figure), for messages about plans that do not fit.
+    ``profile``: the measured prices (:mod:`alpa_ir.hardware.device_profile`)
+    of its devices and links; None: nominal prices from ``peak_flops`` and
+    ``hbm_bandwidth`` (the stage cost options' efficiencies).
     """
 
     name: str
@@ -98,6 +106,7 @@ class Cluster:
     hbm_bandwidth: float = 0.0
     device_name: str = ""
     memory_source: str = ""
+    profile: DeviceProfile | None = None
     _strides: tuple[int, ...] = field(default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -130,6 +139,23 @@ class Cluster:
     def devices_per_node(self) -> int:
         """``M``: the cardinality of the innermost level (the devices of one node)."""
         return self.levels[-1].cardinality
+
+    def with_profile(self, profile: DeviceProfile) -> Cluster:
+        """This cluster priced by ``profile``: each level's link at the bus
+        bandwidth and latency the profile measured for it (all-reduce); a level
+        the profile does not name keeps its line rate scaled as the nearest
+        inner level the profile names (the share of a NIC's line rate NCCL
+        reaches holds on every switching tier above it)."""
+        levels: list[ClusterLevel] = []
+        share = 1.0
+        for lv in reversed(self.levels):
+            fit = profile.collective("all-reduce", lv.name, lv.cardinality)
+            if fit is not None and fit.level == lv.name:
+                share = fit.bus_bandwidth / lv.bandwidth
+                levels.append(replace(lv, bandwidth=fit.bus_bandwidth, latency=fit.latency))
+            else:
+                levels.append(replace(lv, bandwidth=lv.bandwidth * share))
+        return replace(self, levels=tuple(reversed(levels)), profile=profile)
 
     def one_node(self, num_devices: int) -> Cluster:
         """One node of ``num_devices`` of this cluster's devices, linked as the
@@ -283,6 +309,8 @@ class Cluster:
             attrs[HBM_BANDWIDTH_ATTR] = FloatAttr(float(self.hbm_bandwidth), f64)
         if self.memory_source:
             attrs[MEMORY_SOURCE_ATTR] = StringAttr(self.memory_source)
+        if self.profile is not None:
+            attrs[DEVICE_PROFILE_ATTR] = StringAttr(self.profile.dumps())
         return ClusterOp.create(properties=props, attributes=attrs)
 
     @staticmethod
@@ -305,6 +333,7 @@ class Cluster:
         )
         hbm = op.attributes.get(HBM_BANDWIDTH_ATTR)
         source = op.attributes.get(MEMORY_SOURCE_ATTR)
+        profile = op.attributes.get(DEVICE_PROFILE_ATTR)
         return Cluster(
             op.sym_name.data,
             levels,
@@ -313,6 +342,9 @@ class Cluster:
             float(hbm.value.data) if isinstance(hbm, FloatAttr) else 0.0,
             op.device_name.data if op.device_name is not None else "",
             source.data if isinstance(source, StringAttr) else "",
+            DeviceProfile.loads(profile.data, f"cluster '{op.sym_name.data}'")
+            if isinstance(profile, StringAttr)
+            else None,
         )
 
 
@@ -346,7 +378,7 @@ def alpa_testbed(num_nodes: int | None = None) -> Cluster:
         peak_flops=125e12,
         hbm_bandwidth=900 * GB,
         device_name="V100-SXM2-16GB",
-    )
+    ).with_profile(v100_sxm2_aws())
 
 
 @dataclass(frozen=True)
@@ -433,7 +465,7 @@ def dgx_a100(
         peak_flops=312e12,
         hbm_bandwidth=2039 * GB,
         device_name="A100-SXM4-80GB",
-    )
+    ).with_profile(a100_sxm4_dgx())
 
 
 # NVIDIA DGX H100 (DGX H100 datasheet): 8 x H100-SXM5 80 GB on four NVSwitches,
@@ -466,7 +498,7 @@ def dgx_h100(
         peak_flops=989e12,
         hbm_bandwidth=3350 * GB,
         device_name="H100-SXM5-80GB",
-    )
+    ).with_profile(h100_sxm5_dgx())
 
 
 # The local JAX devices, with nominal speeds (a CPU core: ~10^11 FLOP/s,

@@ -94,6 +94,13 @@ class DeviceProfile:
     launch_overhead: float
     collectives: tuple[CollectiveFit, ...]
     overlap: Overlap = field(default_factory=Overlap)
+    sm_count: int = 0
+    """Streaming multiprocessors (GPUs): a GEMM's output tiles run in waves of
+    ``sm_count`` tiles of ``gemm_tile``, and a last partial wave costs a whole
+    one (wave quantization, NVIDIA's *Matrix Multiplication Background*
+    guide). 0: not modelled (the measured points carry it, e.g. on CPUs)."""
+    gemm_tile: tuple[int, int] = (128, 128)
+    """The output tile of one thread block (cuBLAS's common 128 × 128 tile)."""
     version: int = VERSION
 
     def __post_init__(self) -> None:
@@ -109,6 +116,8 @@ class DeviceProfile:
         ):
             if not _positive(value):
                 raise AlpaError(f"{where}: {what} must be positive, got {value}")
+        if self.sm_count < 0 or len(self.gemm_tile) != 2 or min(self.gemm_tile) < 1:
+            raise AlpaError(f"{where}: sm_count must be >= 0 and gemm_tile two sizes >= 1")
         if not (math.isfinite(self.launch_overhead) and self.launch_overhead >= 0):
             raise AlpaError(f"{where}: launch_overhead must be >= 0 s, got {self.launch_overhead}")
         for c in self.collectives:
@@ -194,6 +203,8 @@ class DeviceProfile:
                 launch_overhead=float(data["launch_overhead"]),
                 collectives=tuple(CollectiveFit(**c) for c in data["collectives"]),
                 overlap=Overlap(**data.get("overlap", {})),
+                sm_count=int(data.get("sm_count", 0)),
+                gemm_tile=tuple(int(t) for t in data.get("gemm_tile", (128, 128))),  # type: ignore[arg-type]
                 version=VERSION,
             )
         except (KeyError, TypeError, ValueError) as err:

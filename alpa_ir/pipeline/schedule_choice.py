@@ -132,7 +132,12 @@ def stage_sim_plan(
     """The simulator's view of a stage plan (``stages``: ``StageChoice``;
     ``mesh_of``: each stage's mesh, where several share one)."""
     cluster = table.cluster
-    hbm = cluster.hbm_bandwidth * MEMORY_EFFICIENCY
+    # apply-grad streams the state once: the profile's achieved bandwidth
+    hbm = (
+        cluster.profile.memory_bandwidth
+        if cluster.profile is not None
+        else cluster.hbm_bandwidth * MEMORY_EFFICIENCY
+    )
     sim = []
     for s in stages:
         cost = s.cost  # type: ignore[attr-defined]

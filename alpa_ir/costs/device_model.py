@@ -1,0 +1,253 @@
+"""The device model: seconds of compute and memory traffic from a device profile.
+
+One price list (:class:`~alpa_ir.hardware.device_profile.DeviceProfile`) for
+every planner decision: the analytical stage cost, the pipeline simulator's
+apply-grad and the baselines all price a function's kernels here.
+
+* **GEMMs** (``dot_general``, convolutions as implicit GEMMs): a roofline,
+  ``max(FLOPs / P, bytes / B)``, ``P`` the throughput the profile's large
+  GEMMs reach and ``B`` its memory bandwidth, times the measured efficiency of
+  thin shapes: the profile's GEMM points give, as a function of the smallest of
+  ``m, n, k`` (log scale, interpolated), how far below that roofline a
+  measured GEMM fell (tile and wave quantization: a ``(2048, 12288) ×
+  (12288, 128)`` product, a Megatron layer's last matmul on 8-way tensor
+  parallelism, runs far below the square one). Plus the launch floor.
+* **Memory-bound kernels** (everything XLA fuses: elementwise chains,
+  reductions, layout changes, gathers): the bytes the fusion model says they
+  read and write (:mod:`alpa_ir.costs.fusion`) at the achieved bandwidth, plus
+  the launch floor per kernel.
+
+The two are summed: kernels of one stream run one after another.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from xdsl.ir import Block, Operation, SSAValue
+
+from alpa_ir.costs.flops import op_bytes, op_flops
+from alpa_ir.costs.fusion import BlockFusion, fused_traffic_bytes, is_identity
+from alpa_ir.dialects.lax import LaxOp
+from alpa_ir.dialects.lax_primitives import OpKind
+from alpa_ir.dialects.types import dtype_of
+from alpa_ir.hardware.device_profile import DeviceProfile, GemmPoint
+
+MATMUL_PRIMITIVES = frozenset({"dot_general", "conv_general_dilated"})
+"""Ops priced as GEMMs."""
+
+
+@dataclass(frozen=True)
+class KernelTimes:
+    """A function's kernels priced: GEMM time, memory-bound time, launches."""
+
+    gemm: float
+    memory: float
+    launches: float
+    kernels: int
+
+    @property
+    def total(self) -> float:
+        return self.gemm + self.memory + self.launches
+
+
+@dataclass(frozen=True)
+class DeviceModel:
+    """Prices of one profile (module docstring)."""
+
+    profile: DeviceProfile
+    _curves: dict[str, tuple[float, tuple[float, ...], tuple[float, ...]]] = field(
+        default_factory=dict, init=False, repr=False, compare=False, hash=False
+    )
+
+    # -- GEMMs ----------------------------------------------------------------
+
+    def gemm_time(self, m: int, n: int, k: int, dtype: str, batch: int = 1) -> float:
+        """Seconds of ``batch`` GEMMs ``(m × k) · (k × n)`` in ``dtype``, launch included."""
+        if min(m, n, k, batch) <= 0:
+            return 0.0
+        throughput, dims, ratios = self._curve(dtype)
+        efficiency = _interpolate(math.log2(min(m, n, k)), dims, ratios)
+        return self._roof(m, n, k, dtype, batch, throughput) / efficiency + (
+            self.profile.launch_overhead
+        )
+
+    def _roof(self, m: int, n: int, k: int, dtype: str, batch: int, throughput: float) -> float:
+        """The roofline of a GEMM: its FLOPs at ``throughput`` over the tiles
+        it really fills (wave quantization, where the profile has SMs), or its
+        operands and result at the memory bandwidth, whichever takes longer."""
+        flops = 2.0 * batch * m * n * k
+        moved = batch * _itemsize(dtype) * (m * k + k * n + m * n)
+        return max(
+            flops / (throughput * self.wave_efficiency(m, n, batch)),
+            moved / self.profile.memory_bandwidth,
+        )
+
+    def wave_efficiency(self, m: int, n: int, batch: int = 1) -> float:
+        """The share of the tiles' work that is the GEMM's own: output tiles
+        run ``sm_count`` at a time, a partial tile or a partial last wave costs
+        a whole one (1.0 where the profile has no SM count)."""
+        sms = self.profile.sm_count
+        if not sms:
+            return 1.0
+        tm, tn = self.profile.gemm_tile
+        tiles = math.ceil(m / tm) * math.ceil(n / tn) * batch
+        waves = math.ceil(tiles / sms)
+        return (m * n * batch) / (waves * sms * tm * tn)
+
+    def _curve(self, dtype: str) -> tuple[float, tuple[float, ...], tuple[float, ...]]:
+        """``dtype``'s GEMM throughput on whole waves and the measured
+        efficiency (roofline / measured) against log2 of the smallest dimension."""
+        found = self._curves.get(dtype)
+        if found is not None:
+            return found
+        points = self.profile.gemm_points(dtype)
+        throughput = max(p.flops_per_s / self.wave_efficiency(p.m, p.n) for p in points)
+        by_dim: dict[float, list[float]] = {}
+        for p in points:
+            roof = self._roof(p.m, p.n, p.k, p.dtype, 1, throughput)
+            measured = 2.0 * p.m * p.n * p.k / p.flops_per_s - self.profile.launch_overhead
+            ratio = 1.0 if measured <= 0 else min(max(roof / measured, 1e-3), 1.0)
+            by_dim.setdefault(math.log2(min(p.m, p.n, p.k)), []).append(ratio)
+        dims = tuple(sorted(by_dim))
+        ratios = tuple(_median(by_dim[d]) for d in dims)
+        found = (throughput, dims, ratios)
+        self._curves[dtype] = found
+        return found
+
+    def op_gemm_time(self, op: LaxOp, shapes: Callable[[SSAValue], tuple[int, ...]]) -> float:
+        """A ``dot_general`` or convolution on its local shapes, as ``batch``
+        GEMMs of the shape its FLOPs and operand sizes imply."""
+        dtype = _dtype_name(op.operands[0])
+        flops = op_flops(op, shapes)
+        if op.primitive_name == "dot_general":
+            lhs, rhs = shapes(op.operands[0]), shapes(op.operands[1])
+            (lc, rc), (lb, _rb) = op.param("dimension_numbers")
+            batch = math.prod(lhs[d] for d in lb)
+            k = math.prod(lhs[d] for d in lc)
+            m = math.prod(s for d, s in enumerate(lhs) if d not in lc and d not in lb)
+            n = math.prod(s for d, s in enumerate(rhs) if d not in rc and d not in _rb)
+            return self.gemm_time(m, n, k, dtype, batch)
+        # a convolution as an implicit GEMM: m = output positions × batch,
+        # n = output features, k = FLOPs / (2 m n)
+        out = shapes(op.results[0])
+        rhs = shapes(op.operands[1])
+        features = rhs[op.param("dimension_numbers").rhs_spec[0]]
+        m = max(math.prod(out) // max(features, 1), 1)
+        k = max(round(flops / (2.0 * m * max(features, 1))), 1)
+        return self.gemm_time(m, features, k, dtype)
+
+    # -- a function -------------------------------------------------------------
+
+    def block_times(
+        self,
+        block: Block,
+        shapes: Callable[[SSAValue], tuple[int, ...]],
+        fusion: BlockFusion | None = None,
+        *,
+        fused: bool = True,
+    ) -> KernelTimes:
+        """The kernels of ``block`` on local ``shapes``: its top-level ops (an
+        op with a body, a loop or a branch, is priced as its FLOPs at the GEMM
+        throughput, one kernel). ``fusion``: the block's fusion decisions, if
+        made already; ``fused=False``: every op reads and writes memory (no
+        fusion, the upper bound)."""
+        fusion = fusion or BlockFusion(block)
+        gemm = 0.0
+        gemm_bytes = 0.0
+        kernels = 0
+        for op in fusion.ops:
+            if isinstance(op, LaxOp) and op.primitive_name in MATMUL_PRIMITIVES:
+                gemm += self.op_gemm_time(op, shapes)
+                gemm_bytes += op_bytes(op, shapes)
+            elif op.regions and any(r.blocks for r in op.regions):
+                body_flops = op_flops(op, shapes)
+                gemm += body_flops / self._curve(_dtype_name_of_op(op))[0]
+                kernels += 1
+            elif _materializes(op, fusion):
+                kernels += 1
+        total = (
+            fused_traffic_bytes(block, shapes, fusion)
+            if fused
+            else sum(op_bytes(op, shapes) for op in fusion.ops if isinstance(op, LaxOp))
+        )
+        traffic = max(total - gemm_bytes, 0.0)
+        return KernelTimes(
+            gemm=gemm,
+            memory=traffic / self.profile.memory_bandwidth,
+            launches=kernels * self.profile.launch_overhead,
+            kernels=kernels,
+        )
+
+
+def nominal_profile(
+    peak_flops: float, hbm_bandwidth: float, compute_efficiency: float, memory_efficiency: float
+) -> DeviceProfile:
+    """The prices of a cluster without a measured profile: every GEMM at
+    ``compute_efficiency`` of the peak, memory traffic at ``memory_efficiency``
+    of the bandwidth (none where it is unknown, 0), no launch floor, no
+    quantization: the constant-efficiency model the planner had before
+    device profiles."""
+    bandwidth = hbm_bandwidth * memory_efficiency if hbm_bandwidth > 0 else math.inf
+    return DeviceProfile(
+        name="nominal",
+        device="",
+        source="nominal: datasheet peak and bandwidth at constant efficiencies",
+        peak_flops=(("float32", peak_flops),),
+        gemm=(GemmPoint(1 << 20, 1 << 20, 1 << 20, "float32", peak_flops * compute_efficiency),),
+        memory_bandwidth=bandwidth if math.isfinite(bandwidth) else 1e300,
+        launch_overhead=0.0,
+        collectives=(),
+    )
+
+
+def _materializes(op: Operation, fusion: BlockFusion) -> bool:
+    """Does ``op`` end a kernel (writes a materialized value)? Markers,
+    constants and collectives (priced as communication) are not kernels here."""
+    if is_identity(op) or not isinstance(op, LaxOp):
+        return False
+    if op.kind in (OpKind.MARKER,) or op.primitive_name == "constant":
+        return False
+    return any(r in fusion.materialized for r in op.results)
+
+
+def _interpolate(x: float, xs: tuple[float, ...], ys: tuple[float, ...]) -> float:
+    if x <= xs[0]:
+        return ys[0]
+    if x >= xs[-1]:
+        return ys[-1]
+    i = bisect.bisect_right(xs, x)
+    t = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
+    return ys[i - 1] + t * (ys[i] - ys[i - 1])
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
+
+
+def _itemsize(dtype: str) -> int:
+    return {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "int8": 1}.get(dtype, 4)
+
+
+def _dtype_name(value: SSAValue) -> str:
+    try:
+        return str(dtype_of(value.type))
+    except Exception:
+        return "float32"
+
+
+def _dtype_name_of_op(op: Operation) -> str:
+    for value in (*op.operands, *op.results):
+        try:
+            return str(dtype_of(value.type))
+        except Exception:
+            continue
+    return "float32"
+
+
+__all__ = ["MATMUL_PRIMITIVES", "DeviceModel", "KernelTimes", "nominal_profile"]

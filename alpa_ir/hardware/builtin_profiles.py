@@ -1,0 +1,140 @@
+"""The built-in device profiles of the GPU presets, each price with its source.
+
+Only microbenchmarks are used (GEMM throughput, memory bandwidth, collective
+bus bandwidth), never an end-to-end training measurement: those are the
+model's tests (``alpa-bench --measured``). Where a publication gives a figure
+for a sibling part (a V100 PCIe instead of SXM2), the conversion is stated.
+
+Sources:
+
+[MAMF] S. Bekman, *Machine Learning Engineering*, "Maximum Achievable Matmul
+    FLOPS comparison table" (github.com/stas00/ml-engineering,
+    compute/accelerator/README.md): bf16 ``matmul``, best shape of a sweep:
+    A100 SXM 267.9 TFLOP/s (85.9 % of 312, CUDA 12.1), H100 SXM 792.1 TFLOP/s
+    (80.1 % of 989, CUDA 12.1).
+[MARKIDIS] S. Markidis et al., "NVIDIA Tensor Core Programmability,
+    Performance & Precision", IPDPSW 2018 (arXiv:1803.04014): cuBLAS
+    mixed-precision GEMM with tensor cores, 83 TFLOP/s at N = 8192 on a V100
+    PCIe (112 TFLOP/s peak): 74 %; the V100 SXM2's peak is 125 TFLOP/s at
+    the same efficiency: 93 TFLOP/s.
+[JIA] Z. Jia et al., "Dissecting the NVIDIA Volta GPU Architecture via
+    Microbenchmarking", 2018 (arXiv:1804.06826): V100 global memory
+    throughput 750 GB/s of 900.
+[NCCL-A100] NVIDIA/nccl-tests issue #149: ``all_reduce_perf`` on 8 A100-SXM4
+    80 GB over NVLink 3 / NVSwitch: bus bandwidth about 200 GB/s.
+[NCCL-H100] NVIDIA/nccl-tests issue #212 (S. Jeaugey): NCCL reaches about
+    370 GB/s of NVLink 4's 450 GB/s line rate (protocol overhead ~20 %) for
+    ring collectives, and about 480 GB/s bus bandwidth for NVLink SHARP
+    all-reduce on 8 H100.
+[P2] The P² paper's §5 and Appendix A (``alpa_ir.p2.system``): V100 NVLink ring
+    at 135 GB/s per direction (90 % of 150); a node's NIC reaches 6-8 GB/s of
+    its 12.5 GB/s line rate (Appendix A's bounds), 64 % at best.
+[LAUNCH] A kernel costs about 5 µs however small on these GPUs (launch and
+    tail; XLA's async dispatch hides launches only behind running kernels).
+    Published figures: 4-6 µs per kernel (CUDA Programming Guide's measured
+    launch latencies, nccl-tests' small-message floors).
+
+The inter-node levels: the line rate (AWS p3.16xlarge 25 Gbps; DGX HDR and
+NDR InfiniBand, one 200 / 400 Gb/s HCA per GPU) times the NIC share [P2]
+measured (64 %) for the AWS TCP network, and times 90 % for InfiniBand with
+GPUDirect RDMA (NCCL's protocol overhead, [NCCL-H100]).
+"""
+
+from __future__ import annotations
+
+from alpa_ir.hardware.device_profile import (
+    CollectiveFit,
+    DeviceProfile,
+    GemmPoint,
+    Overlap,
+)
+
+GB = 1e9
+LAUNCH_OVERHEAD_GPU = 5e-6
+
+
+def _links(
+    level: str, bandwidth: float, latency: float, *, all_reduce: float | None = None
+) -> tuple[CollectiveFit, ...]:
+    """The fits of one level: every kind at ``bandwidth``, the all-reduce at
+    ``all_reduce`` where it differs (NVLink SHARP)."""
+    kinds = ("all-gather", "reduce-scatter", "all-to-all", "send-recv")
+    return (
+        CollectiveFit("all-reduce", level, 0, latency, all_reduce or bandwidth),
+        *(CollectiveFit(k, level, 0, latency, bandwidth) for k in kinds),
+    )
+
+
+def v100_sxm2_aws() -> DeviceProfile:
+    """AWS p3.16xlarge (Alpa's testbed): V100-SXM2 16 GB, NVLink 2 ring, 25 Gbps."""
+    return DeviceProfile(
+        name="v100-sxm2-p3.16xlarge",
+        device="V100-SXM2-16GB",
+        source="built-in: [MARKIDIS] GEMM, [JIA] memory, [P2] NVLink and NIC share "
+        "(alpa_ir.hardware.builtin_profiles)",
+        peak_flops=(("float16", 125e12), ("float32", 15.7e12)),
+        gemm=(
+            GemmPoint(8192, 8192, 8192, "float16", 0.74 * 125e12),
+            GemmPoint(8192, 8192, 8192, "float32", 0.74 * 15.7e12),
+        ),
+        memory_bandwidth=750 * GB,
+        launch_overhead=LAUNCH_OVERHEAD_GPU,
+        collectives=(
+            *_links("node", 0.64 * 25e9 / 8, 50e-6),
+            *_links("gpu", 135 * GB, 5e-6),
+        ),
+        overlap=Overlap(gradient_sync=0.0, cross_mesh=0.0),
+        sm_count=80,
+    )
+
+
+def a100_sxm4_dgx() -> DeviceProfile:
+    """NVIDIA DGX A100: A100-SXM4 80 GB on NVSwitch, one HDR 200 Gb/s HCA per GPU."""
+    return DeviceProfile(
+        name="a100-sxm4-dgx",
+        device="A100-SXM4-80GB",
+        source="built-in: [MAMF] GEMM, [NCCL-A100] NVSwitch (alpa_ir.hardware.builtin_profiles)",
+        peak_flops=(("bfloat16", 312e12), ("float16", 312e12), ("float32", 156e12)),
+        gemm=(
+            GemmPoint(6912, 16384, 2048, "bfloat16", 267.9e12),
+            GemmPoint(6912, 16384, 2048, "float16", 267.9e12),
+        ),
+        memory_bandwidth=0.9 * 2039 * GB,
+        launch_overhead=LAUNCH_OVERHEAD_GPU,
+        collectives=(
+            *_links("node", 0.9 * 200e9 / 8, 5e-6),
+            *_links("gpu", 200 * GB, 3e-6),
+        ),
+        overlap=Overlap(gradient_sync=0.0, cross_mesh=0.0),
+        sm_count=108,
+    )
+
+
+def h100_sxm5_dgx() -> DeviceProfile:
+    """NVIDIA DGX H100: H100-SXM5 80 GB on NVSwitch, one NDR 400 Gb/s HCA per GPU."""
+    return DeviceProfile(
+        name="h100-sxm5-dgx",
+        device="H100-SXM5-80GB",
+        source="built-in: [MAMF] GEMM, [NCCL-H100] NVLink (alpa_ir.hardware.builtin_profiles)",
+        peak_flops=(("bfloat16", 989e12), ("float16", 989e12), ("float32", 494e12)),
+        gemm=(
+            GemmPoint(6144, 17920, 2816, "bfloat16", 792.1e12),
+            GemmPoint(6144, 17920, 2816, "float16", 792.1e12),
+        ),
+        memory_bandwidth=0.9 * 3350 * GB,
+        launch_overhead=LAUNCH_OVERHEAD_GPU,
+        collectives=(
+            *_links("node", 0.9 * 400e9 / 8, 5e-6),
+            *_links("gpu", 370 * GB, 2e-6, all_reduce=480 * GB),
+        ),
+        overlap=Overlap(gradient_sync=0.0, cross_mesh=0.0),
+        sm_count=132,
+    )
+
+
+def builtin_profiles() -> dict[str, DeviceProfile]:
+    """The built-in profiles by name."""
+    return {p.name: p for p in (v100_sxm2_aws(), a100_sxm4_dgx(), h100_sxm5_dgx())}
+
+
+__all__ = ["a100_sxm4_dgx", "builtin_profiles", "h100_sxm5_dgx", "v100_sxm2_aws"]
