@@ -288,6 +288,22 @@ class AnalyticalStageCostModel:
             planned = function
         else:
             planned = plan_function(function, mesh, options, self._strategies, cluster=cluster)
+        return self.price_planned(planned, mesh, cluster, params, options)
+
+    def price_planned(
+        self,
+        planned: func.FuncOp,
+        mesh: LogicalDeviceMesh,
+        cluster: Cluster,
+        param_args: Sequence[int] | None = None,
+        options: StageCostOptions | None = None,
+    ) -> StageCost:
+        """The cost of ``planned``, a function already planned on ``mesh`` (its
+        values carry their specs, its collectives are explicit), priced as this
+        model prices its own plans: a plan made elsewhere (``ShardParallel``'s
+        ``auto-sharding`` pass) at the prices the planner uses. Not cached."""
+        options = options or self.options
+        params = param_args_of(planned, param_args)
         shape = mesh.shape
 
         local_shapes: dict[SSAValue, tuple[int, ...]] = {}
