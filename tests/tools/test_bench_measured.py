@@ -51,6 +51,7 @@ def test_statistics_of_a_hand_made_table() -> None:
     assert not orders["b"].matches
     assert orders["b"].swapped == (("megatron", "inter-op"),)
     assert orders["b"].measured_order == ("alpa", "megatron", "inter-op")
+    assert summary.orders_matched == 1 and summary.orders_matched_within_tolerance == 1
 
 
 def test_order_of_methods() -> None:
@@ -59,6 +60,7 @@ def test_order_of_methods() -> None:
     bad = size_order([_entry("m", "alpa", 2.0, 30.0), _entry("m", "megatron", 3.0, 20.0)])
     assert not bad.matches and bad.swapped == (("alpa", "megatron"),)
     assert bad.gap("alpa", "megatron") == pytest.approx(0.5)
+    assert not bad.matches_within(0.49) and bad.matches_within(0.5)
     # a method that did not run counts as 0: a plan the simulator finds for it is
     # ordered above it only wrongly if it beats a method that did run
     failed = size_order([_entry("m", "alpa", 3.0, 30.0), _entry("m", "pp-dp", 1.0, None)])
