@@ -17,6 +17,7 @@ All state is Ray's own (``ray.is_initialized()``): nothing is kept here.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 import threading
@@ -27,6 +28,7 @@ from typing import Any
 from alpa_ir.errors import AlpaError
 
 CPU_DEVICE_RESOURCE = "alpa_cpu_device"
+LOG = logging.getLogger(__name__)
 DEFAULT_TIMEOUT_S = 30.0
 
 
@@ -66,24 +68,35 @@ def start_or_join(
     num_devices: int | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> None:
-    """Start a local Ray instance (``address=None``) or join the cluster at
-    ``address`` (``host:port``, ``auto``, ``ray://...``); a no-op when this
-    process is already connected."""
+    """Join the Ray cluster at ``address`` (``host:port``, ``auto``,
+    ``ray://...``); with ``address=None``, as Alpa's ``ray.init(address="auto")``,
+    the cluster running here (``RAY_ADDRESS``, else the one ``ray start``
+    recorded) when one answers, else a local instance started for this
+    process. ``address="local"`` or a given ``num_devices`` always starts a
+    local instance (of ``num_devices`` devices, default as many as the
+    driver's JAX sees). Which one it was is logged in one line. A no-op when
+    this process is already connected."""
     ray = _ray()
     if ray.is_initialized():
         current = _connected_address(ray)
-        if address not in (None, "auto") and current is not None and address != current:
+        if address not in (None, "auto", "local") and current is not None and address != current:
             raise AlpaError(
                 f"already connected to the Ray cluster at {current}; call alpa_ir.shutdown() "
                 f"before joining {address}"
             )
         return
+    if address is None and num_devices is None:
+        address = running_cluster_address()
+        if address is None:
+            LOG.info("no Ray cluster is running here: starting a local Ray instance")
+        else:
+            LOG.info("joining the running Ray cluster at %s", address)
     kwargs: dict[str, Any] = {
         "include_dashboard": False,
         "log_to_driver": False,
         "configure_logging": False,
     }
-    if address is None:
+    if address in (None, "local"):
         if num_devices is None:
             import jax
 
@@ -105,6 +118,26 @@ def start_or_join(
             _probe(address, timeout_s)
         kwargs["address"] = address
     _init_within(ray, kwargs, timeout_s, address)
+
+
+def running_cluster_address() -> str | None:
+    """The address of the Ray cluster that ``ray.init()`` would join (as Ray
+    finds it: ``RAY_ADDRESS``, else the cluster the last ``ray start`` on this
+    machine recorded), when it answers; None when there is none (or
+    ``RAY_ADDRESS=local``)."""
+    from ray._private import services
+
+    try:
+        address = services.canonicalize_bootstrap_address(None)
+    except Exception:  # a malformed RAY_ADDRESS: ray.init names it
+        return os.environ.get("RAY_ADDRESS") or None
+    if address is None:
+        return None
+    try:
+        _probe(address, 2.0)
+    except AlpaError:  # a stale record of a cluster that has stopped
+        return None
+    return address
 
 
 def _connected_address(ray: Any) -> str | None:
@@ -196,7 +229,9 @@ def local_cluster(hosts: int, devices_per_host: int) -> Iterator[None]:
     from ray.cluster_utils import Cluster
 
     resources = {CPU_DEVICE_RESOURCE: devices_per_host}
+    previous = address_record()
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": resources})
+    unadvertise(cluster.address, previous)
     try:
         for _ in range(hosts - 1):
             cluster.add_node(num_cpus=1, resources=resources)
@@ -205,6 +240,32 @@ def local_cluster(hosts: int, devices_per_host: int) -> Iterator[None]:
     finally:
         stop()
         cluster.shutdown()
+
+
+def address_record() -> str | None:
+    """The cluster address ``ray start`` recorded on this machine, if any."""
+    from ray._private import utils
+
+    return utils.read_ray_address()
+
+
+def unadvertise(address: str, previous: str | None) -> None:
+    """Undo what ``ray.cluster_utils.Cluster`` does for Ray's own unit tests:
+    recording its head as the cluster ``ray.init()`` joins on this machine.
+    A cluster of ours is joined by its address; left recorded, every
+    ``init(cluster="ray")`` here (another test, another user) would join it.
+    The record ``previous`` to it comes back."""
+    from ray._private import utils
+
+    path = utils.get_ray_address_file(None)
+    with contextlib.suppress(OSError):
+        if address_record() != address:
+            return
+        if previous is None:
+            os.remove(path)
+        else:
+            with open(path, "w") as f:
+                f.write(previous)
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,12 @@ def joined_cluster(head: dict[str, Any], *others: dict[str, Any]) -> Iterator[An
     another test module left connected is left first), then torn down."""
     from ray.cluster_utils import Cluster
 
+    from alpa_ir.runtime.ray_cluster import address_record, unadvertise
+
     alpa_ir.shutdown()
+    previous = address_record()
     cluster = Cluster(initialize_head=True, head_node_args=head)
+    unadvertise(cluster.address, previous)  # joined by its address, by nobody else
     try:
         for node in others:
             cluster.add_node(**node)

@@ -2,9 +2,13 @@
 
 - ``init()`` / ``init(cluster="local")``: the local JAX devices (the ``xla``
   backend); nothing to start.
-- ``init(cluster="ray")``: start a local Ray instance (no dashboard) with
-  ``num_devices`` CPU devices (default: as many as this process's JAX sees),
-  or ``init(cluster="ray", address="host:port")`` to join a running cluster.
+- ``init(cluster="ray")``: as Alpa (``ray.init(address="auto")``), join the
+  Ray cluster running here (``RAY_ADDRESS``, else the one ``ray start``
+  recorded) when one answers, else start a local Ray instance (no
+  dashboard) with as many CPU devices as this process's JAX sees; one log
+  line (logger ``alpa_ir.runtime.ray_cluster``, INFO) says which.
+  ``init(cluster="ray", num_devices=N)`` or ``address="local"`` always start
+  a local instance (of N devices); ``address="host:port"`` joins that cluster.
   Modules then run with ``backend="ray"``: one Ray actor per host, a mesh
   may span hosts; so do the methods (``ShardParallel``, ``PipeshardParallel``,
   ...) whose ``backend`` is left ``None``, as after Alpa's

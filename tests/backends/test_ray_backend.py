@@ -38,8 +38,8 @@ def ray_instance() -> Iterator[None]:
 @pytest.fixture
 def cluster(ray_instance: None) -> None:
     """A local Ray instance with this process's 8 devices (started once; again
-    only after the shutdown test)."""
-    alpa_ir.init(cluster="ray")
+    only after the shutdown test); never a cluster that runs beside it."""
+    alpa_ir.init(cluster="ray", num_devices=8)
 
 
 def _compile(module: Any) -> Any:
