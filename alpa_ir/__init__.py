@@ -84,7 +84,13 @@ __version__ = "0.1.0"
 __all__ = sorted(_EXPORTS)
 
 
+_SUBMODULES = frozenset({"testing", "util", "device_mesh", "model"})
+"""Alpa's helper modules, reached as attributes as in Alpa (``alpa.util.benchmark_func``)."""
+
+
 def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f"alpa_ir.{name}")
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'alpa_ir' has no attribute '{name}'")
@@ -92,4 +98,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+    return sorted(set(globals()) | set(_EXPORTS) | _SUBMODULES)
