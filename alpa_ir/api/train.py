@@ -15,7 +15,8 @@ finds a committed step there resumes from it: the same path restarts a run
 on another cluster, and a longer ``num_steps`` continues one.
 
 When a step fails because a host worker died (a Ray node lost), the loop
-waits until Ray reports which hosts of the plan are gone, plans the same
+waits until Ray reports which hosts of the plan are gone
+(:class:`RecoveryOption`), plans the same
 method again on the devices that remain (a method without a fixed device
 list plans for what is there: fewer replicas or stages), restores the last
 committed checkpoint onto the new plan, replays from its step and says so in
@@ -59,10 +60,10 @@ class RecoveryOption:
     max_recoveries: int = 3
     """Lost hosts survived in one call; one more failure is raised."""
     lost_host_timeout_s: float = 60.0
-    """How long to wait, after a worker died, for Ray to report its node gone
-    (Ray's health checks take about 15 s by default). When no host of the plan
-    is reported lost by then, the same hosts are planned on again (the worker
-    died, not its node)."""
+    """How long to wait, after the plan's workers failed, for Ray to report a
+    node of theirs gone (Ray's health checks take about 15 s by default). When
+    none is by then, a dead worker is started again on the same hosts (the
+    worker died, not its node) and any other failure is raised."""
 
     def __post_init__(self) -> None:
         if isinstance(self.max_recoveries, bool) or not isinstance(self.max_recoveries, int):
@@ -247,10 +248,22 @@ class _Run:
         return self.initial
 
     def recover(self, err: AlpaError, i: int) -> int:
-        """After step ``i`` failed: the step to go on from, once the plan is
-        dropped; ``err`` again when it is not a lost worker or host."""
+        """After step ``i`` failed: the step to go on from, the plan dropped;
+        ``err`` again when the failure lost neither a host nor a worker.
+
+        A lost host shows first as a dead worker (Ray's actor error) or as
+        its peer's failed collective, whichever the driver hears first; both
+        stop the plan's workers. Either way the plan's hosts are watched for
+        up to ``lost_host_timeout_s`` for one to leave the cluster. A dead
+        worker whose node stays is started again on the same hosts; any
+        other failure with every host still there is raised as it was."""
+        remote = getattr(self.executable, "remote", None)
         hosts = plan_hosts(self.executable)
-        if not hosts or not worker_died(err):
+        if not hosts or not getattr(remote, "broken", ""):
+            raise err  # not a failure of the plan's workers
+        self.close()
+        lost = wait_for_lost_hosts(hosts, self.recovery.lost_host_timeout_s)
+        if not lost and not worker_died(err):
             raise err
         if self.recoveries >= self.recovery.max_recoveries:
             raise AlpaError(
@@ -258,8 +271,6 @@ class _Run:
                 f"(RecoveryOption.max_recoveries): {err}"
             ) from err
         self.recoveries += 1
-        self.close()
-        lost = wait_for_lost_hosts(hosts, self.recovery.lost_host_timeout_s)
         what = ", ".join(h.name for h in lost) if lost else "a host worker"
         self.lost_note = f"lost {what} at step {i}"
         self.restore_at = self.committed
