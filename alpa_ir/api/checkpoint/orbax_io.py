@@ -81,38 +81,52 @@ def latest_step(path: Path) -> int | None:
 
 
 def describe(err: BaseException, names: Mapping[str, str]) -> str:
-    """``err`` as one line: the operating system's cause first where one is
-    behind it (no space left, read-only, ...), then orbax's text cut short,
-    its item names (``leaf00003``) written as the user's leaf paths."""
-    text = " ".join(str(err).split()) or type(err).__name__
+    """``err`` as one line: the innermost error of its chain (orbax wraps
+    tensorstore's precise reason in a generic one), the operating system's
+    cause first where one is behind it and not already said (no space left,
+    read-only, ...), orbax's item names (``leaf00003``) written as the user's
+    leaf paths, cut short."""
+    chain = _chain(err)
+    text = _one_line(chain[-1])
     text = _ITEM.sub(lambda m: names.get(m.group(0), m.group(0)), text)
     detail = text if len(text) <= _DETAIL_CHARS else text[:_DETAIL_CHARS] + "..."
-    cause = os_cause(err)
+    cause = next((c for c in map(_os_cause, chain) if c is not None), None)
     if cause is not None and cause not in detail:
         return f"{cause} ({detail})"
     return detail
 
 
-def os_cause(err: BaseException) -> str | None:
-    """The operating system's message behind ``err``: an ``OSError``'s in its
-    chain, or the error code tensorstore writes into its text."""
-    seen: set[int] = set()
+def _chain(err: BaseException) -> list[BaseException]:
+    """``err`` and the errors behind it, outermost first."""
+    chain: list[BaseException] = []
     link: BaseException | None = err
-    while link is not None and id(link) not in seen:
-        seen.add(id(link))
-        if isinstance(link, OSError) and link.errno:
-            return os.strerror(link.errno)
-        found = _OS_ERROR_CODE.search(str(link))
-        if found:
-            return os.strerror(int(found.group(1)))
+    while link is not None and all(link is not c for c in chain):
+        chain.append(link)
         link = link.__cause__ or link.__context__
-    return None
+    return chain
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err).split("See full TensorStore details")[0]
+    return " ".join(text.split()).rstrip(" .") or type(err).__name__
+
+
+def _os_cause(err: BaseException) -> str | None:
+    """The operating system's message behind ``err``: an ``OSError``'s, or
+    the error code tensorstore writes into its text."""
+    if isinstance(err, OSError) and err.errno:
+        return os.strerror(err.errno)
+    found = _OS_ERROR_CODE.search(str(err))
+    return os.strerror(int(found.group(1))) if found else None
 
 
 def blamed_item(err: BaseException) -> str | None:
-    """The first orbax item (``leaf00003``) ``err``'s text names."""
-    found = _ITEM.search(str(err))
-    return found.group(0) if found else None
+    """The first orbax item (``leaf00003``) that ``err`` or an error behind it names."""
+    for link in _chain(err):
+        found = _ITEM.search(str(link))
+        if found:
+            return found.group(0)
+    return None
 
 
 # --------------------------------------------------------------------------- write
