@@ -43,7 +43,12 @@ from typing import Any
 
 import numpy as np
 
-from alpa_ir.api.checkpoint import read_manifest, restore_checkpoint, save_checkpoint
+from alpa_ir.api.checkpoint import (
+    latest_step,
+    read_manifest,
+    restore_checkpoint,
+    save_checkpoint,
+)
 from alpa_ir.api.lost_hosts import plan_devices, plan_hosts, wait_for_lost_hosts, worker_died
 from alpa_ir.api.parallel import parallelize
 from alpa_ir.api.pipeshard import PipeshardParallel
@@ -147,13 +152,13 @@ def _check_arguments(
 
 def _committed_step(where: Path) -> int | None:
     """The step of the checkpoint committed in ``where``; None where there is
-    none yet (no directory, or no committed step folder in it: a first save
-    killed before its commit leaves only a temporary folder)."""
+    none yet (no directory, or no committed step in it: a first save killed
+    before its commit leaves only a temporary folder)."""
     if not where.exists():
         return None
     if not where.is_dir():
         raise AlpaError(f"alpa_ir.train: checkpoint_dir {where} exists and is not a directory")
-    if not any(p.name.isdigit() and p.is_dir() for p in where.iterdir()):
+    if latest_step(where) is None:
         return None
     saved = read_manifest(where).get("step")
     if isinstance(saved, bool) or not isinstance(saved, int) or saved < 0:

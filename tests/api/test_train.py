@@ -169,3 +169,20 @@ def test_a_checkpoint_dir_that_is_a_file_is_refused(tmp_path: Path) -> None:
 def test_bad_recovery_options_are_one_line_errors(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(AlpaError, match=rf"^RecoveryOption: {message}$"):
         RecoveryOption(**kwargs)
+
+
+def test_a_directory_without_a_committed_step_starts_from_step_0(tmp_path: Path) -> None:
+    """An empty folder, or one holding only a save killed before its commit
+    (orbax's temporary step folder), has nothing to resume from."""
+    debris = tmp_path / "ckpt" / "2.orbax-checkpoint-tmp-1700000000"
+    debris.mkdir(parents=True)
+    calls: list[int] = []
+
+    def batch_fn(i: int) -> jax.Array:
+        calls.append(i)
+        return jnp.full((8, 4), float(i))
+
+    final, losses = _train(tmp_path, batch_fn=batch_fn)
+    assert calls == [0, 1, 2] and losses == [0.0, 32.0, 64.0]
+    np.testing.assert_array_equal(np.asarray(final), np.full((8, 4), 3.0))
+    assert read_manifest(tmp_path / "ckpt")["step"] == 3
