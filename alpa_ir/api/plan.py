@@ -49,8 +49,11 @@ class Plan:
     peak_memory: tuple[float, ...] = ()
     """Predicted bytes per device: one figure per mesh (a pipeline: per stage)."""
     step_time: float | None = None
-    """Simulated seconds per step that ``construct-stages`` chose the stages with
-    (automatic stages; None where nothing timed the plan)."""
+    """Predicted seconds per step: for automatic stages the simulated time
+    ``construct-stages`` chose them with; for one mesh (``ShardParallel``,
+    ``DataParallel``, ``Zero3Parallel``, ...) the planned program priced on its
+    mesh of the local devices (:func:`planned_step_time`); None where nothing
+    timed the plan (given pipeline stages, the ray backend)."""
     _build: Callable[[], Any] | None = field(default=None, repr=False, compare=False)
 
     def __str__(self) -> str:
@@ -150,9 +153,35 @@ def compile(
         planned.module,
         planned.statistics,
         (planned.peak_memory(),),
-        None,
+        None if planned.backend == "ray" else planned_step_time(planned.module),
         lambda: sharded_executable(planned, method, args),  # type: ignore[arg-type]
     )
+
+
+def planned_step_time(module: ModuleOp, cluster: Any = None, options: Any = None) -> float | None:
+    """The predicted seconds of a single-mesh plan's step: its planned ``@main``
+    priced by the analytical stage cost model
+    (:meth:`~alpa_ir.costs.analytical_stage_cost.AnalyticalStageCostModel.price_planned`,
+    the prices the planner plans with, operator fusion on as ``alpa-bench``
+    prices) on its mesh of ``cluster`` (default: the local devices,
+    ``local-cpu``, α/β re-derived from it; a cluster with a device profile,
+    ``Cluster.with_profile``, is priced by the profile). None when ``@main``
+    has no mesh."""
+    from alpa_ir.costs.analytical_stage_cost import AnalyticalStageCostModel
+    from alpa_ir.costs.stage_cost import StageCostOptions
+    from alpa_ir.dialects.mesh import LogicalMeshOp, mesh_name_of
+    from alpa_ir.hardware.clusters import local_cpu
+    from alpa_ir.ir.module_utils import main_function, symbol_op
+
+    function = main_function(module)
+    name = mesh_name_of(function)
+    mesh_op = symbol_op(module, name, LogicalMeshOp) if name else None
+    if not isinstance(mesh_op, LogicalMeshOp):
+        return None
+    cluster = cluster if cluster is not None else local_cpu()
+    mesh = cluster.logical_mesh(mesh_op.mesh_shape, mesh_op.device_ids)
+    model = AnalyticalStageCostModel(options or StageCostOptions(fusion=True))
+    return model.price_planned(function, mesh, cluster).latency
 
 
 def _pipeline_plan(
@@ -194,4 +223,4 @@ def _planned_time(module: ModuleOp) -> float | None:
     return None
 
 
-__all__ = ["Plan", "compile"]
+__all__ = ["Plan", "compile", "planned_step_time"]

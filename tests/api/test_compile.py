@@ -23,7 +23,7 @@ def test_a_shard_parallel_plan_is_made_saved_loaded_and_run(tmp_path: Path) -> N
         plan.pass_pipeline.startswith("builtin.module(") and "auto-sharding" in plan.pass_pipeline
     )
     assert len(plan.peak_memory) == 1 and plan.peak_memory[0] > 0
-    assert plan.step_time is None
+    assert plan.step_time is not None and plan.step_time > 0  # priced on its mesh
     assert any(s.name == "num-nodes" for s in plan.statistics)
     text = str(plan)
     assert text.startswith("plan of ShardParallel(") and "predicted memory per device" in text

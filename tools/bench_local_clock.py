@@ -1,0 +1,326 @@
+"""bench-local-clock: the planner's predicted step times held against this machine's clock.
+
+With a device profile ``alpa-calibrate`` wrote on these devices (``--profile``),
+each case (a zoo model and a method) is planned with :func:`alpa_ir.compile`,
+its step time predicted by the planner's cost model on the local devices
+priced by that profile, then run on the 8 local CPU devices: the median of
+``--steps`` timed steps after ``--warmup`` untimed ones (the first compiles),
+every step waited for. Printed per case: predicted seconds, measured seconds,
+their ratio; then the cases within ±25 %, the median |error| and the load
+average of the machine before and after (the devices share its cores, so
+another process's work lengthens the measured steps).
+
+Predictions, from the same cost model the planner plans with
+(:mod:`alpa_ir.costs.analytical_stage_cost` reading the profile through
+``Cluster.with_profile``):
+
+* one mesh (``ShardParallel``, ``DataParallel``, ``Zero3Parallel``): the plan's
+  predicted step time (:attr:`alpa_ir.api.plan.Plan.step_time`): the planned
+  program priced on its mesh of the profiled ``local-cpu`` cluster;
+* a pipeline (``PipeshardParallel`` with given stages): the planned module
+  simulated (the ``simulate`` backend: every stage function priced by the
+  analytical stage cost model on its mesh, the schedule played out).
+
+Usage: ``python tools/bench_local_clock.py --profile device_profile.json
+[--cases gpt,mlp-dp,...] [--steps 5] [--warmup 2] [--json FILE]``;
+``--list`` names the cases. About 10 minutes for all of them here (each
+plan compiles its step for the 8 devices).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from alpa_ir.errors import AlpaError
+from alpa_ir.tools.cli_args import OneLineParser, positive_int
+
+PROG = "bench-local-clock"
+TOLERANCE = 0.25
+"""A prediction holds when ``|predicted / measured − 1| <= TOLERANCE``."""
+
+
+@dataclass(frozen=True)
+class Case:
+    """One plan to hold against the clock: ``model`` (a key of :func:`models`),
+    ``method`` (a key of :func:`methods`)."""
+
+    name: str
+    model: str
+    method: str
+
+
+@dataclass(frozen=True)
+class Row:
+    """One case's outcome (seconds; ``error`` instead when it failed)."""
+
+    name: str
+    model: str
+    method: str
+    predicted: float | None = None
+    measured: float | None = None
+    plan_seconds: float | None = None
+    error: str = ""
+
+    @property
+    def ratio(self) -> float | None:
+        if self.predicted is None or not self.measured:
+            return None
+        return self.predicted / self.measured
+
+    @property
+    def holds(self) -> bool:
+        ratio = self.ratio
+        return ratio is not None and abs(ratio - 1.0) <= TOLERANCE
+
+
+def models() -> dict[str, Any]:
+    """The zoo's models at sizes where one step takes ~0.2-5 s on 8 CPU
+    devices sharing 2 cores (batches divide by 8 and by 4 micro-batches × 2)."""
+    from alpa_ir.models import GPTConfig, MLPConfig, MoEConfig, WResNetConfig
+
+    return {
+        "gpt": GPTConfig(
+            vocab_size=2048, hidden_size=256, num_layers=4, num_heads=8, seq_len=128,
+            batch_size=16,
+        ),
+        "mlp": MLPConfig(
+            input_dim=1024, hidden_size=2048, num_layers=4, output_dim=1024, batch_size=256
+        ),
+        "moe": MoEConfig(
+            vocab_size=2048, hidden_size=256, num_layers=4, num_heads=8, seq_len=128,
+            batch_size=16, num_experts=8, expert_group_size=256,
+        ),
+        "wresnet": WResNetConfig(
+            image_size=32, num_classes=16, stage_sizes=(1, 1, 1), base_channels=32,
+            width_factor=2, batch_size=32,
+        ),
+        "tiny": MLPConfig(input_dim=32, hidden_size=64, num_layers=2, output_dim=16, batch_size=16),
+    }  # fmt: skip
+
+
+def methods() -> dict[str, Callable[[], Any]]:
+    """Method factories by short name (each call a fresh method)."""
+    import alpa_ir
+    from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
+
+    def shard(shape: tuple[int, int]) -> Callable[[], Any]:
+        return lambda: alpa_ir.ShardParallel(devices=LogicalDeviceMesh(shape))
+
+    def pipeline(stages: int, schedule: str, micro_batches: int = 4) -> Callable[[], Any]:
+        return lambda: alpa_ir.PipeshardParallel(
+            num_micro_batches=micro_batches,
+            layer_option=alpa_ir.AutoLayerOption(layer_num=stages),
+            stage_option=alpa_ir.UniformStageOption(num_stages=stages),
+            pipeline_schedule=schedule,
+        )
+
+    return {
+        "shard-2x4": shard((2, 4)),
+        "shard-1x8": shard((1, 8)),
+        "shard-8x1": shard((8, 1)),
+        "data": lambda: alpa_ir.DataParallel(),
+        "zero3": lambda: alpa_ir.Zero3Parallel(),
+        "pipe2-1f1b": pipeline(2, "1f1b"),
+        "pipe2-gpipe": pipeline(2, "gpipe"),
+        "pipe4-1f1b": pipeline(4, "1f1b"),
+        "pipe4-gpipe": pipeline(4, "gpipe"),
+    }
+
+
+def cases() -> tuple[Case, ...]:
+    """The plans of the table: every method on GPT, the others spread over
+    MLP, MoE and Wide-ResNet (16 plans)."""
+    plan = [
+        ("gpt", m)
+        for m in (
+            "shard-2x4", "shard-1x8", "shard-8x1", "data", "zero3",
+            "pipe2-1f1b", "pipe2-gpipe", "pipe4-1f1b", "pipe4-gpipe",
+        )
+    ]  # fmt: skip
+    plan += [("mlp", "shard-2x4"), ("mlp", "data"), ("mlp", "zero3"), ("mlp", "pipe2-gpipe")]
+    plan += [("moe", "shard-2x4"), ("moe", "pipe2-1f1b")]
+    plan += [("wresnet", "shard-1x8"), ("wresnet", "data"), ("wresnet", "pipe2-1f1b")]
+    return tuple(Case(f"{model}/{method}", model, method) for model, method in plan)
+
+
+def tiny_case() -> Case:
+    """A plan small enough for a test."""
+    return Case("tiny/shard-2x4", "tiny", "shard-2x4")
+
+
+def local_cluster(profile: Any, num_devices: int) -> Any:
+    """The ``local-cpu`` cluster of ``num_devices`` priced by ``profile``."""
+    from alpa_ir.hardware.clusters import local_cpu
+
+    return local_cpu().one_node(num_devices).with_profile(profile)
+
+
+@dataclass
+class PlannedStages:
+    """The stage cost model protocol over functions already planned (a
+    pipeline's stage functions after ``shard-stages``): each priced as planned
+    (:meth:`AnalyticalStageCostModel.price_planned`), not planned again."""
+
+    model: Any
+
+    def stage_cost(
+        self, function: Any, mesh: Any, cluster: Any, param_args: Sequence[int] | None = None
+    ) -> Any:
+        return self.model.price_planned(function, mesh, cluster, param_args)
+
+
+def predict(plan: Any, cluster: Any) -> float:
+    """The predicted seconds of ``plan``'s step on ``cluster`` (module docstring)."""
+    from alpa_ir.api.plan import planned_step_time
+    from alpa_ir.costs.analytical_stage_cost import AnalyticalStageCostModel
+    from alpa_ir.costs.stage_cost import StageCostOptions
+    from alpa_ir.dialects.pipeline import PlanOp
+    from alpa_ir.ir.module_utils import top_level_ops
+
+    options = StageCostOptions(fusion=True)
+    if any(True for _ in top_level_ops(plan.module, PlanOp)):
+        from alpa_ir.backends.simulate import plan_from_module, simulate
+
+        stages = PlannedStages(AnalyticalStageCostModel(options))
+        sim = plan_from_module(plan.module, cluster, stages)  # type: ignore[arg-type]
+        return float(simulate(sim, check_memory=False).iteration_time)
+    seconds = planned_step_time(plan.module, cluster, options)
+    if seconds is None:
+        raise AlpaError(f"{plan.method}: the plan has no predicted step time")
+    return seconds
+
+
+def measure(executable: Any, args: tuple[Any, ...], steps: int, warmup: int) -> float:
+    """Median seconds of ``steps`` calls after ``warmup`` (each waited for)."""
+    import jax
+
+    for _ in range(warmup):
+        jax.block_until_ready(executable(*args))
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        jax.block_until_ready(executable(*args))
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def run_case(case: Case, profile: Any, steps: int, warmup: int) -> Row:
+    """Plan, predict and measure one case; an error is the row's one line."""
+    import jax
+
+    import alpa_ir
+    from alpa_ir.models import make_train_step
+
+    base = Row(case.name, case.model, case.method)
+    try:
+        fn, args = make_train_step(models()[case.model])
+        start = time.perf_counter()
+        plan = alpa_ir.compile(fn, *args, method=methods()[case.method](), donate_argnums=())
+        planned = time.perf_counter() - start
+        predicted = predict(plan, local_cluster(profile, jax.device_count()))
+        measured = measure(plan.executable(), args, steps, warmup)
+    except AlpaError as err:
+        return Row(**{**asdict(base), "error": str(err)})
+    return Row(case.name, case.model, case.method, predicted, measured, planned)
+
+
+def format_row(row: Row) -> str:
+    if row.error:
+        return f"{row.name:<22} error: {row.error}"
+    ratio = row.ratio
+    assert row.predicted is not None and row.measured is not None and ratio is not None
+    mark = "ok" if row.holds else "off"
+    return f"{row.name:<22} {row.predicted:10.3f} {row.measured:10.3f} {ratio:7.2f}  {mark}"
+
+
+def summary(rows: Sequence[Row], load: tuple[float, float]) -> list[str]:
+    timed = [r for r in rows if r.ratio is not None]
+    errors = [abs(r.ratio - 1.0) for r in timed if r.ratio is not None]
+    held = sum(r.holds for r in timed)
+    lines = [f"within ±{TOLERANCE:.0%}: {held} of {len(rows)} plans"]
+    if errors:
+        lines.append(f"median |error| {statistics.median(errors):.1%}, max {max(errors):.1%}")
+    lines.append(f"load average (1 min) before {load[0]:.2f}, after {load[1]:.2f}")
+    return lines
+
+
+def build_parser() -> OneLineParser:
+    parser = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    parser.add_argument("--profile", default="device_profile.json", help="alpa-calibrate's JSON")
+    parser.add_argument(
+        "--cases", default="all", help="comma-separated case names or models (--list), or all"
+    )
+    parser.add_argument("--steps", type=positive_int, default=5, help="timed steps (median)")
+    parser.add_argument("--warmup", type=positive_int, default=2, help="untimed steps before")
+    parser.add_argument("--json", default=None, help="also write the rows as JSON here")
+    parser.add_argument("--list", action="store_true", help="name the cases and stop")
+    return parser
+
+
+def select(text: str) -> tuple[Case, ...]:
+    """The cases ``--cases`` names (a case's name, a model, or ``all``)."""
+    known = (*cases(), tiny_case())
+    if text == "all":
+        return cases()
+    chosen: list[Case] = []
+    for word in (w.strip() for w in text.split(",") if w.strip()):
+        found = [c for c in known if word in (c.name, c.model)]
+        if not found:
+            raise AlpaError(
+                f"--cases: unknown case '{word}'; known: {', '.join(c.name for c in known)}"
+            )
+        chosen += [c for c in found if c not in chosen]
+    return tuple(chosen)
+
+
+def run(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    chosen = select(args.cases)
+    if args.list:
+        print("\n".join(c.name for c in chosen))
+        return 0
+    from alpa_ir.hardware.device_profile import load_profile
+
+    profile = load_profile(args.profile)
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_force_host_platform_device_count" not in flags:  # before JAX starts
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count=8".strip()
+    before = os.getloadavg()[0]
+    print(f"profile: {args.profile} ({profile.name}, {profile.device})")
+    print(f"{'plan':<22} {'predicted':>10} {'measured':>10} {'ratio':>7}")
+    rows = []
+    for case in chosen:
+        row = run_case(case, profile, args.steps, args.warmup)
+        rows.append(row)
+        print(format_row(row), flush=True)
+    load = (before, os.getloadavg()[0])
+    for line in summary(rows, load):
+        print(line)
+    if args.json:
+        body = {
+            "profile": str(args.profile),
+            "load_average": list(load),
+            "rows": [{**asdict(r), "ratio": r.ratio, "holds": r.holds} for r in rows],
+        }
+        Path(args.json).write_text(json.dumps(body, indent=1) + "\n")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        return run(argv)
+    except AlpaError as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
