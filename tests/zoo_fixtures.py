@@ -15,7 +15,7 @@ from alpa_ir.dialects.sharding import ShardingSpec
 from alpa_ir.models import make_train_step
 from alpa_ir.models.megatron import megatron_spec
 
-TINY_MODELS = ("mlp-tiny", "gpt-tiny", "moe-tiny", "wresnet-tiny", "bert-tiny")
+TINY_MODELS = ("mlp-tiny", "gpt-tiny", "moe-tiny", "wresnet-tiny", "bert-tiny", "llama-tiny")
 
 
 @functools.cache

@@ -2,7 +2,8 @@
 
 The batch is split over mesh axis 0; of each pair of matmuls the first is
 column-split and the second row-split over axis 1 (``qkv``/``out``,
-``fc1``/``fc2``, ``dense_{even}``/``dense_{odd}``); MoE expert weights are
+``fc1``/``fc2``, ``dense_{even}``/``dense_{odd}``; Llama's ``wq``, ``wk``,
+``wv``/``wo`` and ``gate``, ``up``/``down``); MoE expert weights are
 split by expert and conv kernels by output channel over axis 1. Names are
 the IR's argument names (``state.params.dense_0.kernel``, ``batch.x``); a
 dimension that the axis does not divide, or an axis of size 1, stays whole.
@@ -15,9 +16,9 @@ from collections.abc import Sequence
 
 from alpa_ir.dialects.sharding import ShardingSpec
 
-_COLUMN = re.compile(r"(qkv|fc1|dense_[02468])\.kernel$")
+_COLUMN = re.compile(r"(?:^|\.)(qkv|fc1|dense_[02468]|wq|wk|wv|gate|up)\.kernel$")
 _COLUMN_BIAS = re.compile(r"(qkv|fc1|dense_[02468])\.bias$")
-_ROW = re.compile(r"(out|fc2|dense_[13579])\.kernel$")
+_ROW = re.compile(r"(?:^|\.)(out|fc2|dense_[13579]|wo|down)\.kernel$")
 
 
 def megatron_spec(

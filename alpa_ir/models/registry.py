@@ -8,26 +8,37 @@ Wide-ResNet, the values in Alpa's benchmark suites (the paper only says "the
 suggested global batch size"). MoE sizes use expert groups of 2048 tokens and an
 expert MLP ratio of 8, as Alpa's benchmark did (its parameter counts need it);
 the heads of MoE 1.3B/2.4B/10B are not given in the table and are 16 like 380M.
+
+Real pre-training runs: the GPT shapes of Megatron-LM's Table 1 (Narayanan et
+al., SC'21: heads, hidden size, layers, GPU count and global batch; sequence
+2048, vocabulary 51200, tied embedding and learned positions) and Llama 3's
+8B, 70B and 405B (Dubey et al. 2024, Table 3: sequence 8192, vocabulary
+128256, 8 K/V heads; global batch 2048 sequences, 16M tokens, as the 405B run;
+``llama3-405b-128k`` is its long-context stage, sequence 131072 and 128
+sequences). Both train in bf16 with fp32 master weights and Adam (16 bytes per
+parameter), and are only ever traced abstractly.
 """
 
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
 
 import jax.numpy as jnp
 
 from alpa_ir.errors import AlpaError
-from alpa_ir.models import bert, gpt, mlp, moe, wresnet
+from alpa_ir.models import bert, gpt, llama, mlp, moe, wresnet
 from alpa_ir.models.bert import BertConfig
 from alpa_ir.models.family import ModelFamily
 from alpa_ir.models.gpt import GPTConfig
+from alpa_ir.models.llama import LlamaConfig
 from alpa_ir.models.mlp import MLPConfig
 from alpa_ir.models.moe import MoEConfig
 from alpa_ir.models.wresnet import RESNET_STAGES, WResNetConfig
 
-ModelConfig = MLPConfig | GPTConfig | MoEConfig | WResNetConfig | BertConfig
+ModelConfig = MLPConfig | GPTConfig | MoEConfig | WResNetConfig | BertConfig | LlamaConfig
 
 FAMILIES: tuple[ModelFamily, ...] = (
     mlp.FAMILY,
@@ -35,6 +46,7 @@ FAMILIES: tuple[ModelFamily, ...] = (
     moe.FAMILY,
     wresnet.FAMILY,
     bert.FAMILY,
+    llama.FAMILY,
 )
 
 SEQ_LEN = 1024
@@ -49,6 +61,12 @@ IMAGE_CLASSES = 1024
 # 16 bytes per parameter like fp16 weights + fp16 gradients + an fp32 master
 # copy + fp32 Adam moments.
 PAPER_DTYPE = jnp.float16
+PRETRAINING_DTYPE = jnp.bfloat16
+MEGATRON_SEQ_LEN = 2048
+LLAMA3_VOCAB = 128256
+LLAMA3_SEQ_LEN = 8192
+LLAMA3_LONG_SEQ_LEN = 131072
+LLAMA3_BATCH_TOKENS = 16 * 1024 * 1024
 
 # (name, hidden, layers, heads, gpus)
 _GPT3 = (
@@ -58,6 +76,25 @@ _GPT3 = (
     ("gpt3-6.7b", 4096, 32, 32, 16),
     ("gpt3-15b", 5120, 48, 32, 32),
     ("gpt3-39b", 8192, 48, 64, 64),
+)
+# Megatron-LM Table 1: (name, heads, hidden, layers, gpus, global batch)
+MEGATRON = (
+    ("megatron-1.7b", 24, 2304, 24, 32, 512),
+    ("megatron-3.6b", 32, 3072, 30, 64, 512),
+    ("megatron-7.5b", 32, 4096, 36, 128, 512),
+    ("megatron-18b", 48, 6144, 40, 256, 1024),
+    ("megatron-39b", 64, 8192, 48, 512, 1536),
+    ("megatron-76b", 80, 10240, 60, 1024, 1792),
+    ("megatron-145b", 96, 12288, 80, 1536, 2304),
+    ("megatron-310b", 128, 16384, 96, 1920, 2160),
+    ("megatron-530b", 128, 20480, 105, 2520, 2520),
+    ("megatron-1t", 160, 25600, 128, 3072, 3072),
+)
+# Llama 3 (Table 3): (name, hidden, layers, heads, kv heads, ffn, gpus)
+LLAMA3 = (
+    ("llama3-8b", 4096, 32, 32, 8, 14336, 8),
+    ("llama3-70b", 8192, 80, 64, 8, 28672, 64),
+    ("llama3-405b", 16384, 126, 128, 8, 53248, 8192),
 )
 # (name, hidden, layers, heads, experts, gpus)
 _MOE = (
@@ -111,6 +148,17 @@ def _tiny_configs() -> dict[str, Any]:
         "bert-tiny": BertConfig(
             hidden_size=32, num_layers=2, num_heads=4, seq_len=16, batch_size=8
         ),
+        "llama-tiny": LlamaConfig(
+            vocab_size=64,
+            hidden_size=32,
+            num_layers=2,
+            num_heads=4,
+            num_kv_heads=2,
+            ffn_size=64,
+            seq_len=16,
+            batch_size=8,
+            rope_theta=10_000.0,
+        ),
     }
 
 
@@ -152,6 +200,42 @@ def _paper_configs() -> dict[str, Any]:
             num_gpus=gpus,
             dtype=PAPER_DTYPE,
         )
+    configs.update(_pretraining_configs())
+    return configs
+
+
+def _pretraining_configs() -> dict[str, Any]:
+    configs: dict[str, Any] = {}
+    for name, heads, hidden, layers, gpus, batch in MEGATRON:
+        configs[name] = GPTConfig(
+            GPT_VOCAB,
+            hidden,
+            layers,
+            heads,
+            MEGATRON_SEQ_LEN,
+            batch_size=batch,
+            num_gpus=gpus,
+            dtype=PRETRAINING_DTYPE,
+        )
+    for name, hidden, layers, heads, kv_heads, ffn, gpus in LLAMA3:
+        configs[name] = LlamaConfig(
+            LLAMA3_VOCAB,
+            hidden,
+            layers,
+            heads,
+            kv_heads,
+            ffn,
+            LLAMA3_SEQ_LEN,
+            batch_size=LLAMA3_BATCH_TOKENS // LLAMA3_SEQ_LEN,
+            num_gpus=gpus,
+            dtype=PRETRAINING_DTYPE,
+        )
+    configs["llama3-405b-128k"] = replace(
+        configs["llama3-405b"],
+        seq_len=LLAMA3_LONG_SEQ_LEN,
+        batch_size=LLAMA3_BATCH_TOKENS // LLAMA3_LONG_SEQ_LEN,
+        num_gpus=16384,
+    )
     return configs
 
 

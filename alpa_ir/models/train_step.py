@@ -181,3 +181,7 @@ def wresnet_tiny_step() -> tuple[TrainStep, tuple[State, Batch]]:
 
 def bert_tiny_step() -> tuple[TrainStep, tuple[State, Batch]]:
     return make_train_step("bert-tiny")
+
+
+def llama_tiny_step() -> tuple[TrainStep, tuple[State, Batch]]:
+    return make_train_step("llama-tiny")

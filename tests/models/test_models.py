@@ -28,6 +28,7 @@ from alpa_ir.models import (
     get_config,
     gpt_tiny_step,
     list_configs,
+    llama_tiny_step,
     make_train_step,
     mlp_tiny_step,
     moe_tiny_step,
@@ -38,11 +39,16 @@ from alpa_ir.models import (
 )
 from alpa_ir.models.wresnet import forward_flops
 
-TINY = ["mlp-tiny", "gpt-tiny", "moe-tiny", "wresnet-tiny", "bert-tiny"]
+TINY = ["mlp-tiny", "gpt-tiny", "moe-tiny", "wresnet-tiny", "bert-tiny", "llama-tiny"]
 PAPER = [
     "gpt3-350m", "gpt3-1.3b", "gpt3-2.6b", "gpt3-6.7b", "gpt3-15b", "gpt3-39b",
     "moe-380m", "moe-1.3b", "moe-2.4b", "moe-10b", "moe-27b", "moe-70b",
     "wresnet-250m", "wresnet-1b", "wresnet-2b", "wresnet-4b", "wresnet-6.8b", "wresnet-13b",
+]  # fmt: skip
+PRETRAINING = [
+    "megatron-1.7b", "megatron-3.6b", "megatron-7.5b", "megatron-18b", "megatron-39b",
+    "megatron-76b", "megatron-145b", "megatron-310b", "megatron-530b", "megatron-1t",
+    "llama3-8b", "llama3-70b", "llama3-405b", "llama3-405b-128k",
 ]  # fmt: skip
 
 
@@ -121,7 +127,7 @@ def run_steps(step: Any, state: Any, batch: Any, n: int) -> tuple[Any, list[floa
 
 def test_registry_lists_tiny_and_paper_configs() -> None:
     names = list_configs()
-    assert set(TINY) | set(PAPER) == set(names)
+    assert set(TINY) | set(PAPER) | set(PRETRAINING) == set(names)
     for name in names:
         assert get_config(name) is get_config(name)
     assert get_config("gpt3-39b").num_gpus == 64
@@ -153,6 +159,7 @@ def test_factories_match_named_configs() -> None:
         (moe_tiny_step, "moe-tiny"),
         (wresnet_tiny_step, "wresnet-tiny"),
         (bert_tiny_step, "bert-tiny"),
+        (llama_tiny_step, "llama-tiny"),
     ]:
         step, (state, batch) = factory()
         _, (ref_state, ref_batch) = make_train_step(name)
@@ -291,7 +298,7 @@ def test_gpt_param_count_closed_form() -> None:
 # ---------------------------------------------------------------- FLOPs
 
 
-@pytest.mark.parametrize("name", ["mlp-tiny", "gpt-tiny", "moe-tiny", "bert-tiny"])
+@pytest.mark.parametrize("name", ["mlp-tiny", "gpt-tiny", "moe-tiny", "bert-tiny", "llama-tiny"])
 def test_train_step_flops_match_jaxpr(name: str) -> None:
     step, args = make_train_step(name, abstract=True)
     counted = matmul_flops(jax.make_jaxpr(step)(*args).jaxpr)
