@@ -23,8 +23,10 @@ Predictions, from the same cost model the planner plans with
 
 Usage: ``python tools/bench_local_clock.py --profile device_profile.json
 [--cases gpt,mlp-dp,...] [--steps 5] [--warmup 2] [--json FILE]``;
-``--list`` names the cases. About 10 minutes for all of them here (each
-plan compiles its step for the 8 devices).
+``--list`` names the cases; ``--cases single --size gpu`` runs every model
+on one device at GPU sizes in bfloat16 (``tools/gpu_calibrate_check.sh``).
+About 10 minutes for all of them here (each plan compiles its step for the
+8 devices).
 """
 
 from __future__ import annotations
@@ -81,11 +83,37 @@ class Row:
         return ratio is not None and abs(ratio - 1.0) <= TOLERANCE
 
 
-def models() -> dict[str, Any]:
+def models(size: str = "cpu") -> dict[str, Any]:
     """The zoo's models at sizes where one step takes ~0.2-5 s on 8 CPU
-    devices sharing 2 cores (batches divide by 8 and by 4 micro-batches × 2)."""
+    devices sharing 2 cores (batches divide by 8 and by 4 micro-batches × 2);
+    ``size="gpu"``: in bfloat16, large enough for ~0.05-1 s on one H100/H200."""
+    import jax.numpy as jnp
+
     from alpa_ir.models import GPTConfig, MLPConfig, MoEConfig, WResNetConfig
 
+    if size == "gpu":
+        bf16 = jnp.bfloat16
+        return {
+            "gpt": GPTConfig(
+                vocab_size=8192, hidden_size=2048, num_layers=8, num_heads=16, seq_len=1024,
+                batch_size=32, dtype=bf16,
+            ),
+            "mlp": MLPConfig(
+                input_dim=4096, hidden_size=8192, num_layers=8, output_dim=4096,
+                batch_size=8192, dtype=bf16,
+            ),
+            "moe": MoEConfig(
+                vocab_size=8192, hidden_size=1024, num_layers=8, num_heads=16, seq_len=1024,
+                batch_size=16, num_experts=8, expert_group_size=2048, dtype=bf16,
+            ),
+            "wresnet": WResNetConfig(
+                image_size=64, num_classes=128, stage_sizes=(2, 2, 2), base_channels=64,
+                width_factor=2, batch_size=128, dtype=bf16,
+            ),
+            "tiny": MLPConfig(
+                input_dim=32, hidden_size=64, num_layers=2, output_dim=16, batch_size=16
+            ),
+        }  # fmt: skip
     return {
         "gpt": GPTConfig(
             vocab_size=2048, hidden_size=256, num_layers=4, num_heads=8, seq_len=128,
@@ -123,6 +151,7 @@ def methods() -> dict[str, Callable[[], Any]]:
         )
 
     return {
+        "single": shard((1, 1)),
         "shard-2x4": shard((2, 4)),
         "shard-1x8": shard((1, 8)),
         "shard-8x1": shard((8, 1)),
@@ -154,6 +183,11 @@ def cases() -> tuple[Case, ...]:
 def tiny_case() -> Case:
     """A plan small enough for a test."""
     return Case("tiny/shard-2x4", "tiny", "shard-2x4")
+
+
+def single_device_cases() -> tuple[Case, ...]:
+    """Every model on one device (``--cases single``: a host with one GPU)."""
+    return tuple(Case(f"{m}/single", m, "single") for m in ("gpt", "mlp", "moe", "wresnet"))
 
 
 def local_cluster(profile: Any, num_devices: int) -> Any:
@@ -212,7 +246,7 @@ def measure(executable: Any, args: tuple[Any, ...], steps: int, warmup: int) -> 
     return statistics.median(times)
 
 
-def run_case(case: Case, profile: Any, steps: int, warmup: int) -> Row:
+def run_case(case: Case, profile: Any, steps: int, warmup: int, size: str = "cpu") -> Row:
     """Plan, predict and measure one case; an error is the row's one line."""
     import jax
 
@@ -221,7 +255,7 @@ def run_case(case: Case, profile: Any, steps: int, warmup: int) -> Row:
 
     base = Row(case.name, case.model, case.method)
     try:
-        fn, args = make_train_step(models()[case.model])
+        fn, args = make_train_step(models(size)[case.model])
         start = time.perf_counter()
         plan = alpa_ir.compile(fn, *args, method=methods()[case.method](), donate_argnums=())
         planned = time.perf_counter() - start
@@ -260,23 +294,30 @@ def build_parser() -> OneLineParser:
     )
     parser.add_argument("--steps", type=positive_int, default=5, help="timed steps (median)")
     parser.add_argument("--warmup", type=positive_int, default=2, help="untimed steps before")
+    parser.add_argument(
+        "--size", choices=("cpu", "gpu"), default="cpu", help="the models' sizes (and dtype)"
+    )
     parser.add_argument("--json", default=None, help="also write the rows as JSON here")
     parser.add_argument("--list", action="store_true", help="name the cases and stop")
     return parser
 
 
 def select(text: str) -> tuple[Case, ...]:
-    """The cases ``--cases`` names (a case's name, a model, or ``all``)."""
-    known = (*cases(), tiny_case())
+    """The cases ``--cases`` names: ``all``, or a comma-separated list of case
+    names, models or methods of the table, ``tiny``, ``single`` (every model
+    on one device)."""
     if text == "all":
         return cases()
+    known = (*cases(), tiny_case())
     chosen: list[Case] = []
     for word in (w.strip() for w in text.split(",") if w.strip()):
-        found = [c for c in known if word in (c.name, c.model)]
+        if word == "single":
+            found = list(single_device_cases())
+        else:
+            found = [c for c in known if word in (c.name, c.model, c.method)]
         if not found:
-            raise AlpaError(
-                f"--cases: unknown case '{word}'; known: {', '.join(c.name for c in known)}"
-            )
+            names = ", ".join(c.name for c in (*known, *single_device_cases()))
+            raise AlpaError(f"--cases: unknown case '{word}'; known: {names}")
         chosen += [c for c in found if c not in chosen]
     return tuple(chosen)
 
@@ -298,7 +339,7 @@ def run(argv: list[str] | None = None) -> int:
     print(f"{'plan':<22} {'predicted':>10} {'measured':>10} {'ratio':>7}")
     rows = []
     for case in chosen:
-        row = run_case(case, profile, args.steps, args.warmup)
+        row = run_case(case, profile, args.steps, args.warmup, args.size)
         rows.append(row)
         print(format_row(row), flush=True)
     load = (before, os.getloadavg()[0])

@@ -7,7 +7,7 @@ of one JAX platform (the programs and their timing:
 :class:`~alpa_ir.hardware.device_profile.DeviceProfile`:
 
 * **GEMMs** from square to thin shapes in the platform's dtypes (float32 on
-  CPU; bfloat16 and float16 on GPU), each device multiplying its own blocks
+  CPU; bfloat16, float16 and float32 on GPU), each device multiplying its own blocks
   while all the others do too; FLOP/s = ``2mnk / seconds``.
 * **Memory bandwidth**: a streaming elementwise kernel at several sizes,
   bytes read + written per device over seconds (the slope of the fit).
@@ -101,10 +101,11 @@ QUICK_GEMMS = 4
 """``--quick``: the first shapes of at most 512 (CPU) or 4096 (GPU) a side."""
 
 DATASHEET_PEAKS: tuple[tuple[str, tuple[tuple[str, float], ...]], ...] = (
-    # NVIDIA datasheets, dense tensor-core peaks (no sparsity).
-    ("H200", (("bfloat16", 989e12), ("float16", 989e12), ("float32", 67e12))),
-    ("H100", (("bfloat16", 989e12), ("float16", 989e12), ("float32", 67e12))),
-    ("A100", (("bfloat16", 312e12), ("float16", 312e12), ("float32", 19.5e12))),
+    # NVIDIA datasheets, dense tensor-core peaks (no sparsity); float32 at the
+    # TF32 tensor-core peak where there is one (XLA's default f32 precision on GPU).
+    ("H200", (("bfloat16", 989e12), ("float16", 989e12), ("float32", 494e12))),
+    ("H100", (("bfloat16", 989e12), ("float16", 989e12), ("float32", 494e12))),
+    ("A100", (("bfloat16", 312e12), ("float16", 312e12), ("float32", 156e12))),
     ("V100", (("float16", 125e12), ("float32", 15.7e12))),
 )
 """Dense peak FLOP/s by a substring of the device kind (H100 SXM5, A100 and
@@ -121,7 +122,8 @@ class CalibrationOptions:
     gemm_shapes: tuple[tuple[int, int, int], ...] | None = None
     """Default: :data:`CPU_GEMMS` or :data:`GPU_GEMMS` by platform."""
     dtypes: tuple[str, ...] | None = None
-    """Default: ``float32`` on CPU, ``bfloat16`` and ``float16`` on GPU."""
+    """Default: ``float32`` on CPU; ``bfloat16``, ``float16`` and ``float32``
+    (XLA's default precision: TF32 tensor cores) on GPU."""
     stream_bytes: tuple[int, ...] | None = None
     """Bytes per device of the streaming kernel's input."""
     collective_bytes: tuple[int, ...] | None = None
@@ -175,7 +177,7 @@ def plan_sweep(options: CalibrationOptions, devices: Sequence[Any]) -> Sweep:
     if options.quick and options.gemm_shapes is None:
         limit = 4096 if gpu else 512
         shapes = tuple(s for s in shapes if max(s) <= limit)[:QUICK_GEMMS]
-    dtypes = options.dtypes or (("bfloat16", "float16") if gpu else ("float32",))
+    dtypes = options.dtypes or (("bfloat16", "float16", "float32") if gpu else ("float32",))
     gemms = tuple((m, n, k, dt) for dt in dtypes for m, n, k in shapes)
     largest = 256 * MB if gpu else 16 * MB
     stream = options.stream_bytes or geometric_sizes(
