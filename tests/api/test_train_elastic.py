@@ -8,7 +8,9 @@ mechanism). The second node is killed (all its processes, SIGKILL) while
 ``batch_fn(5)`` runs: step 5 fails on its dead worker, ``train`` re-plans
 ``ShardParallel()`` on the 4 devices of the first node (a new JAX world of
 one host), restores checkpoint step 4 and replays steps 4-7 there. The final
-state equals 8 uninterrupted steps of ``jax.jit`` on one device."""
+state equals 8 uninterrupted steps of ``jax.jit`` on one device. Before that,
+a host worker process killed on a node that stays: a pipeline with automatic
+stages is planned again on the same hosts."""
 
 from __future__ import annotations
 
@@ -72,13 +74,16 @@ def host_worker_pids(node: Any) -> list[int]:
 def test_a_worker_killed_on_a_live_host_is_started_again(
     two_hosts: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Host1's worker process is killed (SIGKILL, as the OOM killer does) while
-    batch_fn(3) runs; its node stays: after lost_host_timeout_s the same two
-    hosts are planned on again and steps 2-3 replayed from checkpoint step 2.
-    (Runs first: the next test removes the second node.)"""
-    fn, (state, batch) = tiny_step("mlp-tiny")
+    """A pipeline with automatic stages: host1's worker process is killed
+    (SIGKILL, as the OOM killer does) while batch_fn(3) runs; its node stays,
+    so after lost_host_timeout_s the stages are planned again on the same two
+    hosts and steps 2-3 replayed from checkpoint step 2. (Runs first: the
+    next test removes the second node.)"""
+    from pipeshard_fixtures import _example, _step
+
+    state, batch = _example()
     batch_of = batches(batch)
-    want, want_losses = jit_steps(fn, state, batch_of, 4)
+    want, want_losses = jit_steps(_step, state, batch_of, 4)
     (second,) = two_hosts.worker_nodes
     calls: list[int] = []
 
@@ -89,12 +94,13 @@ def test_a_worker_killed_on_a_live_host_is_started_again(
             os.kill(pid, signal.SIGKILL)
         return batch_of(i)
 
+    method = alpa_ir.PipeshardParallel(num_micro_batches=2, stage_option=alpa_ir.AutoStageOption())
     with caplog.at_level(logging.INFO, logger="alpa_ir.train"):
         final, losses = alpa_ir.train(
-            fn,
+            _step,
             state,
             batch_fn,
-            method=alpa_ir.ShardParallel(),
+            method=method,
             num_steps=4,
             checkpoint_dir=tmp_path / "ckpt",
             checkpoint_every=2,
@@ -102,8 +108,8 @@ def test_a_worker_killed_on_a_live_host_is_started_again(
         )
     notes = [r.getMessage() for r in caplog.records if r.name == "alpa_ir.train"]
     assert notes == [
-        "alpa_ir.train: lost a host worker at step 3; re-planned ShardParallel on 8 devices; "
-        "resumed from checkpoint step 2"
+        "alpa_ir.train: lost a host worker at step 3; re-planned PipeshardParallel on 8 "
+        "devices; resumed from checkpoint step 2"
     ]
     assert calls == [0, 1, 2, 3, 2, 3]  # replayed from the checkpoint, once
     np.testing.assert_allclose(losses, want_losses, rtol=1e-4, atol=1e-6)
