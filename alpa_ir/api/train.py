@@ -28,7 +28,14 @@ The new plan's hosts form a new JAX world: the failed executable's workers
 are stopped with it, and the new one starts its own (one actor per remaining
 host, ``jax.distributed`` among them). Every step's effect comes from the
 checkpoint or from one run of it, never two: no step is lost or applied
-twice. Any other error of a step is raised as it is.
+twice. A worker that died on a node that stays is started again on the same
+hosts (``lost a host worker``); any other failure of a step (every host
+still there after ``lost_host_timeout_s``, or a local backend) is raised as
+it is, and so is a host lost while a plan is starting.
+
+The given state is never donated (it is what a replay before the first
+checkpoint starts from, and the template checkpoints are restored by), so a
+step holds two states at its peak.
 """
 
 from __future__ import annotations
