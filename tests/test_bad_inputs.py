@@ -4,7 +4,8 @@ alpa-opt: every malformed, hostile or nonsensical input is an
 naming what is wrong and where; nothing is accepted silently and nothing
 hangs. The command-line tools' arguments are in ``test_cli_bad_inputs.py``,
 checkpoints in ``test_checkpoint.py`` (damaged, edited, truncated,
-path-escaping), data that names code in ``test_no_code_from_data.py``.
+path-escaping), data that names code in ``test_no_code_from_data.py``, the
+training loop's arguments in ``api/test_train.py``.
 ``pytest -m bad_input`` runs them all."""
 
 from __future__ import annotations

@@ -97,6 +97,7 @@ def _train(tmp_path: Path, **overrides: Any) -> Any:
     return alpa_ir.train(step, STATE, batch_fn, **kwargs)
 
 
+@pytest.mark.bad_input
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
@@ -121,6 +122,7 @@ def test_bad_arguments_are_one_line_errors(
     assert not (tmp_path / "ckpt").exists()  # refused before anything ran
 
 
+@pytest.mark.bad_input
 def test_a_batch_fn_that_raises_names_the_step(tmp_path: Path) -> None:
     def batch_fn(i: int) -> jax.Array:
         if i == 2:
@@ -136,6 +138,7 @@ def test_a_batch_fn_that_raises_names_the_step(tmp_path: Path) -> None:
     assert read_manifest(tmp_path / "ckpt")["step"] == 2  # the steps before it are kept
 
 
+@pytest.mark.bad_input
 def test_a_step_that_returns_no_loss_names_the_step(tmp_path: Path) -> None:
     with pytest.raises(
         AlpaError, match=r"^alpa_ir.train: step 0: step must return \(state, loss\), got \w+$"
@@ -143,6 +146,7 @@ def test_a_step_that_returns_no_loss_names_the_step(tmp_path: Path) -> None:
         _train(tmp_path, step=lambda s, b: s + b)
 
 
+@pytest.mark.bad_input
 def test_a_checkpoint_past_num_steps_is_refused(tmp_path: Path) -> None:
     alpa_ir.save_checkpoint(tmp_path / "ckpt", STATE, step=5)
     with pytest.raises(
@@ -151,12 +155,14 @@ def test_a_checkpoint_past_num_steps_is_refused(tmp_path: Path) -> None:
         _train(tmp_path)
 
 
+@pytest.mark.bad_input
 def test_a_checkpoint_dir_that_is_a_file_is_refused(tmp_path: Path) -> None:
     (tmp_path / "ckpt").write_text("not a checkpoint")
     with pytest.raises(AlpaError, match=r"^alpa_ir.train: checkpoint_dir .*ckpt exists and is not"):
         _train(tmp_path)
 
 
+@pytest.mark.bad_input
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
