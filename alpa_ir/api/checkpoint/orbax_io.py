@@ -97,12 +97,16 @@ def describe(err: BaseException, names: Mapping[str, str]) -> str:
 
 
 def _chain(err: BaseException) -> list[BaseException]:
-    """``err`` and the errors behind it, outermost first."""
+    """``err`` and the errors behind it, outermost first, as Python's
+    traceback follows them (a context that was suppressed is not one)."""
     chain: list[BaseException] = []
     link: BaseException | None = err
     while link is not None and all(link is not c for c in chain):
         chain.append(link)
-        link = link.__cause__ or link.__context__
+        if link.__cause__ is not None:
+            link = link.__cause__
+        else:
+            link = None if link.__suppress_context__ else link.__context__
     return chain
 
 
