@@ -25,13 +25,19 @@ where data parallelism replicates parameters (``--zero``, the default; Alpa
 runs the benchmark with ``prefer_reduce_scatter``): see
 :mod:`alpa_ir.costs.analytical_stage_cost` for how the cost model counts both. The paper sizes
 train in mixed precision (fp16 computation, fp32 parameters and Adam state,
-:mod:`alpa_ir.models.registry`), and the memory estimates model XLA's operator
+:mod:`alpa_ir.models.registry`), except Wide-ResNet, which the artifact ran in
+fp32 (``--dtype artifact``, the default), and the memory estimates model XLA's operator
 fusion (``--fusion``, the default; :mod:`alpa_ir.costs.fusion`): only fusion outputs
 occupy memory and move through HBM. Where a layer's persistent memory is
 large, it is also priced with every parameter sharded (``--memory-fallback``,
 the default; ``StageCostOptions.memory_fallback``), and each stage takes the
 fastest of the two plans that fits, as Alpa keeps the fastest of several
 auto-sharding options per logical mesh.
+
+By default every suite size runs with the micro-batch count of Alpa's measured
+plan (``--micro-batches artifact``, :data:`~alpa_ir.models.measurements.ARTIFACT_MICRO_BATCHES`),
+and ``--measured`` prints every method beside the artifact's measured per-GPU
+TFLOPS (:mod:`alpa_ir.tools.bench_measured`).
 
 Besides Alpa's plan, every run reports ``alpa+comm``: the stage DP on the same
 cost table with the cross-stage transfers in its objective (option 6a,
@@ -125,6 +131,7 @@ def format_result(result: dict[str, Any], why: bool = False) -> str:
         f"B={result['num_micro_batches']}, {result['layers']} layers, "
         f"remat {'on' if result['remat'] else 'off'}, zero {'on' if result['zero'] else 'off'}, "
         f"fusion {'on' if result.get('fusion') else 'off'}, "
+        f"{result.get('dtype') or 'dtype of the config'}, "
         f"cost cache {result['cache']['hits']} hits / {result['cache']['misses']} misses"
     ]
     lines.append(
