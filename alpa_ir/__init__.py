@@ -77,6 +77,10 @@ _EXPORTS: dict[str, str] = {
     "HloStatus": "alpa_ir.api.hlo_status",
     "train": "alpa_ir.api.train",
     "RecoveryOption": "alpa_ir.api.train",
+    "global_config": "alpa_ir.api.global_config",
+    "DeviceCluster": "alpa_ir.compat.device_cluster",
+    "get_global_cluster": "alpa_ir.compat.device_cluster",
+    "LocalPhysicalDeviceMesh": "alpa_ir.compat.device_cluster",
 }
 
 __version__ = "0.1.0"

@@ -20,7 +20,7 @@ ORDER: tuple[tuple[str, ...], ...] = (
     ("plots", "passes"),
     ("api",),
     ("compat",),
-    ("plugins.builtin", "alpa_ir", "tools", "testing", "util"),
+    ("plugins.builtin", "alpa_ir", "tools", "testing", "util", "device_mesh", "model"),
 )
 """Ranks, lowest first; a folder may import its own rank and those below."""
 

@@ -12,9 +12,11 @@ reuse the executable. ``get_executable(*args)`` returns it without running.
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from alpa_ir.api.global_config import apply_to_executable, global_config
 from alpa_ir.api.plan_step import compile_step
 from alpa_ir.api.shard_parallel import ManualShardParallel, Method, ShardParallel
 from alpa_ir.api.sharded_executable import ShardedExecutable
@@ -47,12 +49,15 @@ class ParallelizedFunction:
         self.fn, self.method = fn, method
         self.donate_argnums, self.batch_argnums = tuple(donate_argnums), tuple(batch_argnums)
         self.static_argnums = static_argnums
+        self.global_options = global_config.options()
+        """Alpa's ``global_config`` as it was when the step was parallelized."""
         self._cache: dict[Any, ShardedExecutable] = {}
 
     def get_executable(self, *args: Any) -> ShardedExecutable:
         """The executable for these arguments (compiled on first use)."""
         _check_method(self.method)
         key = signature_key(step_arguments(self.fn, args, self.static_argnums))
+        fresh, started = key not in self._cache, time.perf_counter()
         if key not in self._cache and _is_pipeshard(self.method):
             from alpa_ir.api.pipeshard_executable import compile_pipeshard
 
@@ -63,6 +68,7 @@ class ParallelizedFunction:
                 donate_argnums=self.donate_argnums,
                 batch_argnums=self.batch_argnums,
                 static_argnums=self.static_argnums,
+                local_all_gather=self.global_options.use_local_allgather,
             )
         if key not in self._cache:
             self._cache[key] = compile_step(
@@ -73,6 +79,9 @@ class ParallelizedFunction:
                 batch_argnums=self.batch_argnums,
                 static_argnums=self.static_argnums,
             )
+        if fresh:
+            seconds = time.perf_counter() - started
+            apply_to_executable(self._cache[key], self.global_options, self.fn, seconds)
         return self._cache[key]
 
     def preshard_dynamic_args(self, *args: Any) -> tuple[Any, ...]:

@@ -3,50 +3,37 @@
 from __future__ import annotations
 
 import os
-import warnings
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import jax
-import numpy as np
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 
 from alpa_ir.api.executable import PlannedExecutable
 from alpa_ir.api.memory_check import check_pipeline_memory, plan_memory_budget
 from alpa_ir.api.pipeshard import (
-    AutoLayerOption,
-    AutoStageOption,
-    ManualLayerOption,
-    ManualStageOption,
     PipeshardParallel,
     StagePlacement,
-    _device_ids,
-    manual_placements,
-    uniform_placements,
 )
+from alpa_ir.api.pipeshard_pipeline import PipeshardPipeline
 from alpa_ir.api.run_module import compile_module
 from alpa_ir.backends.xla_pipeline import LocalPipelineExecutable
 from alpa_ir.costs.costing_workers import StartedWorkers
 from alpa_ir.dialects.pipeline import plan_stages
-from alpa_ir.errors import AlpaError
 from alpa_ir.frontend.arguments import (
     CompiledSignature,
     StaticArgnums,
     StepArguments,
-    check_micro_batches,
-    compiled_signature,
-    trace_arguments,
 )
-from alpa_ir.frontend.jaxpr_import import ImportedStep, import_step
+from alpa_ir.frontend.jaxpr_import import ImportedStep
 from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
 from alpa_ir.hardware.memory_budget import MemoryBudget
 from alpa_ir.ir.collection import rare_full_collections
 from alpa_ir.ir.module_utils import main_function, num_ops, symbol_op
 from alpa_ir.passmanager.pipeline_syntax import format_pipeline
 from alpa_ir.pipeline.plan_memory import StagePeak
-from alpa_ir.pipeline.schedule_kinds import SPLIT_SCHEDULES
 from alpa_ir.pipeline.step_partition import batch_leaves_of, warn_micro_batch_statistics
 from alpa_ir.plugins.registry import PluginRegistry, default_registry
 from alpa_ir.runtime.interpreter import CompiledFunction, RuntimeEvent
@@ -304,139 +291,6 @@ class PipeshardExecutable(PlannedExecutable):
         return "\n".join(lines)
 
 
-def _layer_passes(module: ModuleOp, method: PipeshardParallel) -> list[str]:
-    """The passes that draw the imported step's layers: with
-    :class:`AutoLayerOption` ``cluster-operators`` cuts its forward pass; the
-    user's boundaries (``mark_pipeline_boundary``) otherwise. Boundaries JAX
-    did not mirror into the backward pass are mirrored."""
-    from alpa_ir.pipeline.stage_assignment import is_layer_marker
-
-    b = method.num_micro_batches
-    passes = [f"draw-micro-batch-rows{{num-micro-batches={b}}}"] if b > 1 else []
-    passes += ["merge-backward-runs", "split-conditionals"]
-    option = method.layer_option
-    marked = any(is_layer_marker(op) for op in main_function(module).body.block.ops)
-    if option is None:  # the step's own boundaries, else Alpa's default
-        option = ManualLayerOption() if marked else AutoLayerOption(layer_num=2)
-    if isinstance(option, AutoLayerOption):
-        if marked:  # Alpa's automatic layers ignore the step's own boundaries too
-            warnings.warn(
-                "PipeshardParallel: the step marks its own layer boundaries "
-                "(mark_pipeline_boundary) but asks for AutoLayerOption: they are replaced by "
-                f"{option.layer_num} automatic layers; use ManualLayerOption to keep them",
-                UserWarning,
-                stacklevel=4,
-            )
-        replace = " replace-markers=true" if marked else ""
-        passes.append(f"cluster-operators{{layers={option.layer_num} delta={option.eps}{replace}}}")
-    return [*passes, "mirror-layers"]
-
-
-def _split_pass(method: PipeshardParallel) -> list[str]:
-    """``split-backward`` where the schedule runs B and W apart, or may."""
-    if method.pipeline_schedule in SPLIT_SCHEDULES or method.is_plugin_schedule:
-        return ["split-backward"]  # a plugin's order may run W apart from B
-    if method.pipeline_schedule == "auto" and isinstance(method.stage_option, AutoStageOption):
-        return ["split-backward{zero-bubble-only=true}"]
-    return []
-
-
-def _stage_pass(
-    method: PipeshardParallel,
-    num_layers: int,
-    devices: tuple[int, ...],
-    schedules: Mapping[str, Any] | None = None,
-) -> str:
-    """``outline-stages`` with the uniform or manual slicing, or ``construct-stages``."""
-    option = method.stage_option
-    b, schedule = method.num_micro_batches, method.pipeline_schedule
-    if schedule == "auto" and not isinstance(option, AutoStageOption):
-        schedule = "1f1b"  # given stages: nothing to choose the schedule with
-    remat = "true" if method.remat_layer else "false"
-    ids = ",".join(str(d) for d in devices)
-    if isinstance(option, AutoStageOption):
-        space = option.submesh_logical_shape_space.replace("_", "-")
-        comm = option.cross_stage_comm
-        comm_text = comm if isinstance(comm, str) else str(comm).lower()
-        return (
-            f"construct-stages{{num-micro-batches={b} schedule={schedule} submesh-space={space} "
-            f"stage-cost-model={option.stage_cost_model} progress=false remat={remat} "
-            f"cost-mode={option.cost_mode} workers={option.worker_count()} "
-            f"repeated-layers={option.repeated_layers} cross-stage-comm={comm_text} "
-            f"devices={ids}}}"
-        )
-    if isinstance(option, ManualStageOption):
-        if method.chunks_per_mesh > 1:
-            raise AlpaError(
-                f"pipeline_schedule {schedule!r} cuts the layers into chunks per mesh; give "
-                "the stages as UniformStageOption, not ManualStageOption"
-            )
-        placements = manual_placements(num_layers, devices, option)
-    else:
-        placements = uniform_placements(num_layers, devices, option)
-    meshes = ",".join("x".join(str(n) for n in p.mesh.shape) for p in placements)
-    ids = ",".join(str(d) for p in placements for d in p.mesh.devices or ())  # those used
-    if method.chunks_per_mesh == 1:
-        layers = ",".join(f"{p.first}-{p.last}" for p in placements)
-        mesh_of = ""
-    else:
-        layers, mesh_of = _chunks(num_layers, len(placements), method, schedules)
-    return (
-        f"outline-stages{{layers={layers} meshes={meshes}{mesh_of} devices={ids} "
-        f"num-micro-batches={b} schedule={schedule} remat={remat}}}"
-    )
-
-
-def _chunks(
-    num_layers: int,
-    meshes: int,
-    method: PipeshardParallel,
-    schedules: Mapping[str, Any] | None = None,
-) -> tuple[str, str]:
-    """The layers cut into ``meshes × v`` chunks and each chunk's mesh, as the
-    schedule places them (``outline-stages``' ``layers`` and `` mesh-of=``)."""
-    from alpa_ir.pipeline.schedule_kinds import build_schedule
-
-    v = method.chunks_per_mesh
-    count = meshes * v
-    if count > num_layers:
-        raise AlpaError(
-            f"pipeline_schedule {method.pipeline_schedule!r}: {meshes} stages x {v} chunks need "
-            f"{count} layers, the step has {num_layers}"
-        )
-    order = build_schedule(
-        method.pipeline_schedule, meshes, method.num_micro_batches, v, schedules=schedules
-    )
-    bounds = [round(k * num_layers / count) for k in range(count + 1)]
-    layers = ",".join(f"{bounds[k]}-{bounds[k + 1] - 1}" for k in range(count))
-    return layers, " mesh-of=" + ",".join(str(m) for m in order.mesh_of)
-
-
-def _planning_cluster(method: PipeshardParallel, num_devices: int, budget: MemoryBudget) -> Any:
-    """The cluster automatic stages plan on: the devices the plan may use as
-    one node, each with ``budget`` bytes; on the ray backend with several
-    hosts of equal devices, those hosts joined by their link (probed at
-    ``init``, else a default), so ``(1, 2^m)`` submeshes stay inside a host and
-    ``(n, M)`` ones span hosts."""
-    from alpa_ir.hardware.clusters import local_cpu
-
-    node = local_cpu(budget=budget).one_node(num_devices)
-    if method.backend != "ray":
-        return node
-    from alpa_ir.runtime.ray_cluster import cluster_hosts, host_link
-
-    hosts = cluster_hosts()
-    per_host = {h.num_devices for h in hosts}
-    if len(hosts) < 2 or len(per_host) != 1:
-        return node
-    (m,) = per_host
-    if num_devices % m:
-        return node
-    link = host_link(hosts[0].resource)
-    node = local_cpu(budget=budget).one_node(m)
-    return node.across_hosts(num_devices // m, link.bandwidth, link.latency)
-
-
 @dataclass(frozen=True)
 class PlannedPipeline:
     """A step planned into pipeline stages, before any backend compiles it
@@ -467,10 +321,12 @@ def compile_pipeshard(
     batch_argnums: Sequence[int],
     static_argnums: StaticArgnums = (),
     registry: PluginRegistry | None = None,
+    local_all_gather: bool = True,
 ) -> PipeshardExecutable:
     """Plan ``fn`` for ``args`` with ``method`` as one pass pipeline on the
     imported step (:func:`plan_pipeshard`), and compile the planned module for
-    the method's backend."""
+    the method's backend. ``local_all_gather``: ``cross-mesh-resharding``'s
+    option (Alpa's ``global_config.use_local_allgather``)."""
     planned = plan_pipeshard(
         fn,
         args,
@@ -479,6 +335,7 @@ def compile_pipeshard(
         batch_argnums=batch_argnums,
         static_argnums=static_argnums,
         registry=registry,
+        local_all_gather=local_all_gather,
     )
     return pipeshard_executable(planned)
 
@@ -505,98 +362,71 @@ def plan_pipeshard(
     batch_argnums: Sequence[int],
     static_argnums: StaticArgnums = (),
     registry: PluginRegistry | None = None,
+    local_all_gather: bool = True,
 ) -> PlannedPipeline:
     """Import ``fn`` for ``args`` and plan it with ``method``'s pass pipeline;
     nothing is compiled."""
-    from alpa_ir.api.runtime_api import session_backend
+    from alpa_ir.api.pipeshard_pipeline import resolve_pipeshard
+    from alpa_ir.api.step_import import import_for_plan
 
     del donate_argnums  # buffers of a pipeline step are not donated yet
-    method = replace(method, backend=session_backend(method.backend))
+    pipeline = resolve_pipeshard(method, local_all_gather)
     registry = registry or default_registry()
-    devices = _device_ids(method.devices, method.backend)
-    b = check_micro_batches(method.num_micro_batches)
-    arguments, traced = trace_arguments(fn, args, static_argnums, batch_argnums, b)
-    imported = import_step(
-        fn,
-        *traced,
-        static_argnums=arguments.static_argnums,
-        batch_argnums=batch_argnums,
-        unroll_differentiated_loops=True,
-    )
+    arguments, imported = import_for_plan(
+        fn, args, pipeline.num_micro_batches, static_argnums=static_argnums,
+        batch_argnums=batch_argnums, unroll_differentiated_loops=True,
+    )  # fmt: skip
     module = imported.module
-    main = main_function(module)
     # a large step's costing workers import the compiler while the layers are found
-    with StartedWorkers(_early_workers(method, main)) as started:
+    with StartedWorkers(pipeline.early_workers(num_ops(main_function(module)))) as started:
         return _plan_imported(
-            module, imported, arguments, method, devices, batch_argnums, b, registry, started
+            module, imported, arguments, pipeline, batch_argnums, registry, started
         )
-
-
-def _early_workers(method: PipeshardParallel, main: func.FuncOp) -> int:
-    """How many costing workers to start before the layers are found: those
-    ``construct-stages`` will want besides this process, for a step large
-    enough that its cost table will (:data:`~alpa_ir.costs.stage_table.WORKERS_FROM_OPS`)."""
-    from alpa_ir.costs.stage_table import WORKERS_FROM_OPS
-
-    option = method.stage_option
-    if not isinstance(option, AutoStageOption) or option.stage_cost_model != "analytical":
-        return 0  # a model that measures on the local devices costs in this process
-    large = num_ops(main) >= WORKERS_FROM_OPS
-    return option.worker_count() - 1 if large else 0
 
 
 def _plan_imported(
     module: ModuleOp,
     imported: ImportedStep,
     arguments: StepArguments,
-    method: PipeshardParallel,
-    devices: tuple[int, ...],
+    pipeline: PipeshardPipeline,
     batch_argnums: Sequence[int],
-    b: int,
     registry: PluginRegistry,
     started: StartedWorkers,
 ) -> PlannedPipeline:
     """:func:`plan_pipeshard` after the import: the layer passes, then the plan's."""
+    from alpa_ir.api.step_import import planned_signature
     from alpa_ir.ir.context import make_context
     from alpa_ir.passmanager.pass_manager import PassManager
-    from alpa_ir.pipeline.stage_assignment import count_layers
+    from alpa_ir.pipeline.stage_assignment import count_layers, is_layer_marker
 
     main = main_function(module)
-    budget = plan_memory_budget(method.device_memory, method.backend, len(devices))
-    if isinstance(method.stage_option, AutoStageOption):  # what construct-stages plans on
-        cluster = _planning_cluster(method, len(devices), budget)
+    method, b = pipeline.method, pipeline.num_micro_batches
+    budget = plan_memory_budget(method.device_memory, pipeline.backend, len(pipeline.devices))
+    cluster = pipeline.planning_cluster(budget)
+    if cluster is not None:  # what construct-stages plans on
         module.body.block.insert_op_before(cluster.to_op(), main)
     input_module = module.clone()
     num_inputs = len(main.args)
+    marked = any(is_layer_marker(op) for op in main.body.block.ops)
     # verified once per pipeline (a failure is replayed to name the pass): per
     # pass, verification took a tenth of planning a 124M-parameter model
     layers = PassManager(
         registry,
-        f"builtin.module({','.join(_layer_passes(module, method))})",
+        f"builtin.module({','.join(pipeline.layer_passes(marked))})",
         verify_each="end",
     )
     statistics = layers.execute(module, snapshot=input_module).statistics
     main = main_function(module)
     warn_micro_batch_statistics(main, batch_leaves_of(main), b)
-    inner = method.auto_sharding_option.pipeline(1).removeprefix("builtin.module(")[:-1]
-    plan_passes = [
-        _stage_pass(method, count_layers(main), devices, registry.schedules),
-        f'shard-stages{{stage-pipeline="{inner}"}}',
-        *_split_pass(method),
-        "cross-mesh-resharding",
-        "emit-instructions",
-    ]
+    plan_passes = pipeline.plan_passes(count_layers(main), registry.schedules)
     plan = PassManager(registry, f"builtin.module({','.join(plan_passes)})", verify_each="end")
     ctx = make_context(registry)
     ctx.costing_workers = started
     statistics += plan.execute(module, ctx).statistics
     pass_pipeline = format_pipeline([*layers.passes, *plan.passes])  # one pipeline replays both
-    signature = compiled_signature(arguments, imported.in_tree, imported.out_tree, imported.outputs)
-    if len(main_function(module).args) > num_inputs:  # draw-micro-batch-rows added the rows
-        batch = arguments.dynamic_positions(batch_argnums)
-        first = jax.tree.leaves(arguments.arrays[batch[0]])[0]
-        signature = replace(signature, micro_batch_rows=int(np.shape(first)[0]))
+    draws_rows = len(main_function(module).args) > num_inputs  # draw-micro-batch-rows added them
+    signature = planned_signature(arguments, imported, batch_argnums, draws_rows)
     return PlannedPipeline(
         module, signature, input_module, pass_pipeline, tuple(statistics), budget,
-        method.backend or "xla", registry,
+        pipeline.backend, registry,
     )  # fmt: skip

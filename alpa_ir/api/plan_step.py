@@ -25,8 +25,6 @@ from alpa_ir.frontend.arguments import (
     CompiledSignature,
     StaticArgnums,
     check_micro_batches,
-    compiled_signature,
-    trace_arguments,
 )
 from alpa_ir.hardware.device_mesh import LogicalDeviceMesh, resolve_mesh
 from alpa_ir.ir.collection import rare_full_collections
@@ -127,7 +125,7 @@ def plan_step(
     """Import ``fn`` for ``args`` and plan it with ``method``'s pass pipeline;
     nothing is compiled."""
     from alpa_ir.api.runtime_api import session_backend
-    from alpa_ir.frontend.jaxpr_import import import_step
+    from alpa_ir.api.step_import import import_for_plan, planned_signature
     from alpa_ir.runtime.ray_cluster import backend_devices
 
     registry = registry or default_registry()
@@ -156,14 +154,10 @@ def plan_step(
         raise AlpaError(
             "enable_auto_sharding=False does not accumulate gradients; use 1 micro-batch"
         )
-    arguments, traced = trace_arguments(fn, args, static_argnums, batch_argnums, b)
-    imported = import_step(
-        fn,
-        *traced,
-        static_argnums=arguments.static_argnums,
+    arguments, imported = import_for_plan(
+        fn, args, b, static_argnums=static_argnums, batch_argnums=batch_argnums,
         donate_argnums=donate_argnums,
-        batch_argnums=batch_argnums,
-    )
+    )  # fmt: skip
     module = imported.module
     function = main_function(module)
     module.body.block.insert_op_before(mesh.to_op("mesh"), function)
@@ -195,10 +189,9 @@ def plan_step(
     pass_pipeline = manager.pipeline
     statistics = manager.execute(module).statistics
     rows = len(main_function(module).args) > num_inputs
-    signature = compiled_signature(arguments, imported.in_tree, imported.out_tree, imported.outputs)
+    signature = planned_signature(arguments, imported, batch_argnums, rows)
     batch_leaves = _leaf_indices(arguments.arrays, arguments.dynamic_positions(batch_argnums))
     if rows:
-        signature = replace(signature, micro_batch_rows=_batch_size(signature, batch_leaves))
         batch_leaves.append(len(signature.avals))
     return PlannedStep(
         module, mesh, signature, tuple(batch_leaves), b, propagate, out_specs, input_module,
@@ -227,11 +220,6 @@ def _check_memory(
         num_micro_batches=num_micro_batches,
         where=type(method).__name__,
     )
-
-
-def _batch_size(signature: CompiledSignature, batch_leaves: Sequence[int]) -> int:
-    """The whole batch's leading dimension."""
-    return int(signature.avals[batch_leaves[0]][0][0])
 
 
 def _leaf_indices(args: tuple[Any, ...], argnums: Sequence[int]) -> list[int]:

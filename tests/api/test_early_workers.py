@@ -10,13 +10,18 @@ from xdsl.dialects.builtin import IntegerAttr, i32
 from xdsl.ir import Block, Region
 
 from alpa_ir.api.pipeshard import AutoStageOption, PipeshardParallel, UniformStageOption
-from alpa_ir.api.pipeshard_executable import _early_workers
+from alpa_ir.api.pipeshard_pipeline import resolve_pipeshard
+from alpa_ir.ir.module_utils import num_ops
 
 
-def _main(num_ops: int) -> func.FuncOp:
-    """``@main`` with ``num_ops`` ops (constants and the return)."""
-    constants = [arith.ConstantOp(IntegerAttr(0, i32)) for _ in range(num_ops - 1)]
+def _main(count: int) -> func.FuncOp:
+    """``@main`` with ``count`` ops (constants and the return)."""
+    constants = [arith.ConstantOp(IntegerAttr(0, i32)) for _ in range(count - 1)]
     return func.FuncOp("main", ((), ()), Region(Block([*constants, func.ReturnOp()])))
+
+
+def _early_workers(method: PipeshardParallel, main: func.FuncOp) -> int:
+    return resolve_pipeshard(method).early_workers(num_ops(main))
 
 
 def test_a_large_step_gets_its_workers_started_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
