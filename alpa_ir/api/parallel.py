@@ -1,7 +1,7 @@
 """``parallelize``: the user-facing API for intra-operator parallel training
 (modelled on Alpa's).
 
-    @alpa_ir.parallelize(method=alpa_ir.ShardParallel(), donate_argnums=(0,), batch_argnums=(1,))
+    @alpa_ir.parallelize(method=alpa_ir.ShardParallel(), donate_argnums="auto", batch_argnums=(1,))
     def train_step(state, batch): ...
 
 On the first call with a given signature the step is imported, planned by
@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from alpa_ir.api.donation import DonateArgnums, resolve_donate_argnums
 from alpa_ir.api.global_config import apply_to_executable, global_config
 from alpa_ir.api.plan_step import compile_step
 from alpa_ir.api.shard_parallel import ManualShardParallel, Method, ShardParallel
@@ -41,22 +42,27 @@ class ParallelizedFunction:
         self,
         fn: Callable[..., Any],
         method: Method,
-        donate_argnums: Sequence[int],
+        donate_argnums: DonateArgnums,
         batch_argnums: Sequence[int],
         static_argnums: StaticArgnums = "auto",
     ) -> None:
         functools.update_wrapper(self, fn)
         self.fn, self.method = fn, method
-        self.donate_argnums, self.batch_argnums = tuple(donate_argnums), tuple(batch_argnums)
+        self.donate_argnums = (
+            donate_argnums if isinstance(donate_argnums, str) else tuple(donate_argnums)
+        )
+        self.batch_argnums = tuple(batch_argnums)
         self.static_argnums = static_argnums
         self.global_options = global_config.options()
         """Alpa's ``global_config`` as it was when the step was parallelized."""
         self._cache: dict[Any, ShardedExecutable] = {}
+        self.last_executable: ShardedExecutable | None = None
 
     def get_executable(self, *args: Any) -> ShardedExecutable:
         """The executable for these arguments (compiled on first use)."""
         _check_method(self.method)
         key = signature_key(step_arguments(self.fn, args, self.static_argnums))
+        donate_argnums = resolve_donate_argnums(self.donate_argnums, len(args))
         fresh, started = key not in self._cache, time.perf_counter()
         if key not in self._cache and _is_pipeshard(self.method):
             from alpa_ir.api.pipeshard_executable import compile_pipeshard
@@ -65,7 +71,7 @@ class ParallelizedFunction:
                 self.fn,
                 args,
                 self.method,  # type: ignore[arg-type]
-                donate_argnums=self.donate_argnums,
+                donate_argnums=donate_argnums,
                 batch_argnums=self.batch_argnums,
                 static_argnums=self.static_argnums,
                 local_all_gather=self.global_options.use_local_allgather,
@@ -75,14 +81,22 @@ class ParallelizedFunction:
                 self.fn,
                 args,
                 self.method,
-                donate_argnums=self.donate_argnums,
+                donate_argnums=donate_argnums,
                 batch_argnums=self.batch_argnums,
                 static_argnums=self.static_argnums,
             )
         if fresh:
             seconds = time.perf_counter() - started
             apply_to_executable(self._cache[key], self.global_options, self.fn, seconds)
+        self.last_executable = self._cache[key]
         return self._cache[key]
+
+    def get_last_executable(self) -> ShardedExecutable:
+        """The executable of the last call (or :meth:`get_executable`), as Alpa's."""
+        if self.last_executable is None:
+            name = getattr(self.fn, "__name__", "the step")
+            raise AlpaError(f"{name}: get_last_executable() before the step was called")
+        return self.last_executable
 
     def preshard_dynamic_args(self, *args: Any) -> tuple[Any, ...]:
         """The dynamic arguments placed where the step reads them (Alpa's
@@ -114,12 +128,14 @@ def parallelize(
     *,
     method: Method | None = None,
     static_argnums: StaticArgnums = "auto",
-    donate_argnums: Sequence[int] = (0,),
+    donate_argnums: DonateArgnums = "auto",
     batch_argnums: Sequence[int] = (1,),
 ) -> Any:
     """Parallelize a training step; usable as ``@parallelize`` or
-    ``@parallelize(method=...)``. Defaults follow Alpa: the state (argument 0)
-    is donated, argument 1 is the batch, and with ``static_argnums="auto"``
+    ``@parallelize(method=...)``. Defaults follow Alpa: the ``TrainState``
+    arguments, and any other state the step returns updated, are donated
+    (``donate_argnums="auto"``, :mod:`alpa_ir.api.donation`; a bare array is
+    not), argument 1 is the batch, and with ``static_argnums="auto"``
     the arguments that are Python ``bool``/``int``/``float``/``str`` (or
     hold a leaf that is not an array) are static: bound at compile time, a new
     value compiles again."""

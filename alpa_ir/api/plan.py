@@ -24,6 +24,7 @@ from typing import Any
 
 from xdsl.dialects.builtin import ModuleOp
 
+from alpa_ir.api.donation import DonateArgnums, resolve_donate_argnums
 from alpa_ir.errors import AlpaError
 from alpa_ir.frontend.arguments import StaticArgnums
 from alpa_ir.hardware.memory_budget import format_gib
@@ -126,7 +127,7 @@ def compile(
     *args: Any,
     method: Any = None,
     static_argnums: StaticArgnums = "auto",
-    donate_argnums: Sequence[int] = (0,),
+    donate_argnums: DonateArgnums = "auto",
     batch_argnums: Sequence[int] = (1,),
 ) -> Plan:
     """Plan ``fn`` for ``args`` with ``method`` (default ``ShardParallel()``;
@@ -139,7 +140,7 @@ def compile(
     method = method if method is not None else ShardParallel()
     _check_method(method)
     options = {
-        "donate_argnums": donate_argnums,
+        "donate_argnums": resolve_donate_argnums(donate_argnums, len(args)),
         "batch_argnums": batch_argnums,
         "static_argnums": static_argnums,
     }

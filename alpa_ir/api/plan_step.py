@@ -70,7 +70,7 @@ def compile_step(
     args: tuple[Any, ...],
     method: Method,
     *,
-    donate_argnums: Sequence[int],
+    donate_argnums: Sequence[int] | str,
     batch_argnums: Sequence[int],
     static_argnums: StaticArgnums = (),
     registry: PluginRegistry | None = None,
@@ -117,7 +117,7 @@ def plan_step(
     args: tuple[Any, ...],
     method: Method,
     *,
-    donate_argnums: Sequence[int],
+    donate_argnums: Sequence[int] | str,
     batch_argnums: Sequence[int],
     static_argnums: StaticArgnums = (),
     registry: PluginRegistry | None = None,
@@ -131,7 +131,8 @@ def plan_step(
     registry = registry or default_registry()
     backend = session_backend(getattr(method, "backend", None))
     mesh = resolve_mesh(method.devices, backend_devices(backend))
-    if method.auto_sharding_option.force_data_parallel and not isinstance(
+    option = method.auto_sharding_option
+    if (option.force_data_parallel or option.force_zero_stage_3) and not isinstance(
         method, ManualShardParallel
     ):
         mesh = mesh.flattened()

@@ -15,9 +15,11 @@ from alpa_ir.hardware.device_mesh import Devices
 from alpa_ir.hardware.memory_budget import check_memory_option
 
 
-@dataclass(frozen=True)
+@dataclass
 class ShardParallel:
-    """Intra-operator parallelism planned by the ILP on one logical mesh."""
+    """Intra-operator parallelism planned by the ILP on one logical mesh.
+    Mutable, as Alpa's (``method.devices = mesh`` before ``parallelize``); read
+    when the step is compiled."""
 
     devices: Devices = None
     num_micro_batches: int | None = None
@@ -40,6 +42,15 @@ class ShardParallel:
         if self.backend not in ("xla", "ray", None):
             raise AlpaError(f"backend must be 'xla' or 'ray', got {self.backend!r}")
         check_memory_option(self.device_memory, "ShardParallel(device_memory=...)")
+
+    @property
+    def as_option(self) -> AutoShardingOption:
+        """Alpa's name of :attr:`auto_sharding_option`."""
+        return self.auto_sharding_option
+
+    @as_option.setter
+    def as_option(self, option: AutoShardingOption) -> None:
+        self.auto_sharding_option = option
 
 
 def DataParallel(devices: Devices = None, num_micro_batches: int | None = None) -> ShardParallel:

@@ -169,15 +169,13 @@ class ShardedExecutable(PlannedExecutable):
     def get_hlo_text(self, *args: Any, status: Any = None) -> str:
         """The HLO of the SPMD program: compiled (after XLA's passes), or as
         lowered for ``HloStatus.UNOPTIMIZED``/``SHARDING_ANNOTATED`` (Alpa's
-        ``get_hlo_text(status)``; :mod:`alpa_ir.api.hlo_status`). ``args``:
-        example arguments (default: those of the first call)."""
+        ``get_hlo_text(status)``; :mod:`alpa_ir.api.hlo_status`). The program is
+        lowered from its inputs' shapes and shardings, so a state that a call
+        donated is not needed; ``args`` are accepted as before and not read."""
         from alpa_ir.api.hlo_status import hlo_text, split_status
 
-        args, which = split_status(args, status)
-        if not args:
-            args = self._example_args
-        run = self._compile_local()[0]
-        return hlo_text(run.lower(*self._flat_inputs(args)), which)
+        _, which = split_status(args, status)
+        return hlo_text(self._compile_local()[0].lower(*self._input_structs()), which)
 
     def plan_text(self) -> str:
         """The plan: the mesh and the sharding of every input."""
@@ -225,7 +223,12 @@ class ShardedExecutable(PlannedExecutable):
         of the program compiled for its inputs' shapes and shardings)."""
         from alpa_ir.api.executable import allocation_bytes
 
-        run, in_shardings, _ = self._compile_local()
+        return allocation_bytes(self._compile_local()[0].lower(*self._input_structs()).compile())
+
+    def _input_structs(self) -> list[jax.ShapeDtypeStruct]:
+        """The program's flat inputs as shapes, dtypes and shardings (batch
+        leaves as ``[micro-batches, ...]`` when accumulating)."""
+        in_shardings = self._compile_local()[1]
         avals = list(self.signature.avals)
         if self.signature.micro_batch_rows:
             avals.append(((self.signature.micro_batch_rows,), np.int32))
@@ -234,7 +237,7 @@ class ShardedExecutable(PlannedExecutable):
             if b > 1 and k in self.batch_leaves:
                 shape = (b, shape[0] // b, *shape[1:])
             structs.append(jax.ShapeDtypeStruct(shape, dtype, sharding=sharding))
-        return allocation_bytes(run.lower(*structs).compile())
+        return structs
 
     def get_input_placement_specs(self) -> Any:
         assert self.mesh.axis_names is not None

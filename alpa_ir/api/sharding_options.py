@@ -4,13 +4,18 @@ pipelines of the built-in plugin, without importing either."""
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Literal
 
 
-@dataclass(frozen=True)
+@dataclass
 class AutoShardingOption:
-    """Options of the intra-operator planner (the ``auto-sharding`` pass)."""
+    """Options of the intra-operator planner (the ``auto-sharding`` pass).
+
+    Mutable, as Alpa's: Alpa's users and tests set fields on an option (and on
+    a method) before they parallelize (``option.prefer_reduce_scatter = True``);
+    the option is read when the step is compiled, as in Alpa."""
 
     solver: str = "cbc"
     time_limit: float = 600.0
@@ -31,6 +36,17 @@ class AutoShardingOption:
     propagated (by XLA's SPMD partitioner), as Alpa's ``enable_auto_sharding=False``."""
     prefer_reduce_scatter: bool = False
     force_data_parallel: bool = False
+    force_zero_stage_3: bool = False
+    """Alpa's ZeRO-3: the parameters stay sharded too, all-gathered where read
+    (``reduce_scatter="zero3"``)."""
+    force_zero_stage_3_all_gather_threshold: int = 1 << 25
+    """Alpa's all-gather combiner threshold: XLA combines here; a value set is warned of."""
+    allow_recompute_heavy_op: bool = False
+    """Alpa's replicated dot computation: not a strategy here; ``True`` is warned of."""
+    force_simple_heuristic: str = ""
+    """Alpa's heuristic instead of the ILP: any name means :attr:`heuristic`."""
+    all_reduce_threshold: int = 1 << 60
+    """Alpa's all-reduce combiner threshold: XLA combines here; a value set is warned of."""
     heuristic: bool = False
     """Alpa's "Heuristic" baseline: shard the largest dimension of every input."""
     reduce_scatter: Literal["none", "zero2", "zero3"] = "zero2"
@@ -48,20 +64,26 @@ class AutoShardingOption:
     bug; the statistics ``baseline-*`` keep the prices). Two more solves."""
 
     def pipeline(self, num_micro_batches: int) -> str:
+        _warn_unused(self)
+        # Alpa: ZeRO-3 is data parallel; data parallel forbids all-gather and
+        # all-to-all (no activation may leave its batch split)
+        data_parallel = self.force_data_parallel or self.force_zero_stage_3
         opts = {
             "solver": self.solver,
             "time-limit": self.time_limit,
             "memory-budget": float(self.memory_budget or 0.0),
-            "allow-all-gather": self.allow_all_gather,
-            "allow-all-to-all": self.allow_all_to_all,
+            "allow-all-gather": self.allow_all_gather and not data_parallel,
+            "allow-all-to-all": self.allow_all_to_all and not data_parallel,
             "allow-replicated-parameters": self.allow_replicated_parameters,
             "allow-mixed-mesh-shape": self.allow_mixed_mesh_shape,
             "force-batch-dim-to-mesh-dim": -1
             if self.force_batch_dim_to_mesh_dim is None
             else self.force_batch_dim_to_mesh_dim,
             "prefer-reduce-scatter": self.prefer_reduce_scatter,
-            "force-data-parallel": self.force_data_parallel,
-            "strategy-space": "heuristic" if self.heuristic else "ilp",
+            "force-data-parallel": data_parallel,
+            "strategy-space": "heuristic"
+            if self.heuristic or self.force_simple_heuristic
+            else "ilp",
             "cost-model": self.cost_model,
             "repeated-layers": self.repeated_layers,
             "check-baselines": self.check_baselines,
@@ -69,9 +91,24 @@ class AutoShardingOption:
         }
         text = " ".join(f"{k}={_option(v)}" for k, v in opts.items())
         passes = ["merge-trivial-ops", f"auto-sharding{{{text}}}"]
-        if self.reduce_scatter != "none":
-            passes.append(f"reduce-scatter-rewrite{{mode={self.reduce_scatter}}}")
+        mode = "zero3" if self.force_zero_stage_3 else self.reduce_scatter
+        if mode != "none":
+            passes.append(f"reduce-scatter-rewrite{{mode={mode}}}")
         return "builtin.module(" + ",".join(passes) + ")"
+
+
+_NO_MEANING = {
+    "force_zero_stage_3_all_gather_threshold": "XLA's all-gather combiner decides",
+    "allow_recompute_heavy_op": "replicated dot computation is not a strategy here",
+    "all_reduce_threshold": "XLA's all-reduce combiner decides",
+}
+
+
+def _warn_unused(option: AutoShardingOption) -> None:
+    default = AutoShardingOption.__dataclass_fields__
+    for name, why in _NO_MEANING.items():
+        if getattr(option, name) != default[name].default:
+            warnings.warn(f"AutoShardingOption.{name} has no effect here: {why}", stacklevel=3)
 
 
 def _option(value: object) -> str:

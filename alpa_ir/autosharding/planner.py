@@ -18,6 +18,7 @@ options, defined once: the ``auto-sharding`` pass's options are these fields.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, is_dataclass, replace
 from typing import Literal
@@ -215,7 +216,7 @@ class ShardingPlanner:
             for o in function.body.block.ops
             if GROUP_ATTR in o.attributes
         }
-        batch = set(int_list(function, BATCH_ATTR))
+        batch = batch_leaves_with_rows(function, int_list(function, BATCH_ATTR))
         if (self._data_parallel or self.options.force_batch_dim_to_mesh_dim >= 0) and not batch:
             raise AlpaError(
                 "auto-sharding: force-data-parallel / force-batch-dim-to-mesh-dim need the batch "
@@ -235,7 +236,15 @@ class ShardingPlanner:
             if _has_spec(function, k)
         }
         batch_axis = None
-        if self.options.force_batch_dim_to_mesh_dim >= 0:
+        split = [a for a, n in enumerate(mesh.shape) if n > 1]
+        if self._data_parallel and len(split) == 1:
+            # Alpa's force_data_parallel: on the flattened mesh every op's batch
+            # dimension is split, not only the batch arguments'
+            batch_axis = (
+                batch_dims(function, sorted(batch), registry.sharding_rules.get),
+                split[0],
+            )
+        elif self.options.force_batch_dim_to_mesh_dim >= 0:
             if self.options.force_batch_dim_to_mesh_dim >= len(mesh.shape):
                 raise AlpaError(
                     f"auto-sharding: force-batch-dim-to-mesh-dim={self.options.force_batch_dim_to_mesh_dim} "
@@ -411,6 +420,23 @@ class ShardingPlanner:
             return REPLICATED_PARAMETER_PENALTY / shards
 
         return cost
+
+
+def batch_leaves_with_rows(function: func.FuncOp, batch: Sequence[int]) -> set[int]:
+    """The batch arguments that hold the batch's rows: those whose leading
+    dimension is the batch size (the leading dimension most batch arguments
+    share, the largest on a tie). A leaf passed with the batch but without its
+    rows (a PRNG key of shape (2,), a scalar) is planned as any other input."""
+    leading = {}
+    for k in batch:
+        shape = function.args[k].type.get_shape()  # type: ignore[attr-defined]
+        if shape:
+            leading[k] = shape[0]
+    if not leading:
+        return set(batch)
+    counts = Counter(leading.values())
+    rows = max(counts, key=lambda n: (counts[n], n))
+    return {k for k, n in leading.items() if n == rows}
 
 
 def _without_tie_breaks(objective: float, graph: object, choice: Sequence[int]) -> float:

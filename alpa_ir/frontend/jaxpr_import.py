@@ -48,7 +48,7 @@ from alpa_ir.frontend.arguments import (
 )
 from alpa_ir.frontend.differentiation import mark_differentiation
 from alpa_ir.frontend.jax_versions import is_jaxpr, jaxpr_and_consts
-from alpa_ir.frontend.output_paths import argument_paths, output_paths
+from alpa_ir.frontend.output_paths import argument_paths, auto_donated, output_paths
 from alpa_ir.frontend.pytree_codec import encode_treedef
 
 IN_TREE_ATTR = "alpa.in_tree"
@@ -414,7 +414,7 @@ def import_step(
     fn: Callable[..., Any],
     *example_args: Any,
     static_argnums: StaticArgnums = (),
-    donate_argnums: Sequence[int] = (),
+    donate_argnums: Sequence[int] | str = (),
     batch_argnums: Sequence[int] = (),
     locations: bool = True,
     unroll_differentiated_loops: bool = False,
@@ -457,7 +457,11 @@ def import_step(
         encode_treedef(jax.tree.structure(arguments.dynamic), dict(arguments.static_leaves()))
     )
     main.attributes[OUT_TREE_ATTR] = StringAttr(encode_treedef(outputs.tree, outputs.statics))
-    donated = _leaves_of(abstract, arguments.dynamic_positions(donate_argnums))
+    if isinstance(donate_argnums, str):  # "auto" (checked by the API)
+        positions = auto_donated(abstract, out_shape)
+    else:
+        positions = arguments.dynamic_positions(donate_argnums)
+    donated = _leaves_of(abstract, positions)
     if donated:
         main.attributes[DONATED_ATTR] = _int_array(donated)
         aliases = _aliases(abstract, out_shape, donated)

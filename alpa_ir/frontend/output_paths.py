@@ -31,3 +31,28 @@ def output_paths(out: Any) -> list[tuple[list[PathKey], Any]]:
     for p, x in jax.tree_util.tree_flatten_with_path(out)[0]:
         rows.append(([tuple(p[1:]), tuple(p)] if sequence else [tuple(p)], x))
     return rows
+
+
+def auto_donated(args: tuple[Any, ...], out: Any) -> tuple[int, ...]:
+    """Positions of ``args`` that ``donate_argnums="auto"`` donates: every
+    ``flax.training.train_state.TrainState`` (Alpa's rule), and every other
+    container whose array leaves all come back as outputs at their paths
+    (the step returns the state it updates: a dict or tuple of parameters and
+    optimizer state). A bare array is never donated by ``"auto"`` (Alpa's
+    users keep reading ``a`` after ``b = step(a)``)."""
+    from flax.training.train_state import TrainState
+
+    returned: set[tuple[Any, ...]] = set()
+    for paths, leaf in output_paths(out):
+        for path in paths:
+            returned.add((path, tuple(leaf.shape), str(leaf.dtype)))
+    donated = []
+    for k, arg in enumerate(args):
+        leaves = jax.tree_util.tree_flatten_with_path(arg)[0]
+        arrays = [(tuple(p), x) for p, x in leaves if hasattr(x, "shape") and hasattr(x, "dtype")]
+        container = bool(arrays) and not (len(leaves) == 1 and leaves[0][0] == ())
+        if isinstance(arg, TrainState) or (
+            container and all((p, tuple(x.shape), str(x.dtype)) in returned for p, x in arrays)
+        ):
+            donated.append(k)
+    return tuple(donated)

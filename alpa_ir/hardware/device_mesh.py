@@ -70,6 +70,34 @@ class LogicalDeviceMesh:
     def axes_size(self, axes: Sequence[int]) -> int:
         return math.prod(self.shape[a] for a in axes)
 
+    def all_gather_cost(self, num_bytes: float, mesh_dim: int) -> float:
+        """Alpa's α-β price of an all-gather of ``num_bytes`` along ``mesh_dim``
+        (the formulas of Alpa's ``LogicalDeviceMesh``, with which its users and
+        tests write expected ILP objectives)."""
+        n, alpha, beta = self._axis(mesh_dim)
+        return alpha + beta * (n - 1) / n * num_bytes + 0.1
+
+    def all_reduce_cost(self, num_bytes: float, mesh_dim: int) -> float:
+        """Alpa's α-β price of an all-reduce along ``mesh_dim``."""
+        n, alpha, beta = self._axis(mesh_dim)
+        return alpha + beta * 2 * (n - 1) / n * num_bytes + 0.01
+
+    def reduce_scatter_cost(self, num_bytes: float, mesh_dim: int) -> float:
+        """Alpa's α-β price of a reduce-scatter along ``mesh_dim``."""
+        n, alpha, beta = self._axis(mesh_dim)
+        return alpha + beta * (n - 1) / n * num_bytes + 0.001
+
+    def all_to_all_cost(self, num_bytes: float, mesh_dim: int) -> float:
+        """Alpa's α-β price of an all-to-all along ``mesh_dim``."""
+        n, alpha, beta = self._axis(mesh_dim)
+        return alpha + beta * (n - 1) / (n * n) * num_bytes * (n / 2.0) + 0.001
+
+    def _axis(self, mesh_dim: int) -> tuple[int, float, float]:
+        assert self.alpha is not None and self.beta is not None
+        if not 0 <= mesh_dim < self.rank:
+            raise AlpaError(f"mesh_dim {mesh_dim} is not an axis of mesh {list(self.shape)}")
+        return self.shape[mesh_dim], self.alpha[mesh_dim], self.beta[mesh_dim]
+
     def flattened(self) -> LogicalDeviceMesh:
         """The same devices as one ring, ``(1, n)``, priced by the slowest axis
         (a collective over all devices of this mesh is bottlenecked by it)."""
