@@ -27,6 +27,16 @@ def plan_hosts(executable: Any) -> list[Host]:
     return list(getattr(remote, "hosts", None) or [])
 
 
+def session_hosts(method: Any) -> list[Host]:
+    """The Ray hosts a plan of ``method`` would run on now; none when it runs
+    on the local devices."""
+    from alpa_ir.api.runtime_api import session_backend
+
+    if session_backend(getattr(method, "backend", None)) != "ray":
+        return []
+    return cluster_hosts()
+
+
 def worker_died(err: BaseException) -> bool:
     """Whether ``err`` (or an error it was raised from or during) is Ray's
     report of a dead actor."""

@@ -28,10 +28,11 @@ The new plan's hosts form a new JAX world: the failed executable's workers
 are stopped with it, and the new one starts its own (one actor per remaining
 host, ``jax.distributed`` among them). Every step's effect comes from the
 checkpoint or from one run of it, never two: no step is lost or applied
-twice. A worker that died on a node that stays is started again on the same
-hosts (``lost a host worker``); any other failure of a step (every host
-still there after ``lost_host_timeout_s``, or a local backend) is raised as
-it is, and so is a host lost while a plan is starting.
+twice. A host lost while a plan is made or its workers start is survived
+the same way. A worker that died on a node that stays is started again on
+the same hosts (``lost a host worker``); any other failure of a step (every
+host still there after ``lost_host_timeout_s``, or a local backend) is
+raised as it is.
 
 The given state is never donated (it is what a replay before the first
 checkpoint starts from, and the template checkpoints are restored by), so a
@@ -56,11 +57,18 @@ from alpa_ir.api.checkpoint import (
     restore_checkpoint,
     save_checkpoint,
 )
-from alpa_ir.api.lost_hosts import plan_devices, plan_hosts, wait_for_lost_hosts, worker_died
+from alpa_ir.api.lost_hosts import (
+    plan_devices,
+    plan_hosts,
+    session_hosts,
+    wait_for_lost_hosts,
+    worker_died,
+)
 from alpa_ir.api.parallel import parallelize
 from alpa_ir.api.pipeshard import PipeshardParallel
 from alpa_ir.api.shard_parallel import ManualShardParallel, ShardParallel
 from alpa_ir.errors import AlpaError
+from alpa_ir.runtime.ray_cluster import Host
 
 LOG = logging.getLogger("alpa_ir.train")
 
@@ -202,15 +210,17 @@ class _Run:
         self.recoveries = 0
         self.parallel: Any = None
         self.executable: Any = None
+        self.planned_on: list[Host] = []
+        """The Ray hosts there were when the current plan began."""
         self.loss_of: dict[int, float] = {}
 
     def loop(self, start: int, num_steps: int, every: int) -> None:
         i = start
         while i < num_steps:
             batch = self.batch(i)
-            if self.executable is None:
-                self.plan(batch)
             try:
+                if self.executable is None:
+                    self.plan(batch)
                 out = self.parallel(self.state, batch)
             except AlpaError as err:
                 i = self.recover(err, i)
@@ -232,6 +242,7 @@ class _Run:
     def plan(self, batch: Any) -> None:
         """Plan the method for the devices there are now, then restore the
         pending checkpoint onto the plan."""
+        self.planned_on = session_hosts(self.method)
         self.parallel = parallelize(self.step, method=self.method, donate_argnums=())
         self.executable = self.parallel.get_executable(self.initial, batch)
         if self.restore_at is None:
@@ -268,14 +279,23 @@ class _Run:
         stop the plan's workers. Either way the plan's hosts are watched for
         up to ``lost_host_timeout_s`` for one to leave the cluster. A dead
         worker whose node stays is started again on the same hosts; any
-        other failure with every host still there is raised as it was."""
-        remote = getattr(self.executable, "remote", None)
-        hosts = plan_hosts(self.executable)
-        if not hosts or not getattr(remote, "broken", ""):
-            raise err  # not a failure of the plan's workers
+        other failure with every host still there is raised as it was.
+        A plan that failed to start (a host lost while it was planned, or
+        while its workers started) is one when a host it was planned on is
+        gone: at once, or after a dead worker, within the timeout."""
+        died = worker_died(err)
+        if self.executable is None:  # failed while planning or starting
+            hosts, timeout = self.planned_on, self.recovery.lost_host_timeout_s if died else 0.0
+        else:
+            remote = getattr(self.executable, "remote", None)
+            if not getattr(remote, "broken", ""):
+                raise err  # not a failure of the plan's workers
+            hosts, timeout = plan_hosts(self.executable), self.recovery.lost_host_timeout_s
+        if not hosts:
+            raise err
         self.close()
-        lost = wait_for_lost_hosts(hosts, self.recovery.lost_host_timeout_s)
-        if not lost and not worker_died(err):
+        lost = wait_for_lost_hosts(hosts, timeout)
+        if not lost and not died:
             raise err
         if self.recoveries >= self.recovery.max_recoveries:
             raise AlpaError(

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from ray_cluster_fixture import joined_cluster
@@ -41,10 +42,12 @@ FAST_HEALTH_CHECKS = {
 }
 
 
+NODE = {"num_cpus": 1, "resources": {"alpa_cpu_device": 4}}
+
+
 @pytest.fixture(scope="module")
 def two_hosts() -> Iterator[Any]:
-    node = {"num_cpus": 1, "resources": {"alpa_cpu_device": 4}}
-    with joined_cluster(node | {"_system_config": FAST_HEALTH_CHECKS}, node) as cluster:
+    with joined_cluster(NODE | {"_system_config": FAST_HEALTH_CHECKS}, NODE) as cluster:
         yield cluster
 
 
@@ -158,3 +161,47 @@ def test_a_killed_host_is_survived_on_the_host_that_remains(
     assert read_manifest(tmp_path / "ckpt")["step"] == 8
     np.testing.assert_allclose(losses, want_losses, rtol=1e-4, atol=1e-6)
     assert max_abs_diff(final, want) <= 1e-4
+
+
+def test_a_host_lost_while_the_first_plan_is_made_restarts_from_step_0(
+    two_hosts: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A node joins, then dies while batch_fn(0) runs, before anything is
+    committed: the plan made for 8 devices cannot start (its host is gone, or
+    its worker there never comes up), so ``train`` plans again on the 4 left
+    and starts over from the given state. (Runs last: the cluster has one
+    node after the previous test.)"""
+    from alpa_ir.runtime.ray_cluster import cluster_hosts
+
+    joined = two_hosts.add_node(**NODE)
+    assert len(cluster_hosts()) == 2
+    lost = {h.node_id: h.name for h in cluster_hosts()}[joined.node_id]
+    calls: list[int] = []
+
+    def step(state: jax.Array, batch: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return state + batch, jnp.sum(batch)
+
+    def batch_fn(i: int) -> jax.Array:
+        calls.append(i)
+        if i == 0 and calls.count(0) == 1:
+            two_hosts.remove_node(joined, allow_graceful=False)
+        return jnp.full((8, 4), float(i + 1))
+
+    with caplog.at_level(logging.INFO, logger="alpa_ir.train"):
+        final, losses = alpa_ir.train(
+            step,
+            jnp.zeros((8, 4)),
+            batch_fn,
+            method=alpa_ir.ShardParallel(),
+            num_steps=2,
+            checkpoint_dir=tmp_path / "ckpt",
+            checkpoint_every=2,
+            recovery=alpa_ir.RecoveryOption(lost_host_timeout_s=30.0),
+        )
+    notes = [r.getMessage() for r in caplog.records if r.name == "alpa_ir.train"]
+    assert notes == [
+        f"alpa_ir.train: lost {lost} at step 0; re-planned ShardParallel on 4 devices; "
+        "resumed from the initial state (step 0)"
+    ]
+    assert calls == [0, 0, 1] and losses == [32.0, 64.0]
+    np.testing.assert_array_equal(np.asarray(final), np.full((8, 4), 3.0))
