@@ -91,3 +91,102 @@ def test_more_pipeline_stages_than_layers_is_a_one_line_error() -> None:
             p, jnp.ones((8, 4))
         )
     assert "\n" not in str(err.value)
+
+
+# ------------------------------------------------ the space of real pre-training runs
+
+
+def test_virtual_stages_zero_and_recompute_build_what_was_asked() -> None:
+    from alpa_ir.api.pipeshard import UniformStageOption
+
+    method = alpa_ir.get_3d_parallel_method(
+        4, 2, 2, 2, virtual_stages=2, zero_stage=3, recompute="full"
+    )
+    assert isinstance(method, PipeshardParallel)
+    assert method.layer_option == AutoLayerOption(layer_num=4, remat_layer=True)
+    assert method.stage_option == UniformStageOption(num_stages=2, submesh_logical_shape=(2, 2))
+    assert method.pipeline_schedule == "interleaved-1f1b" and method.chunks_per_mesh == 2
+    assert method.auto_sharding_option.reduce_scatter == "zero3"
+    modes = {
+        z: alpa_ir.get_3d_parallel_method(1, 2, 2, 2, zero_stage=z).auto_sharding_option
+        for z in (0, 1, 2, 3)
+    }
+    assert [modes[z].reduce_scatter for z in (0, 1, 2, 3)] == ["none", "zero2", "zero2", "zero3"]
+    # recompute on one stage keeps the pipeline runner (layers are what is recomputed)
+    single = alpa_ir.get_3d_parallel_method(1, 2, 4, 1, recompute="full")
+    assert isinstance(single, PipeshardParallel) and single.remat_layer
+
+
+def test_context_parallelism_splits_batch_and_sequence() -> None:
+    from jax.sharding import PartitionSpec
+
+    method = alpa_ir.get_3d_parallel_method(1, 2, 2, 1, context_parallel=2)
+    assert isinstance(method, ShardParallel)
+    assert isinstance(method.devices, LogicalDeviceMesh) and method.devices.shape == (2, 2, 2)
+    manual = method.manual_sharding_option
+    assert manual is not None and manual.mesh_axis_names == ("data", "context", "tensor")
+    assert manual.in_axis_resources == (None, PartitionSpec("data", "context"))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"context_parallel": 2}, "2 x 2 x 2 x 2 = 16, but there are 8 devices"),
+        ({"recompute": "selective"}, "selective recomputation is not implemented"),
+        ({"zero_stage": 4}, "zero_stage must be 0, 1, 2 or 3, got 4"),
+        ({"virtual_stages": 0}, "virtual_stages must be a positive integer, got 0"),
+    ],
+)
+def test_bad_pretraining_options_are_one_line_errors(kwargs: dict, message: str) -> None:
+    with pytest.raises(AlpaError, match=message) as err:
+        alpa_ir.get_3d_parallel_method(1, 2, 2, 2, **kwargs)
+    assert "\n" not in str(err.value)
+    with pytest.raises(AlpaError, match="with pipeline stages it is simulated only"):
+        alpa_ir.get_3d_parallel_method(1, 1, 2, 2, context_parallel=2)
+    with pytest.raises(AlpaError, match="virtual_stages=2 needs pipeline stages"):
+        alpa_ir.get_3d_parallel_method(1, 2, 4, 1, virtual_stages=2)
+
+
+def test_parallel_config_micro_batches_and_cluster_checks() -> None:
+    from alpa_ir.api.parallel_config import ParallelConfig, chunk_layers, interleaved_mesh_of
+
+    config = ParallelConfig(tensor=8, pipeline=64, data=6, virtual_stages=2, micro_batch_size=1)
+    assert config.micro_batches(3072) == 512 and config.num_devices == 3072
+    assert config.describe() == "TP8·PP64x2v·DP6"
+    config.check_cluster(3072, 8)
+    with pytest.raises(AlpaError, match="tensor parallelism 16 does not stay within a node of 8"):
+        ParallelConfig(tensor=16, data=2).check_cluster(32, 8)
+    with pytest.raises(AlpaError, match="micro_batch_size 5 does not divide the 512 sequences"):
+        ParallelConfig(data=6, micro_batch_size=5).micro_batches(3072)
+    with pytest.raises(AlpaError, match="is not the global batch 64"):
+        ParallelConfig(data=2, micro_batch_size=4, num_micro_batches=4).micro_batches(64)
+    assert chunk_layers(126, 32)[:2] == [(0, 3), (4, 7)]
+    assert interleaved_mesh_of(2, 3) == [0, 1, 0, 1, 0, 1]
+
+
+def test_interleaved_zero3_full_recompute_equals_one_device_on_the_tiny_llama() -> None:
+    from alpa_ir.models.train_step import make_train_step
+
+    method = alpa_ir.get_3d_parallel_method(
+        2, 2, 2, 2, virtual_stages=2, zero_stage=3, recompute="full"
+    )
+    step, (state, batch) = make_train_step("llama-tiny")
+    parallel = _assert_same_steps(step, method, state, batch, steps=2)
+    text = parallel.get_executable(state, batch).plan_text()
+    assert text.count("on mesh [2, 2] devices [0, 1, 2, 3]") == 2  # two chunks on mesh 0
+
+
+def test_context_parallel_equals_one_device_on_the_tiny_llama() -> None:
+    from alpa_ir.models.train_step import make_train_step
+
+    method = alpa_ir.get_3d_parallel_method(1, 2, 2, 1, context_parallel=2)
+    step, (state, batch) = make_train_step("llama-tiny")
+    parallel = alpa_ir.parallelize(step, method=method, donate_argnums=())
+    _, loss = parallel(state, batch)
+    _, want = jax.jit(step)(state, batch)
+    assert abs(float(loss) - float(want)) < 1e-5
+    executable = parallel.get_executable(state, batch)
+    specs = executable.get_input_placement_specs()[1]
+    tokens = specs["tokens"]
+    assert "all-gather" in executable.get_hlo_text()
+    assert tokens is not None
