@@ -131,7 +131,7 @@ class CalibrationOptions:
     groups: tuple[int, ...] | None = None
     """Group sizes; default every power of two from 2 to the device count."""
     kinds: tuple[str, ...] = COLLECTIVE_KINDS
-    chain: int = 64
+    chain: int = 256
     """Tiny kernels in the launch-overhead program."""
     level: str | None = None
     """The network level of the fits; default the ``local-cpu`` preset's."""

@@ -95,12 +95,14 @@ def test_the_tool_runs_one_tiny_plan(tmp_path: Path, capsys: pytest.CaptureFixtu
     args = ["--profile", str(profile), "--cases", "tiny", "--steps", "1", "--warmup", "1"]
     assert main([*args, "--json", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "tiny/shard-2x4" in text and "within ±25%:" in text and "load average" in text
+    assert "tiny/shard-2x4" in text and "against measured: within ±25%:" in text
+    assert "load average" in text
     body = json.loads(out.read_text())
     (row,) = body["rows"]
     assert row["name"] == "tiny/shard-2x4" and not row["error"]
     assert row["predicted"] > 0 and row["measured"] > 0
     assert row["ratio"] == pytest.approx(row["predicted"] / row["measured"])
+    assert row["cpu_per_core"] > 0
 
 
 def test_bad_arguments_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
