@@ -46,6 +46,13 @@ def build_parser() -> OneLineParser:
     parser.add_argument(
         "--warmup", type=positive_int, default=1, help="untimed calls before (compilation)"
     )
+    parser.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="time calls by the wall clock, or by this process's CPU seconds over the "
+        "machine's cores (a machine shared with other work)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar, no summary")
     return parser
 
@@ -79,7 +86,9 @@ def run(argv: list[str] | None = None) -> int:
     from alpa_ir.passmanager.progress import ProgressBar
 
     repeats = args.repeats
-    timing = Timing(warmup=args.warmup, repeats=repeats, min_repeats=min(3, repeats))
+    timing = Timing(
+        warmup=args.warmup, repeats=repeats, min_repeats=min(3, repeats), clock=args.clock
+    )
     options = CalibrationOptions(quick=args.quick, timing=timing)
     import jax
 

@@ -297,11 +297,16 @@ def _peaks(kind: str, gemm: Sequence[GemmPoint]) -> tuple[tuple[str, float], ...
 def _source(sweep: Sweep, count: int, timing: Timing, floor: float, datasheet: bool) -> str:
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     cores = os.cpu_count() or 0
+    clock = (
+        "wall-clock seconds"
+        if timing.clock == "wall"
+        else f"CPU seconds of the process over its {cores} cores (the wall time less others' load)"
+    )
     shared = f", the {count} devices sharing {cores} CPU cores" if sweep.platform == "cpu" else ""
     return (
         f"alpa-calibrate on {socket.gethostname()} at {when}: {count} {sweep.platform} devices "
         f"measured all at once (one SPMD program over every device, each on its own "
-        f"block{shared}); median of up to {timing.repeats} calls after {timing.warmup} "
+        f"block{shared}); {clock}; median of up to {timing.repeats} calls after {timing.warmup} "
         f"warmup, less the {floor * 1e6:.0f} us dispatch floor of a program; peak_flops: "
         + ("the datasheet's" if datasheet else "the fastest GEMM measured per dtype")
     )

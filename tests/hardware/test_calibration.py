@@ -96,6 +96,10 @@ def test_a_collective_program_moves_what_it_says() -> None:
     fn, (x,) = collective_program(devices, "all-reduce", 2, 4096)
     assert float(fn(x)[0]) == pytest.approx(2 * 0.5)  # psum of 0.5 over 2
     assert time_program((fn, (x,)), Timing(warmup=1, repeats=2, min_repeats=1)) > 0
+    by_cpu = Timing(warmup=1, repeats=2, min_repeats=1, clock="cpu")
+    assert time_program((fn, (x,)), by_cpu) > 0
+    with pytest.raises(AlpaError, match="clock must be one of wall, cpu, got 'sundial'"):
+        Timing(clock="sundial")
     with pytest.raises(AlpaError, match="groups of 3 do not divide 8 devices"):
         collective_program(devices, "all-reduce", 3, 4096)
 
