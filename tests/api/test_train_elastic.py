@@ -10,7 +10,8 @@ mechanism). The second node is killed (all its processes, SIGKILL) while
 one host), restores checkpoint step 4 and replays steps 4-7 there. The final
 state equals 8 uninterrupted steps of ``jax.jit`` on one device. Before that,
 a host worker process killed on a node that stays: a pipeline with automatic
-stages is planned again on the same hosts."""
+stages is planned again on the same hosts. After it, a node lost while the
+first plan is made: the run starts over from the given state."""
 
 from __future__ import annotations
 
