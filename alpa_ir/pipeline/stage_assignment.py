@@ -77,8 +77,12 @@ def count_layers(function: func.FuncOp) -> int:
 
 
 def _is_float(type_: object) -> bool:
+    """A floating-point tensor type, bf16 included (numpy's kind of ml_dtypes'
+    bfloat16 is ``V``, not ``f``)."""
+    import jax.numpy as jnp
+
     try:
-        return dtype_of(type_).kind == "f"  # type: ignore[arg-type]
+        return bool(jnp.issubdtype(dtype_of(type_), jnp.floating))  # type: ignore[arg-type]
     except Exception:  # not a tensor
         return False
 
