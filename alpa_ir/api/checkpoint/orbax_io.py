@@ -6,10 +6,12 @@ cause), and a failed save's partial step removed at once."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import re
 import shutil
+import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -234,20 +236,45 @@ def read_leaves(
     try:
         return read_items(manager, step, abstract)
     except Exception as err:
-        first = err
-    failed: list[tuple[str, Exception]] = []
+        whole = describe(err, names)
+    failed: list[tuple[str, str]] = []
     for item, spec in abstract.items():
         try:
             read_items(manager, step, {item: spec})
         except Exception as err:
-            failed.append((item, err))
+            failed.append((item, describe(err, names)))
+    collect_failed_reads()
     if failed and (len(failed) < len(abstract) or len(abstract) == 1):
-        item, err = failed[0]
+        item, reason = failed[0]
         more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
-        raise AlpaError(
-            f"{label}: leaf {names.get(item, item)}{more} cannot be read: {describe(err, names)}"
-        )
+        raise AlpaError(f"{label}: leaf {names.get(item, item)}{more} cannot be read: {reason}")
     which = "any of its" if failed else "its"
-    raise AlpaError(
-        f"{label}: cannot read {which} {len(abstract)} array leaves: {describe(first, names)}"
-    )
+    raise AlpaError(f"{label}: cannot read {which} {len(abstract)} array leaves: {whole}")
+
+
+def collect_failed_reads() -> None:
+    """Collect the read coroutines a failed orbax restore leaves behind now,
+    dropping what their deaths report ("Exception ignored in ... coroutine
+    _read_array_index_and_device_put": the failure, which our error already
+    says); left to a later collection they print it on stderr."""
+    original = sys.unraisablehook
+
+    def hook(unraisable: Any) -> None:
+        if not _from_orbax(unraisable):
+            original(unraisable)
+
+    sys.unraisablehook = hook
+    try:
+        gc.collect()
+    finally:
+        sys.unraisablehook = original
+
+
+def _from_orbax(unraisable: Any) -> bool:
+    code = getattr(unraisable.object, "cr_code", None)
+    files = [code.co_filename] if code is not None else []
+    tb = unraisable.exc_traceback
+    while tb is not None:
+        files.append(tb.tb_frame.f_code.co_filename)
+        tb = tb.tb_next
+    return any(f"{os.sep}orbax{os.sep}" in f for f in files)
