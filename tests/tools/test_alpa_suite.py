@@ -1,0 +1,93 @@
+"""alpa-suite builds a name-only shim over alpa_ir and a JAX 0.3 layer, and
+runs test files from an Alpa checkout; here on a checkout written by the test
+(Alpa's own files are not kept in this repository)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from alpa_ir.tools.alpa_suite import build, run
+
+_UTIL = """
+def count_communication_primitives(hlo_ir, ignore_scalar_all_reduce=False):
+    return hlo_ir.count("all-reduce(")
+
+
+def map_to_shape(array_pytree: PyTreeDef):
+    return tree_map(lambda x: getattr(x, "shape", None), array_pytree)
+
+
+def other():
+    pass
+"""
+
+_TEST = """
+import unittest
+
+import jax
+import numpy as np
+from jax.interpreters.pxla import Chunked, NoSharding, Replicated, ShardedAxis
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from alpa import LocalPhysicalDeviceMesh, ShardParallel, parallelize
+from alpa.shard_parallel.auto_sharding import AutoShardingOption
+from alpa.util import map_to_shape
+
+
+class T(unittest.TestCase):
+    def test_names_are_alpa_irs(self):
+        import alpa_ir
+
+        assert ShardParallel is alpa_ir.ShardParallel
+        assert AutoShardingOption is alpa_ir.AutoShardingOption
+        assert map_to_shape({"a": np.ones((2, 3))}) == {"a": (2, 3)}
+
+    def test_sharding_spec_as_alpa(self):
+        mesh = Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ("a", "b"))
+        x = jax.device_put(np.zeros((8, 8)), NamedSharding(mesh, P(None, "b")))
+        assert x.sharding_spec.sharding == (NoSharding(), Chunked([2]))
+        assert x.sharding_spec.mesh_mapping == (Replicated(2), ShardedAxis(0))
+
+    def test_fails(self):
+        assert False, "a failing test is reported"
+"""
+
+
+def _checkout(root: Path) -> Path:
+    (root / "tests" / "shard_parallel").mkdir(parents=True)
+    (root / "tests" / "shard_parallel" / "test_x.py").write_text(_TEST)
+    (root / "alpa" / "model").mkdir(parents=True)
+    for name in ("testing.py", "test_install.py", "model/bert_model.py", "model/moe.py"):
+        (root / "alpa" / name).write_text("")
+    (root / "alpa" / "model" / "model_util.py").write_text(
+        "import jaxlib.xla_extension as jax_xla\nArray = jax_xla.DeviceArray\n"
+    )
+    (root / "alpa" / "util.py").write_text(textwrap.dedent(_UTIL))
+    return root
+
+
+def test_alpa_tests_run_unchanged_through_the_shim(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    build(_checkout(tmp_path / "alpa"), work)
+    util = (work / "shim" / "alpa" / "util.py").read_text()
+    assert "def count_communication_primitives" in util and "def other" not in util
+    rows = run(work, ["tests/shard_parallel/test_x.py"], timeout=600)
+    outcomes = {test.rsplit("::", 1)[-1]: outcome for outcome, test, _ in rows}
+    assert outcomes == {
+        "test_names_are_alpa_irs": "PASSED",
+        "test_sharding_spec_as_alpa": "PASSED",
+        "test_fails": "FAILED",
+    }, rows
+
+
+def test_a_folder_without_alpa_tests_is_refused(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "alpa_ir.tools.alpa_suite", "--alpa", str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode != 0
+    assert "is not an Alpa checkout" in done.stderr
