@@ -51,6 +51,16 @@ def _assert_equal(got: Any, want: Any) -> None:
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def _orbax_frames(unraisable: Any) -> list[str]:
+    code = getattr(unraisable.object, "cr_code", None)
+    files = [code.co_filename] if code is not None else []
+    tb = unraisable.exc_traceback
+    while tb is not None:
+        files.append(tb.tb_frame.f_code.co_filename)
+        tb = tb.tb_next
+    return [f for f in files if f"{os.sep}orbax{os.sep}" in f]
+
+
 def _one_line_error(path: Path, pattern: str, monkeypatch: pytest.MonkeyPatch) -> str:
     """The restore's error; orbax's failed reads leave nothing to report later
     ("Exception ignored in <coroutine ...>" on stderr at the next collection)."""
@@ -59,7 +69,9 @@ def _one_line_error(path: Path, pattern: str, monkeypatch: pytest.MonkeyPatch) -
     with pytest.raises(AlpaError, match=pattern) as info:
         alpa_ir.restore_checkpoint(path)
     gc.collect()
-    assert reported == []
+    # (tensorstore's late callbacks into the event loop orbax closed may still
+    # report "Event loop is closed" at any time: asyncio's frames, not orbax's)
+    assert [u for u in reported if _orbax_frames(u)] == []
     text = str(info.value)
     assert "\n" not in text and "leaf0000" not in text  # the user's paths, not orbax's items
     return text

@@ -256,7 +256,9 @@ def collect_failed_reads() -> None:
     """Collect the read coroutines a failed orbax restore leaves behind now,
     dropping what their deaths report ("Exception ignored in ... coroutine
     _read_array_index_and_device_put": the failure, which our error already
-    says); left to a later collection they print it on stderr."""
+    says); left to a later collection they print it on stderr. (Tensorstore
+    reads still in flight may yet call into the event loop orbax closed and
+    report "Event loop is closed" later: that is not ours to collect.)"""
     original = sys.unraisablehook
 
     def hook(unraisable: Any) -> None:
