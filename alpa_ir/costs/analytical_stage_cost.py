@@ -93,6 +93,7 @@ from alpa_ir.costs.function_plan import (
     _argument_specs,
     bound_cost_model,
     collective_time,
+    deferred_collectives,
     forward_inputs,
     function_dimensions,
     param_args_of,
@@ -327,20 +328,25 @@ class AnalyticalStageCostModel:
         memory_time = times.memory + times.launches
         if not options.fusion:
             decisions = None
-        comm, count = collective_time(planned, mesh, self._pricer(cluster, options))
+        # the gradients' reductions run once per step (deferred past the micro-batches)
+        pricer = self._pricer(cluster, options)
+        deferred = deferred_collectives(planned)
+        comm, count = collective_time(planned, mesh, pricer, skip=deferred)
+        sync, synced = collective_time(planned, mesh, pricer, only=deferred)
         memory = self._memory(planned, local, params, shape, decisions)
         objective = planned.attributes.get("sharding.objective")
         recompute = FORWARD_SHARE * (compute + memory_time) if options.remat else 0.0
         return StageCost(
-            latency=compute + memory_time + comm + recompute,
+            latency=compute + memory_time + comm + recompute + sync / options.num_micro_batches,
             compute_time=compute,
             memory_time=memory_time,
             communication_time=comm,
             flops=flops,
             memory=memory,
             objective=float(objective.value.data) if isinstance(objective, FloatAttr) else 0.0,
-            num_collectives=count,
+            num_collectives=count + synced,
             recompute_time=recompute,
+            gradient_sync_time=sync,
         )
 
     def device_model(self, cluster: Cluster, options: StageCostOptions) -> DeviceModel:

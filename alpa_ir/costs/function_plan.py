@@ -5,7 +5,8 @@ the argument specs it keeps, and the time of the plan's collectives."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from xdsl.dialects import func
@@ -23,7 +24,7 @@ from alpa_ir.autosharding.cost_model import CommCostModel, bound_to_cluster, pri
 from alpa_ir.autosharding.graph import StrategyCache
 from alpa_ir.autosharding.plan_bytes import op_collectives
 from alpa_ir.costs.stage_cost import ILP_TIME_UNIT, StageCostOptions
-from alpa_ir.dialects.attrs import BATCH_ATTR
+from alpa_ir.dialects.attrs import ACCUMULATED_ATTR, BATCH_ATTR
 from alpa_ir.dialects.lax_attrs import ints_of
 from alpa_ir.dialects.mesh import MESH_ATTR
 from alpa_ir.dialects.sharding import (
@@ -37,6 +38,11 @@ from alpa_ir.errors import AlpaError
 from alpa_ir.hardware.clusters import Cluster
 from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
 from alpa_ir.ir.module_utils import main_function
+from alpa_ir.pipeline.step_partition import (
+    StepPartition,
+    deferred_reductions,
+    gradient_ops,
+)
 
 if TYPE_CHECKING:
     from alpa_ir.plugins.registry import PluginRegistry
@@ -201,7 +207,11 @@ def plan_function(
     mesh_op = ilp_mesh.to_op("mesh")
     clone.attributes[MESH_ATTR] = FlatSymbolRefAttr("mesh")
     module = ModuleOp([*([cluster.to_op()] if cluster is not None else []), mesh_op, clone])
-    planner = ShardingPlanner(options.sharding_options())
+    sharding = options.sharding_options()
+    if options.num_micro_batches > 1 and accumulation_of(clone) is not None:
+        # the per-micro-batch ops weigh B times what the gradients' reductions do
+        sharding = replace(sharding, compute_grad_scale=float(options.num_micro_batches))
+    planner = ShardingPlanner(sharding, scaled_ops=per_micro_batch_ops)
     ctx = make_context(registry)
     ctx.statistics = statistics
     cache = None
@@ -222,6 +232,36 @@ def plan_function(
     return main_function(module)
 
 
+def accumulation_of(function: func.FuncOp) -> StepPartition | None:
+    """``function`` as a step partition whose accumulated values are the
+    results :data:`ACCUMULATED_ATTR` names (None without any)."""
+    attr = function.attributes.get(ACCUMULATED_ATTR)
+    indices = [int(k) for k in attr.get_values()] if isinstance(attr, DenseArrayBase) else []
+    ret = function.body.block.last_op
+    if not indices or ret is None:
+        return None
+    ops = tuple(op for op in function.body.block.ops if op is not ret)
+    return StepPartition((), ops, (), tuple(ret.operands[k] for k in indices))
+
+
+def per_micro_batch_ops(function: func.FuncOp, batch: Sequence[int]) -> set[Operation]:
+    """The ops of a layer range's function that run per micro-batch: all but
+    the gradients' producers (:func:`~alpa_ir.pipeline.step_partition.gradient_ops`)."""
+    part = accumulation_of(function)
+    if part is None:
+        return set(function.body.block.ops)
+    return set(part.compute) - gradient_ops(part)
+
+
+def deferred_collectives(function: func.FuncOp) -> frozenset[Operation]:
+    """The reductions of a planned layer range's function that a deferring
+    runtime runs once per step, after the micro-batches
+    (:func:`~alpa_ir.pipeline.step_partition.deferred_reductions`, ZeRO's
+    slices included)."""
+    part = accumulation_of(function)
+    return frozenset() if part is None else deferred_reductions(part, function, any_reshard=True)
+
+
 def bound_cost_model(
     name: str, cluster: Cluster | None, registry: PluginRegistry | None = None
 ) -> CommCostModel:
@@ -234,17 +274,24 @@ def bound_cost_model(
 
 
 def collective_time(
-    function: func.FuncOp, mesh: LogicalDeviceMesh, pricer: object = None
+    function: func.FuncOp,
+    mesh: LogicalDeviceMesh,
+    pricer: object = None,
+    only: Collection[Operation] | None = None,
+    skip: Collection[Operation] = (),
 ) -> tuple[float, int]:
     """Seconds of the explicit collectives of a planned function, and their
     number. ``pricer``: a bound cost model with ``seconds(kind, mesh, bytes,
     axes)`` (``calibrated``); else the mesh's real α/β (slowest axis of each
-    collective) times the bytes on the wire."""
+    collective) times the bytes on the wire. ``only``: these collectives
+    alone; ``skip``: all but these."""
     assert mesh.alpha is not None and mesh.beta is not None
     seconds = getattr(pricer, "seconds", None)
     total, count = 0.0, 0
     for op in function.walk():
         if not isinstance(op, CollectiveOp):
+            continue
+        if (only is not None and op not in only) or op in skip:
             continue
         axes = op.mesh_axes if op.properties.get("axes") is not None else ()
         if not axes:

@@ -89,6 +89,10 @@ class StageCostOptions:
     plans, bound to the stage's cluster if it can be (``auto``: ``calibrated``
     on GPU clusters, ``alpha-beta`` elsewhere); the stage's communication time
     is priced by the same model."""
+    num_micro_batches: int = 1
+    """Micro-batches per step: the gradients' reductions run once per step
+    (:attr:`StageCost.gradient_sync_time`), so the plans weigh them 1 : this
+    against the per-micro-batch work (auto-sharding's ``compute_grad_scale``)."""
     repeated_layers: Literal["auto", "share", "separate"] = "auto"
     """Passed to auto-sharding: ``share`` plans the copies of a repeated block
     alike (one ILP variable for all copies: a smaller ILP, a plan at most a few
@@ -102,6 +106,10 @@ class StageCostOptions:
         for name in ("optimizer_state_factor", "gradient_factor", "memory_budget"):
             if getattr(self, name) < 0:
                 raise AlpaError(f"stage cost: {name} must be >= 0, got {getattr(self, name)}")
+        if isinstance(self.num_micro_batches, bool) or self.num_micro_batches < 1:
+            raise AlpaError(
+                f"stage cost: num_micro_batches must be >= 1, got {self.num_micro_batches}"
+            )
         if not 0 <= self.mip_gap < 1:
             raise AlpaError(f"stage cost: mip_gap must be in [0, 1), got {self.mip_gap}")
 
@@ -164,6 +172,12 @@ class StageCost:
     num_collectives: int = 0
     recompute_time: float = 0.0
     """With remat: the extra forward pass (part of ``latency``)."""
+    gradient_sync_time: float = 0.0
+    """Seconds of the reductions that run once per step, after the
+    micro-batches (the gradients' all-reduce or reduce-scatter, deferred under
+    gradient accumulation as the runtime does it); ``latency`` carries their
+    share of one micro-batch (``/ num_micro_batches``), ``communication_time``
+    only the per-micro-batch collectives."""
     memory_saving: StageCost | None = None
     """With ``memory_fallback``: the plan with every parameter sharded, a second
     choice for the same function on the same mesh (``construct-stages`` takes

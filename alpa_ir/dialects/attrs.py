@@ -12,6 +12,11 @@ PER_MICRO_BATCH_ATTR = "pipeline.per_micro_batch"
 """On forward/backward functions: the results that depend on the batch. When
 such a result is accumulated, the driver takes its mean over micro-batches;
 the other results are the same for every micro-batch and are taken once."""
+ACCUMULATED_ATTR = "alpa.accumulated_results"
+"""On a layer range's function: the indices of its results accumulated over
+the micro-batches (read only by apply-grad, or returned by the step: the
+gradients, the loss), whose reductions over the mesh the runtime defers to
+once per step (``deferred_reductions``)."""
 CROSS_BYTES_ATTR = "pipeline.cross_bytes"
 """Transfer attribute: bytes crossing between the meshes (i64)."""
 GROUP_ATTR = "sharding.group"

@@ -7,12 +7,10 @@ from dataclasses import dataclass
 
 import numpy as np
 from xdsl.dialects import func
-from xdsl.dialects.builtin import (
-    StringAttr,
-)
+from xdsl.dialects.builtin import DenseArrayBase, StringAttr, i64
 from xdsl.ir import Attribute, Operation, SSAValue
 
-from alpa_ir.dialects.attrs import PER_MICRO_BATCH_ATTR
+from alpa_ir.dialects.attrs import ACCUMULATED_ATTR, PER_MICRO_BATCH_ATTR
 from alpa_ir.dialects.mesh import MESH_ATTR
 from alpa_ir.errors import AlpaError
 from alpa_ir.pipeline.stage_assignment import (
@@ -216,6 +214,15 @@ class LayerRanges:
                 return entry.function
         built = build_function(g, self._assignment, "", self._batch)
         built.sym_name = StringAttr(name)
+        # results read only outside every layer (apply-grad, the return) are
+        # accumulated over the micro-batches: their reductions run once per step
+        accumulated = [
+            k
+            for k, r in enumerate(g.outputs)
+            if self._user_layers.get(r, ()) and all(u == -1 for u in self._user_layers[r])
+        ]
+        if accumulated:
+            built.attributes[ACCUMULATED_ATTR] = DenseArrayBase.from_list(i64, accumulated)
         built.attributes.pop(MESH_ATTR, None)
         built.attributes.pop(PER_MICRO_BATCH_ATTR, None)
         same_size.append(_Built(g, built, fingerprint))

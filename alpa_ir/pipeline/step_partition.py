@@ -220,7 +220,9 @@ _LINEAR_UNARY = frozenset(
 """Ops linear in their (single) operand: a sum over devices commutes with them."""
 
 
-def deferred_reductions(part: StepPartition, function: func.FuncOp) -> frozenset[Operation]:
+def deferred_reductions(
+    part: StepPartition, function: func.FuncOp, *, any_reshard: bool = False
+) -> frozenset[Operation]:
     """Sum-reductions of ``compute`` (all-reduce, reduce-scatter) whose result
     only reaches accumulated values, through ops linear in it: gradients
     synchronised over the mesh, possibly scaled (``g / n``) on the way. Under
@@ -229,13 +231,28 @@ def deferred_reductions(part: StepPartition, function: func.FuncOp) -> frozenset
     not grow with the number of micro-batches); the sum is linear, so the
     result is the same. An all-reduce may pass through unary linear ops and a
     multiplication or division by a value that is the same on every device of
-    its axes; a reduce-scatter only through markers (it changes the shape)."""
-    from alpa_ir.dialects.sharding import AllReduceOp, ReduceScatterOp, spec_of_value
+    its axes; a reduce-scatter only through markers (it changes the shape).
+    ``any_reshard``: also through reshards that split over the reduced axes (a
+    ZeRO gradient's slice: the sum and the slice are one reduce-scatter after
+    the micro-batches, as Alpa runs it; the runtime here cannot defer those yet,
+    the cost model prices what a deferring runtime does)."""
+    from alpa_ir.dialects.sharding import AllReduceOp, ReduceScatterOp, ReshardOp, spec_of_value
 
     accumulated = set(part.accumulated)
     compute = set(part.compute)
 
     def linear_in(user: Operation, index: int, axes: tuple[int, ...], scatter: bool) -> bool:
+        if isinstance(user, ReshardOp) and not scatter and any_reshard:
+            return not spec_of_value(user.operands[0], function).partial
+        if isinstance(user, ReshardOp) and not scatter:
+            # a reshard is linear; it commutes with the sum over ``axes`` when
+            # neither layout splits or gathers over them (each device moves the
+            # same part of its own partial sum as the others of its group)
+            specs = (
+                spec_of_value(user.operands[0], function),
+                spec_of_value(user.results[0], function),
+            )
+            return not any(s.partial or set(s.used_axes()) & set(axes) for s in specs)
         if not isinstance(user, LaxOp):
             return False
         name = user.primitive_name
@@ -266,7 +283,8 @@ def deferred_reductions(part: StepPartition, function: func.FuncOp) -> frozenset
             user = use.operation
             if not linear_in(user, use.index, axes, scatter):
                 return False
-            result = user.results[use.index if user.primitive_name == "pipeline_marker" else 0]  # type: ignore[attr-defined]
+            marker = getattr(user, "primitive_name", "") == "pipeline_marker"
+            result = user.results[use.index if marker else 0]
             if not only_accumulated(result, axes, scatter):
                 return False
         return True
