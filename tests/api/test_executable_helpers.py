@@ -60,7 +60,7 @@ def test_total_allocation_size_of_one_mesh_is_xlas_per_device_figure() -> None:
     whole = one.argument_size_in_bytes + one.output_size_in_bytes + one.temp_size_in_bytes
     # the batch and the activations are split 8 ways: per device, far below one device's
     assert size < whole / 2
-    donated = alpa_ir.parallelize(_shard_step, method=alpa_ir.DataParallel())
+    donated = alpa_ir.parallelize(_shard_step, method=alpa_ir.DataParallel(), donate_argnums=(0,))
     # a donated weight is written into its own buffer: counted once
     assert donated.get_executable(state, batch).get_total_allocation_size() < size
 
