@@ -115,6 +115,7 @@ from alpa_ir.tools.bench_measured import (
     summarize,
     summary_json,
 )
+from alpa_ir.tools.bench_published import PUBLISHED_SUITES, PublishedRun
 from alpa_ir.tools.bench_suite import (
     SUITES,
     auto_micro_batches,
@@ -334,9 +335,11 @@ def build_parser() -> OneLineParser:
     )
     parser.add_argument(
         "--suite",
-        choices=sorted(SUITES),
+        choices=sorted({*SUITES, *PUBLISHED_SUITES}),
         default=None,
-        help="the suite whose sizes to run (default: gpt3, unless --models names the models)",
+        help="the suite whose sizes to run (default: gpt3, unless --models names the models); "
+        "megatron and llama3: real pre-training runs, each row's published configuration "
+        "(method published) beside the planner's plan on the row's own cluster and GPUs",
     )
     parser.add_argument(
         "--models",
@@ -594,9 +597,115 @@ def check_args(parser: OneLineParser, args: argparse.Namespace) -> list[BenchRun
     return runs
 
 
+def _published_runs(parser: OneLineParser, args: argparse.Namespace) -> list[PublishedRun]:
+    """The rows of a published suite (``--models``: those of these models)."""
+    rows = list(PUBLISHED_SUITES[args.suite])
+    if args.gpus is not None:
+        parser.error(f"--gpus: the rows of --suite {args.suite} run on their published GPU counts")
+    if args.cluster != "alpa-testbed":
+        parser.error(f"--cluster: the rows of --suite {args.suite} run on their published clusters")
+    if args.models is not None:
+        names = [n.strip() for n in args.models.split(",")]
+        known = sorted({r.model for r in rows})
+        for n in names:
+            if n not in known:
+                parser.error(
+                    f"--models {n!r} is not a model of --suite {args.suite} ({', '.join(known)})"
+                )
+        rows = [r for r in rows if r.model in names]
+    return rows
+
+
+def published_row(run: PublishedRun, args: argparse.Namespace) -> dict[str, Any]:
+    """A published suite's row: the published plan simulated, and the planner's
+    plan at the same micro-batch count where today's stage DP can plan the
+    cluster (at most ``MAX_VIEWS`` views), else a note saying why not."""
+    from alpa_ir.tools.bench_published import figures, run_published
+
+    row = run_published(
+        run,
+        cost_model=args.cost_model,
+        time_limit=args.time_limit,
+        fusion=args.fusion,
+        progress=not args.quiet,
+    )
+    cluster = bench_cluster(run.cluster, run.gpus, presets=_cluster_presets(run.cluster))
+    subs, views = count_views(cluster)
+    if views > MAX_VIEWS:
+        note = (
+            f"not planned: {cluster.num_devices} GPUs give {subs} submeshes and more than "
+            f"{MAX_VIEWS} logical mesh views, beyond today's stage DP (issue 42's scalable search)"
+        )
+        row["alpa"] = {
+            "iteration_time": math.inf,
+            "tflops_per_gpu": 0.0,
+            "mfu": 0.0,
+            "error": note,
+            "time": 0.0,
+        }
+        return row
+    result = bench_model(
+        run.model,
+        cluster,
+        num_micro_batches=row["num_micro_batches"],
+        layers=default_layers(run.model),
+        cost_mode=args.cost_mode,
+        submesh_space=args.submesh_space,
+        cross_stage_comm=args.cross_stage_comm,
+        epsilon=args.epsilon,
+        time_limit=args.time_limit,
+        remat=args.remat,
+        zero=args.zero,
+        fusion=args.fusion,
+        memory_fallback=args.memory_fallback,
+        workers=args.workers,
+        progress=not args.quiet,
+        cost_model=args.cost_model,
+        schedule=args.schedule,
+    )
+    from alpa_ir.tools.bench_outcome import Outcome
+
+    alpa = Outcome(**result["outcomes"][0])
+    plan = " | ".join(
+        f"L{s['layers'][0]}-{s['layers'][1]} {s['submesh'][0]}x{s['submesh'][1]}"
+        f"->{s['logical_mesh'][0]}x{s['logical_mesh'][1]}"
+        for s in alpa.stages
+    )
+    row["alpa"] = {
+        **figures(alpa, run.gpus, cluster.peak_flops),
+        "time": result["compile_time"]["total"],
+        "note": f"{alpa.schedule}: {plan}",
+    }
+    return row
+
+
+def _published_main(parser: OneLineParser, args: argparse.Namespace) -> int:
+    from alpa_ir.tools.bench_published import format_row
+
+    rows = _published_runs(parser, args)
+    results = []
+    try:
+        for run in rows:
+            try:
+                row = published_row(run, args)
+            except AlpaError as error:
+                raise AlpaError(f"{run.model} on {run.gpus} GPUs: {error}") from error
+            results.append(row)
+            if not args.json:
+                print(format_row(row), flush=True)
+        if args.json:
+            print(json.dumps(results, indent=1, default=float))
+    except AlpaError as error:
+        print(f"alpa-bench: error: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.suite in PUBLISHED_SUITES:
+        return _published_main(parser, args)
     runs = check_args(parser, args)
     max_micro_batches = args.max_micro_batches or DEFAULT_MAX_MICRO_BATCHES
     results = []
