@@ -105,7 +105,10 @@ class DeviceModel:
         if found is not None:
             return found
         points = self.profile.gemm_points(dtype)
-        throughput = max(p.flops_per_s / self.wave_efficiency(p.m, p.n) for p in points)
+        throughput = max(
+            _rate_without_launch(p, self.profile.launch_overhead) / self.wave_efficiency(p.m, p.n)
+            for p in points
+        )
         by_dim: dict[float, list[float]] = {}
         for p in points:
             roof = self._roof(p.m, p.n, p.k, p.dtype, 1, throughput)
@@ -212,6 +215,13 @@ def _materializes(op: Operation, fusion: BlockFusion) -> bool:
     if op.kind in (OpKind.MARKER,) or op.primitive_name == "constant":
         return False
     return any(r in fusion.materialized for r in op.results)
+
+
+def _rate_without_launch(point: GemmPoint, launch: float) -> float:
+    """The FLOP/s a measured GEMM reached once its launch floor is taken off."""
+    flops = 2.0 * point.m * point.n * point.k
+    busy = flops / point.flops_per_s - launch
+    return flops / busy if busy > 0 else point.flops_per_s
 
 
 def _interpolate(x: float, xs: tuple[float, ...], ys: tuple[float, ...]) -> float:
