@@ -52,6 +52,18 @@ def two_hosts() -> Iterator[Any]:
         yield cluster
 
 
+def second_node(cluster: Any) -> Any:
+    """The cluster's one node besides the head, added again where an earlier
+    test of the module removed it (the tests may run in any order)."""
+    from alpa_ir.runtime.ray_cluster import cluster_hosts
+
+    if not cluster.worker_nodes:
+        cluster.add_node(**NODE)
+    (node,) = cluster.worker_nodes
+    assert len(cluster_hosts()) == 2
+    return node
+
+
 def batches(batch: Any) -> Any:
     """Step i's batch: the example batch scaled by 1 + i / 10 (every step differs)."""
     return lambda i: jax.tree.map(lambda x: x * (1.0 + 0.1 * i), batch)
@@ -81,14 +93,13 @@ def test_a_worker_killed_on_a_live_host_is_started_again(
     """A pipeline with automatic stages: host1's worker process is killed
     (SIGKILL, as the OOM killer does) while batch_fn(3) runs; its node stays,
     so after lost_host_timeout_s the stages are planned again on the same two
-    hosts and steps 2-3 replayed from checkpoint step 2. (Runs first: the
-    next test removes the second node.)"""
+    hosts and steps 2-3 replayed from checkpoint step 2."""
     from pipeshard_fixtures import _example, _step
 
     state, batch = _example()
     batch_of = batches(batch)
     want, want_losses = jit_steps(_step, state, batch_of, 4)
-    (second,) = two_hosts.worker_nodes
+    second = second_node(two_hosts)
     calls: list[int] = []
 
     def batch_fn(i: int) -> Any:
@@ -129,7 +140,7 @@ def test_a_killed_host_is_survived_on_the_host_that_remains(
     batch_of = batches(batch)
     want, want_losses = jit_steps(fn, state, batch_of, 8)
 
-    (second,) = two_hosts.worker_nodes
+    second = second_node(two_hosts)
     # hosts are named in (address, node id) order: on one address, by node id
     lost = {h.node_id: h.name for h in cluster_hosts()}[second.node_id]
     calls: list[int] = []
@@ -170,12 +181,10 @@ def test_a_host_lost_while_the_first_plan_is_made_restarts_from_step_0(
     """A node joins, then dies while batch_fn(0) runs, before anything is
     committed: the plan made for 8 devices cannot start (its host is gone, or
     its worker there never comes up), so ``train`` plans again on the 4 left
-    and starts over from the given state. (Runs last: the cluster has one
-    node after the previous test.)"""
+    and starts over from the given state."""
     from alpa_ir.runtime.ray_cluster import cluster_hosts
 
-    joined = two_hosts.add_node(**NODE)
-    assert len(cluster_hosts()) == 2
+    joined = second_node(two_hosts)
     lost = {h.node_id: h.name for h in cluster_hosts()}[joined.node_id]
     calls: list[int] = []
 
