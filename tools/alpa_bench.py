@@ -311,7 +311,11 @@ def _epilog() -> str:
     for suite, names in SUITES.items():
         sizes = ", ".join(f"{n} ({_gpus(get_config(n).num_gpus)})" for n in names)
         suites.append(f"  {suite}: {sizes}")
+    for suite, rows in PUBLISHED_SUITES.items():
+        listed = ", ".join(f"{r.model} ({_gpus(r.gpus)} {r.cluster})" for r in rows)
+        suites.append(f"  {suite}: {listed}; method published beside alpa")
     in_suites = {n for names in SUITES.values() for n in names}
+    in_suites |= {r.model for rows in PUBLISHED_SUITES.values() for r in rows}
     others = ", ".join(n for n in list_configs() if n not in in_suites)
     return "\n".join(
         [
