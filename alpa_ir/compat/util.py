@@ -54,3 +54,34 @@ def disable_tqdm_globally() -> None:
     import functools
 
     tqdm.tqdm.__init__ = functools.partialmethod(tqdm.tqdm.__init__, disable=True)  # type: ignore[method-assign]
+
+
+def count_communication_primitives(
+    hlo_ir: str, ignore_scalar_all_reduce: bool = False
+) -> tuple[int, int, int, int, int]:
+    """The collectives of an HLO module's text, as Alpa's helper counts them:
+    (all of them, all-reduces, all-gathers, reduce-scatters, all-to-alls),
+    read by :func:`~alpa_ir.costs.collective_accounting.hlo_collectives`
+    (async pairs counted once). ``ignore_scalar_all_reduce``: all-reduces of
+    at most 8 bytes (a loss, a norm) are left out. On CPU devices XLA writes a
+    reduce-scatter as an all-reduce and a slice."""
+    from alpa_ir.costs.collective_accounting import hlo_collectives
+
+    records = hlo_collectives(hlo_ir)
+    if ignore_scalar_all_reduce:
+        records = [r for r in records if not (r.kind == "all-reduce" and r.bytes <= 8)]
+    kinds = [r.kind for r in records]
+    return (
+        len(records),
+        kinds.count("all-reduce"),
+        kinds.count("all-gather"),
+        kinds.count("reduce-scatter"),
+        kinds.count("all-to-all"),
+    )
+
+
+def map_to_shape(array_pytree: Any) -> Any:
+    """Each leaf's shape (None for a leaf without one), as Alpa's helper."""
+    import jax
+
+    return jax.tree.map(lambda x: getattr(x, "shape", None), array_pytree)

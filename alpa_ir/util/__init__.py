@@ -1,6 +1,16 @@
 """Alpa's ``alpa.util`` name (import alpa_ir.util): a shim over
 :mod:`alpa_ir.compat.util`."""
 
-from alpa_ir.compat.util import benchmark_func, disable_tqdm_globally
+from alpa_ir.compat.util import (
+    benchmark_func,
+    count_communication_primitives,
+    disable_tqdm_globally,
+    map_to_shape,
+)
 
-__all__ = ["benchmark_func", "disable_tqdm_globally"]
+__all__ = [
+    "benchmark_func",
+    "count_communication_primitives",
+    "disable_tqdm_globally",
+    "map_to_shape",
+]

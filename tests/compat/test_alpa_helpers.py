@@ -65,3 +65,32 @@ def test_disable_tqdm_globally() -> None:
     tqdm = pytest.importorskip("tqdm")
     disable_tqdm_globally()
     assert tqdm.tqdm(range(3)).disable
+
+
+def test_count_communication_primitives_of_a_data_parallel_step() -> None:
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from alpa_ir.util import count_communication_primitives, map_to_shape
+
+    mesh = jax.make_mesh((8,), ("d",))
+    rows = NamedSharding(mesh, PartitionSpec("d"))
+    whole = NamedSharding(mesh, PartitionSpec())
+
+    def step(w: jax.Array, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+        loss, grad = jax.value_and_grad(lambda w: jnp.mean((x @ w) ** 2))(w)
+        return w - 0.1 * grad, loss
+
+    w, x = jnp.ones((16, 4)), jnp.ones((32, 16))
+    compiled = jax.jit(step, in_shardings=(whole, rows), out_shardings=(whole, whole))
+    text = compiled.lower(w, x).compile().as_text()
+    total, all_reduce, all_gather, reduce_scatter, all_to_all = count_communication_primitives(text)
+    assert all_reduce >= 1 and total == all_reduce + all_gather + reduce_scatter + all_to_all
+    # the gradient's all-reduce stays when scalars are left out
+    assert count_communication_primitives(text, ignore_scalar_all_reduce=True)[1] == all_reduce
+    total_only = jax.jit(jnp.sum, in_shardings=rows, out_shardings=whole)
+    scalar = total_only.lower(x).compile().as_text()
+    assert count_communication_primitives(scalar)[1] == 1
+    assert count_communication_primitives(scalar, ignore_scalar_all_reduce=True)[:2] == (0, 0)
+    assert count_communication_primitives("HloModule empty") == (0, 0, 0, 0, 0)
+    assert map_to_shape({"w": w, "n": 3}) == {"w": (16, 4), "n": None}
