@@ -21,6 +21,11 @@ from xdsl.dialects.builtin import (
 from xdsl.ir import Block, Operation, SSAValue
 
 from alpa_ir.autosharding.cost_model import CommCostModel, bound_to_cluster, prices_by_devices
+from alpa_ir.autosharding.gradient_reductions import (
+    StepPartition,
+    deferred_reductions,
+    gradient_ops,
+)
 from alpa_ir.autosharding.graph import StrategyCache
 from alpa_ir.autosharding.plan_bytes import op_collectives
 from alpa_ir.costs.stage_cost import ILP_TIME_UNIT, StageCostOptions
@@ -38,11 +43,6 @@ from alpa_ir.errors import AlpaError
 from alpa_ir.hardware.clusters import Cluster
 from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
 from alpa_ir.ir.module_utils import main_function
-from alpa_ir.pipeline.step_partition import (
-    StepPartition,
-    deferred_reductions,
-    gradient_ops,
-)
 
 if TYPE_CHECKING:
     from alpa_ir.plugins.registry import PluginRegistry

@@ -89,6 +89,9 @@ class StageCostOptions:
     plans, bound to the stage's cluster if it can be (``auto``: ``calibrated``
     on GPU clusters, ``alpha-beta`` elsewhere); the stage's communication time
     is priced by the same model."""
+    force_batch_dim_to_mesh_dim: int = -1
+    """Passed to auto-sharding: split the batch over this mesh axis (Alpa's
+    option, which its published plans set); -1: the ILP chooses."""
     num_micro_batches: int = 1
     """Micro-batches per step: the gradients' reductions run once per step
     (:attr:`StageCost.gradient_sync_time`), so the plans weigh them 1 : this

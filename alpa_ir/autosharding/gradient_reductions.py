@@ -1,0 +1,155 @@
+"""Gradient reductions that can wait for the last micro-batch.
+
+Under gradient accumulation a step's forward and backward run once per
+micro-batch and their gradients are summed; a sum over devices (an all-reduce
+or reduce-scatter of a gradient) commutes with that sum, so it may run once
+per step on the accumulated gradient instead of once per micro-batch, as
+Alpa runs it. :func:`deferred_reductions` finds those reductions in a planned
+function, :func:`gradient_ops` the ops that produce gradients in an unplanned
+one (the planner weighs them against the per-micro-batch work). The runtime
+(``backends/spmd``), the ILP (``auto-sharding``'s ``compute_grad_scale``) and
+the stage cost model (``costs/``) read them here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.dialects import func
+from xdsl.ir import Operation, SSAValue
+
+from alpa_ir.dialects.lax import LaxOp
+
+
+@dataclass(frozen=True)
+class StepPartition:
+    setup: tuple[Operation, ...]
+    compute: tuple[Operation, ...]
+    apply: tuple[Operation, ...]
+    accumulated: tuple[SSAValue, ...]
+    """Values of ``compute`` used by ``apply`` or returned."""
+
+
+_LINEAR_UNARY = frozenset(
+    {"neg", "reshape", "transpose", "squeeze", "copy", "convert_element_type", "pipeline_marker"}
+)
+"""Ops linear in their (single) operand: a sum over devices commutes with them."""
+
+
+def deferred_reductions(
+    part: StepPartition, function: func.FuncOp, *, any_reshard: bool = False
+) -> frozenset[Operation]:
+    """Sum-reductions of ``compute`` (all-reduce, reduce-scatter) whose result
+    only reaches accumulated values, through ops linear in it: gradients
+    synchronised over the mesh, possibly scaled (``g / n``) on the way. Under
+    gradient accumulation they run once per step on the accumulated values
+    instead of once per micro-batch (Alpa's behaviour: gradient traffic does
+    not grow with the number of micro-batches); the sum is linear, so the
+    result is the same. An all-reduce may pass through unary linear ops and a
+    multiplication or division by a value that is the same on every device of
+    its axes; a reduce-scatter only through markers (it changes the shape).
+    ``any_reshard``: also through reshards that split over the reduced axes (a
+    ZeRO gradient's slice: the sum and the slice are one reduce-scatter after
+    the micro-batches, as Alpa runs it; the runtime here cannot defer those yet,
+    the cost model prices what a deferring runtime does)."""
+    from alpa_ir.dialects.sharding import AllReduceOp, ReduceScatterOp, ReshardOp, spec_of_value
+
+    accumulated = set(part.accumulated)
+    compute = set(part.compute)
+
+    def linear_in(user: Operation, index: int, axes: tuple[int, ...], scatter: bool) -> bool:
+        if isinstance(user, ReshardOp) and not scatter and any_reshard:
+            return not spec_of_value(user.operands[0], function).partial
+        if isinstance(user, ReshardOp) and not scatter:
+            # a reshard is linear; it commutes with the sum over ``axes`` when
+            # neither layout splits or gathers over them (each device moves the
+            # same part of its own partial sum as the others of its group)
+            specs = (
+                spec_of_value(user.operands[0], function),
+                spec_of_value(user.results[0], function),
+            )
+            return not any(s.partial or set(s.used_axes()) & set(axes) for s in specs)
+        if not isinstance(user, LaxOp):
+            return False
+        name = user.primitive_name
+        if name == "pipeline_marker":
+            return True
+        if scatter:
+            return False
+        if name in _LINEAR_UNARY and len(user.operands) == 1:
+            if name == "convert_element_type":
+                from alpa_ir.dialects.types import dtype_of
+
+                return dtype_of(user.results[0].type).kind == "f"
+            return True
+        if name in ("mul", "div") and (name == "mul" or index == 0):
+            other = user.operands[1 - index]
+            spec = spec_of_value(other, function)
+            return not spec.partial and not set(spec.used_axes()) & set(axes)
+        return False
+
+    def only_accumulated(value: SSAValue, axes: tuple[int, ...], scatter: bool) -> bool:
+        """``value`` reaches, through linear ops only, accumulated values that
+        nothing per micro-batch reads."""
+        if value in accumulated:
+            return all(use.operation not in compute for use in value.uses)
+        if not value.uses:
+            return False
+        for use in value.uses:
+            user = use.operation
+            if not linear_in(user, use.index, axes, scatter):
+                return False
+            marker = getattr(user, "primitive_name", "") == "pipeline_marker"
+            result = user.results[use.index if marker else 0]
+            if not only_accumulated(result, axes, scatter):
+                return False
+        return True
+
+    out = set()
+    for op in part.compute:
+        if isinstance(op, AllReduceOp) and op.reduction != "sum":
+            continue
+        if not isinstance(op, AllReduceOp | ReduceScatterOp):
+            continue
+        if only_accumulated(op.results[0], tuple(op.mesh_axes), isinstance(op, ReduceScatterOp)):
+            out.add(op)
+    return frozenset(out)
+
+
+def gradient_ops(part: StepPartition) -> frozenset[Operation]:
+    """Ops of ``compute`` whose every result reaches, through ops linear in it
+    (markers, unary linear ops, multiplications and divisions), only
+    accumulated values that nothing per micro-batch reads: the ops producing
+    gradients (the weight-gradient contractions and their scaling). A sum over
+    devices of their results is deferred past the micro-batches
+    (:func:`deferred_reductions`), so the planner prices it once per step."""
+    accumulated = set(part.accumulated)
+    compute = set(part.compute)
+    memo: dict[SSAValue, bool] = {}
+
+    def reaches(value: SSAValue) -> bool:
+        if value in memo:
+            return memo[value]
+        if value in accumulated:
+            memo[value] = all(use.operation not in compute for use in value.uses)
+            return memo[value]
+        ok = bool(value.uses)
+        for use in value.uses:
+            user = use.operation
+            name = getattr(user, "primitive_name", None)
+            if not (name in _LINEAR_UNARY or name in ("mul", "div")):
+                ok = False
+                break
+            result = user.results[use.index if name == "pipeline_marker" else 0]
+            if not reaches(result):
+                ok = False
+                break
+        memo[value] = ok
+        return ok
+
+    return frozenset(
+        op for op in part.compute if op.results and all(reaches(r) for r in op.results)
+    )
+
+
+__all__ = ["StepPartition", "deferred_reductions", "gradient_ops"]
