@@ -283,9 +283,6 @@ class FlaxBertLayerCollection(nn.Module):
         return_dict: bool = True,
     ) -> Any:
         cfg = self.config
-        layer_type: Any = FlaxBertLayer
-        if cfg.gradient_checkpointing:
-            layer_type = nn.remat(FlaxBertLayer, static_argnums=(3, 4))
         attentions: tuple[Any, ...] | None = () if output_attentions else None
         states: tuple[Any, ...] | None = () if output_hidden_states else None
         n = cfg.num_hidden_layers
@@ -298,6 +295,9 @@ class FlaxBertLayerCollection(nn.Module):
         for i in range(n):
             if states is not None:
                 states += (hidden_states,)
+            layer_type = self.layer_type(i)
+            if cfg.gradient_checkpointing:
+                layer_type = nn.remat(layer_type, static_argnums=(3, 4))
             outs = layer_type(cfg, self.dtype, name=str(i))(
                 hidden_states, attention_mask, deterministic, output_attentions
             )
@@ -311,6 +311,11 @@ class FlaxBertLayerCollection(nn.Module):
         if not return_dict:
             return (hidden_states,)
         return FlaxBaseModelOutput(hidden_states, states, attentions)
+
+    def layer_type(self, index: int) -> Any:
+        """The module of layer ``index`` (a BERT layer; MoE alternates)."""
+        del index
+        return FlaxBertLayer
 
 
 class FlaxBertEncoder(nn.Module):
