@@ -55,12 +55,15 @@ def test_demo_joins_a_running_cluster(capsys: pytest.CaptureFixture[str]) -> Non
     from ray.cluster_utils import Cluster
 
     import alpa_ir
+    from alpa_ir.runtime.ray_cluster import address_record, unadvertise
 
     alpa_ir.shutdown()
+    previous = address_record()
     cluster = Cluster(
         initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"alpa_cpu_device": 4}}
     )
     address = cluster.address
+    unadvertise(address, previous)  # joined by its address, by no other test
     try:
         argv = ["--cluster", "ray", "--address", address, "--devices", "4", "--steps", "1"]
         assert main(argv) == 0
