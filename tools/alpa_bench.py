@@ -353,6 +353,12 @@ def build_parser() -> OneLineParser:
     )
     parser.add_argument("--cluster", default="alpa-testbed", help="cluster preset (see below)")
     parser.add_argument(
+        "--profile",
+        metavar="FILE",
+        help="a device profile (JSON, written by alpa-calibrate) that prices the cluster's "
+        "devices and links instead of the preset's built-in one",
+    )
+    parser.add_argument(
         "--gpus",
         type=positive_int,
         default=None,
@@ -537,6 +543,13 @@ def _bench_cluster_checked(
         subs, views = count_views(cluster)
     except AlpaError as error:
         parser.error(f"{where}: {error}")
+    if args.profile is not None:
+        from alpa_ir.hardware.device_profile import load_profile
+
+        try:
+            cluster = cluster.with_profile(load_profile(args.profile))
+        except AlpaError as error:
+            parser.error(f"--profile: {error}")
     if views > MAX_VIEWS:
         best = most_gpus(cluster.devices_per_node)
         parser.error(

@@ -286,3 +286,33 @@ def test_a_real_size_step_starts_its_costing_workers_before_it_is_traced(
     (started,) = seen
     assert isinstance(started, StartedWorkers)
     assert len(started) == 0  # taken by the table, or ended with the run
+
+
+def test_a_profile_file_prices_the_cluster(
+    capsys: pytest.CaptureFixture[str], tmp_path: Any
+) -> None:
+    """--profile FILE: the cluster's devices priced by that profile (a slower
+    GEMM rate, a slower step); a bad file is a one-line usage error."""
+    from dataclasses import replace
+
+    from alpa_ir.hardware.builtin_profiles import v100_sxm2_aws
+    from alpa_ir.hardware.device_profile import GemmPoint
+
+    base = v100_sxm2_aws()
+    slow = replace(
+        base, gemm=tuple(GemmPoint(p.m, p.n, p.k, p.dtype, p.flops_per_s / 10) for p in base.gemm)
+    )
+    path = slow.save(tmp_path / "slow.json")
+    argv = ["--models=mlp-tiny", "--gpus=1", "--layers=1", "--micro-batches=1", "--json"]
+    assert main(argv) == 0
+    (fast,) = json.loads(capsys.readouterr().out)
+    assert main([*argv, f"--profile={path}"]) == 0
+    (slowed,) = json.loads(capsys.readouterr().out)
+    time = {r["method"]: r["iteration_time"] for r in fast["outcomes"]}["alpa"]
+    slower = {r["method"]: r["iteration_time"] for r in slowed["outcomes"]}["alpa"]
+    assert slower > time
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(SystemExit):
+        main([*argv, f"--profile={tmp_path / 'bad.json'}"])
+    err = capsys.readouterr().err
+    assert "--profile: device profile" in err and "not a device profile" in err
