@@ -337,7 +337,11 @@ class AnalyticalStageCostModel:
         objective = planned.attributes.get("sharding.objective")
         recompute = FORWARD_SHARE * (compute + memory_time) if options.remat else 0.0
         return StageCost(
-            latency=compute + memory_time + comm + recompute + sync / options.num_micro_batches,
+            latency=compute
+            + memory_time
+            + comm
+            + recompute
+            + self.exposed_sync(sync, cluster) / options.num_micro_batches,
             compute_time=compute,
             memory_time=memory_time,
             communication_time=comm,
@@ -348,6 +352,13 @@ class AnalyticalStageCostModel:
             recompute_time=recompute,
             gradient_sync_time=sync,
         )
+
+    @staticmethod
+    def exposed_sync(sync: float, cluster: Cluster) -> float:
+        """The part of a stage's gradient synchronization the backward pass does
+        not hide (the profile's ``overlap.gradient_sync``; none without a profile)."""
+        share = cluster.profile.overlap.gradient_sync if cluster.profile is not None else 0.0
+        return sync * (1.0 - share)
 
     def device_model(self, cluster: Cluster, options: StageCostOptions) -> DeviceModel:
         """The kernel prices of ``cluster``'s devices: its profile, else the

@@ -161,8 +161,10 @@ def stage_sim_plan(
     of = list(mesh_of or range(len(stages)))
     times = [table.transfer_times(s.cost, s.submesh) for s in stages]  # type: ignore[attr-defined]
     apart = [of[k] != of[k + 1] for k in range(len(stages) - 1)]
-    forward = tuple(times[k + 1][0] * apart[k] for k in range(len(stages) - 1))
-    backward = tuple(times[k][1] * apart[k] for k in range(len(stages) - 1))
+    # the share of a transfer the runtime hides under compute (the profile's)
+    exposed = 1.0 - (cluster.profile.overlap.cross_mesh if cluster.profile is not None else 0.0)
+    forward = tuple(times[k + 1][0] * apart[k] * exposed for k in range(len(stages) - 1))
+    backward = tuple(times[k][1] * apart[k] * exposed for k in range(len(stages) - 1))
     split = schedule in SPLIT_SCHEDULES
     # per stage: F, B, W, and when its forward and gradient inputs arrive
     arrivals = [

@@ -63,3 +63,25 @@ def test_bad_micro_batch_counts_are_refused() -> None:
 
     with pytest.raises(AlpaError, match="num_micro_batches must be >= 1"):
         StageCostOptions(num_micro_batches=0)
+
+
+def test_the_profile_s_overlap_hides_part_of_the_sync() -> None:
+    from alpa_ir.hardware.device_profile import Overlap
+
+    function, params = _layer()
+    cluster = get_cluster("alpa-testbed", num_nodes=2)
+    assert cluster.profile is not None
+    hidden = cluster.with_profile(replace(cluster.profile, overlap=Overlap(gradient_sync=0.75)))
+    mesh = cluster.logical_mesh((2, 1), (0, 8))
+    options = StageCostOptions(force_batch_dim_to_mesh_dim=0, num_micro_batches=2)
+    plain = AnalyticalStageCostModel(options).stage_cost(function, mesh, cluster, params)  # type: ignore[arg-type]
+    overlapped = AnalyticalStageCostModel(options).stage_cost(
+        function,  # type: ignore[arg-type]
+        hidden.logical_mesh((2, 1), (0, 8)),
+        hidden,
+        params,
+    )
+    assert overlapped.gradient_sync_time == pytest.approx(plain.gradient_sync_time)
+    assert plain.latency - overlapped.latency == pytest.approx(
+        0.75 * plain.gradient_sync_time / 2, rel=1e-6
+    )
