@@ -34,6 +34,11 @@ Sources:
     Published figures: 4-6 µs per kernel (CUDA Programming Guide's measured
     launch latencies, nccl-tests' small-message floors).
 
+Overlap: none in the built-in profiles. XLA of Alpa's time ran a step's
+collectives synchronously on the compute stream (its async collectives came
+later), and Alpa's OSDI'22 runtime sends cross-mesh tensors between stage
+runs; nothing measured says otherwise. A calibrated profile may say more.
+
 The inter-node levels: the line rate (AWS p3.16xlarge 25 Gbps; DGX HDR and
 NDR InfiniBand, one 200 / 400 Gb/s HCA per GPU) times the NIC share [P2]
 measured (64 %) for the AWS TCP network, and times 90 % for InfiniBand with
