@@ -51,7 +51,12 @@ def running_head() -> Iterator[str]:
          "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp}"],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         # as this process: a token left in ~/.ray would otherwise turn token auth on
-        env={**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled")},
+        # and, as tests/conftest.py sets it, every port of the head on 127.0.0.1 only
+        env={
+            **os.environ,
+            "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled"),
+            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+        },
     )  # fmt: skip
     address = f"127.0.0.1:{port}"
     try:
