@@ -95,7 +95,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from alpa_ir.errors import AlpaError
+from alpa_ir.errors import AlpaError, PlanError
 from alpa_ir.passmanager.progress import ProgressBar
 from alpa_ir.tools.cli_args import (
     BooleanOption,
@@ -701,12 +701,17 @@ def _published_main(parser: OneLineParser, args: argparse.Namespace) -> int:
 
     rows = _published_runs(parser, args)
     results = []
+    failed = 0
     try:
         for run in rows:
             try:
                 row = published_row(run, args)
-            except AlpaError as error:
-                raise AlpaError(f"{run.model} on {run.gpus} GPUs: {error}") from error
+            except (AlpaError, PlanError) as error:  # the other rows still run
+                failed += 1
+                print(
+                    f"alpa-bench: error: {run.model} on {run.gpus} GPUs: {error}", file=sys.stderr
+                )
+                continue
             results.append(row)
             if not args.json:
                 print(format_row(row), flush=True)
@@ -715,7 +720,7 @@ def _published_main(parser: OneLineParser, args: argparse.Namespace) -> int:
     except AlpaError as error:
         print(f"alpa-bench: error: {error}", file=sys.stderr)
         return 1
-    return 0
+    return 1 if failed else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
