@@ -22,6 +22,7 @@ from flax.training.train_state import TrainState
 from jax import random
 
 import alpa_ir as alpa
+from alpa_ir.api.runtime_api import session_backend
 from alpa_ir.testing import assert_allclose
 from alpa_ir.util import benchmark_func
 
@@ -185,6 +186,7 @@ def test_pipeshard_parallelism(monkeypatch: pytest.MonkeyPatch) -> None:
     ray.init(include_dashboard=False)  # the tutorial: ray.init()
     try:
         alpa.init(cluster="ray")
+        assert session_backend(None) == "ray"  # the steps below run on Ray's workers
         rngkey, x, y = _data()
         model = FourLayerMLP(hidden_dim=DIM)
         params = model.init(rngkey, x)
@@ -227,6 +229,7 @@ def test_pipeshard_parallelism(monkeypatch: pytest.MonkeyPatch) -> None:
         alpa.shutdown()
 
         alpa.init(cluster="ray")
+        assert session_backend(None) == "ray"
         method = alpa.PipeshardParallel(
             num_micro_batches=16,
             layer_option=alpa.AutoLayerOption(layer_num=2),
