@@ -48,3 +48,39 @@ def _compare(x: Any, y: Any, rtol: float, atol: float, where: str) -> None:
         assert x_tree == y_tree, f"at {at}: structure {x_tree} != {y_tree}"
         for k, (a, b) in enumerate(zip(xs, ys, strict=True)):
             _compare(a, b, rtol, atol, f"{where}.leaf{k}")
+
+
+class HloParser:
+    """Alpa's helpers that read the entry computation of HLO text: its
+    parameter line and ROOT line, and the array shapes (``f32[2,4]``) of the
+    parameters and of the root tuple, in order."""
+
+    @staticmethod
+    def get_param_line(text: str) -> str:
+        """The ``ENTRY`` line (the entry computation's parameters)."""
+        entry = text[text.find("ENTRY") :]
+        return entry.split("\n", 1)[0]
+
+    @staticmethod
+    def get_root_line(text: str) -> str:
+        """The entry computation's ``ROOT`` line."""
+        entry = text[text.find("ENTRY") :]
+        root = entry[entry.find("ROOT") :]
+        return root.split("\n", 1)[0]
+
+    @staticmethod
+    def parse_param_shapes(text: str) -> tuple[str, ...]:
+        """The parameters' array types on an ``ENTRY`` line, layouts dropped."""
+        import re
+
+        params = text[text.find("(") + 1 : text.rfind("->")]
+        return tuple(re.findall(r"\b[a-z]+\d*\[[\d,]*\]", params))
+
+    @staticmethod
+    def parse_root_shapes(text: str) -> tuple[str, ...]:
+        """The array types of a ``ROOT`` tuple line's result, layouts dropped."""
+        import re
+
+        result = text[text.find("=") + 1 :]
+        result = result[: result.find("tuple(")] if "tuple(" in result else result
+        return tuple(re.findall(r"\b[a-z]+\d*\[[\d,]*\]", result))

@@ -1,7 +1,7 @@
 """Alpa's ``alpa.testing`` name (import alpa_ir.testing): a shim over
 :mod:`alpa_ir.compat.testing` and :mod:`alpa_ir.compat.testing_models`."""
 
-from alpa_ir.compat.testing import assert_allclose
+from alpa_ir.compat.testing import HloParser, assert_allclose
 from alpa_ir.compat.testing_models import (
     BertLayerModel,
     MLPModel,
@@ -15,6 +15,7 @@ from alpa_ir.compat.testing_models import (
 
 __all__ = [
     "BertLayerModel",
+    "HloParser",
     "MLPModel",
     "PipelineBasicTest",
     "assert_allclose",

@@ -94,3 +94,18 @@ def test_count_communication_primitives_of_a_data_parallel_step() -> None:
     assert count_communication_primitives(scalar, ignore_scalar_all_reduce=True)[:2] == (0, 0)
     assert count_communication_primitives("HloModule empty") == (0, 0, 0, 0, 0)
     assert map_to_shape({"w": w, "n": 3}) == {"w": (16, 4), "n": None}
+
+
+def test_hlo_parser_reads_the_entry_parameters_and_root() -> None:
+    import jax
+
+    from alpa_ir.testing import HloParser
+
+    def f(a: jax.Array, b: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return a @ b, a.sum()
+
+    text = jax.jit(f).lower(jnp.ones((2, 4)), jnp.ones((4, 3))).compile().as_text()
+    params = HloParser.parse_param_shapes(HloParser.get_param_line(text))
+    assert params == ("f32[2,4]", "f32[4,3]")
+    root = HloParser.parse_root_shapes(HloParser.get_root_line(text))
+    assert root == ("f32[2,3]", "f32[]")
