@@ -41,8 +41,12 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from alpa_ir.autosharding.cost_model import collective_bytes_on_wire
-from alpa_ir.costs.stage_table import StageCostTable
+from alpa_ir.costs.costing_workers import StartedWorkers
+from alpa_ir.costs.stage_cost import StageCostModel
+from alpa_ir.costs.stage_table import LayerRanges, StageCostTable, cost_table
 from alpa_ir.errors import AlpaError, PlanError
 from alpa_ir.hardware.clusters import Cluster
 from alpa_ir.pipeline.stage_construction import StagePlan, plan_stages
@@ -50,9 +54,12 @@ from alpa_ir.pipeline.stage_construction import StagePlan, plan_stages
 FULL_SEARCH_VIEWS = 256
 """The most logical mesh views (Alpa's ``all`` space) for which ``search=auto``
 keeps the full search (64 GPUs of 8-GPU nodes: 62 views; 128: 146)."""
-DEFAULT_MAX_PIPELINE_DEVICES = 1024
+DEFAULT_MAX_PIPELINE_DEVICES = 512
 """The largest pipeline the scaled search prices (power-of-two submeshes up
-to 128 nodes of 8: 66 views)."""
+to 64 nodes of 8: 55 views). The calibrated cost model simulates an
+all-to-all over an axis of ``m`` devices pair by pair (``m²`` routes), so the
+largest views set the costing time: one ``(512, 1)`` view costs about 14 s of
+CPU, a ``(1024, 1)`` one 55 s."""
 SEARCHES = ("full", "scaled", "auto")
 
 
@@ -292,18 +299,54 @@ def plan_replicated(
     )
 
 
-def largest_pipeline_nodes(cluster: Cluster, num_micro_batches: int, max_devices: int) -> int:
-    """Nodes of the largest pipeline the scaled search plans: ``N / r`` for the
-    fewest replicas ``r`` with a pipeline of at most ``max_devices``."""
+def planned_replica_counts(
+    cluster: Cluster, num_micro_batches: int, max_devices: int = DEFAULT_MAX_PIPELINE_DEVICES
+) -> tuple[int, ...]:
+    """The replica counts the scaled search plans on ``cluster``: those of
+    :func:`replica_counts` with pipelines of at most ``max_devices`` devices
+    whose nodes are a block of the cluster's levels (:func:`pipeline_cluster`)."""
     most = max(1, max_devices // cluster.devices_per_node)
-    counts = replica_counts(cluster.num_nodes, num_micro_batches, most)
+    counts = []
+    for r in replica_counts(cluster.num_nodes, num_micro_batches, most):
+        try:
+            pipeline_cluster(cluster, cluster.num_nodes // r)
+        except AlpaError:
+            continue
+        counts.append(r)
     if not counts:
         raise PlanError(
             f"construct-stages: no replica count divides both the {cluster.num_nodes} nodes "
             f"and the {num_micro_batches} micro-batches with pipelines of at most "
-            f"{max_devices} devices"
+            f"{max_devices} devices that are whole blocks of cluster '{cluster.name}'"
         )
-    return cluster.num_nodes // counts[0]
+    return tuple(counts)
+
+
+def scaled_cost_table(
+    ranges: LayerRanges,
+    cluster: Cluster,
+    model: StageCostModel,
+    counts: Sequence[int],
+    *,
+    cost_mode: str = "layer-sum",
+    workers: int = 1,
+    progress: bool = True,
+    phase_flops: np.ndarray | None = None,
+    started: StartedWorkers | None = None,
+) -> StageCostTable:
+    """The one cost table of the scaled search: ``power-of-two`` submeshes on
+    the largest pipeline of ``counts`` (the fewest replicas)."""
+    return cost_table(
+        ranges,
+        pipeline_cluster(cluster, cluster.num_nodes // min(counts)),
+        model,
+        space="power-of-two",
+        cost_mode=cost_mode,
+        workers=workers,
+        progress=progress,
+        phase_flops=phase_flops,
+        started=started,
+    )
 
 
 __all__ = [
@@ -313,11 +356,12 @@ __all__ = [
     "ReplicaCandidate",
     "ReplicatedPlan",
     "count_views",
-    "largest_pipeline_nodes",
     "pipeline_cluster",
     "plan_replicated",
+    "planned_replica_counts",
     "replica_counts",
     "replica_sync_seconds",
+    "scaled_cost_table",
     "search_kind",
     "sub_table",
 ]

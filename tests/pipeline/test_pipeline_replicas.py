@@ -9,7 +9,7 @@ import pytest
 from stage_fixtures import _deep_module
 
 from alpa_ir.costs.analytical_stage_cost import AnalyticalStageCostModel
-from alpa_ir.costs.stage_table import StageCostTable, ViewCost, cost_table, submesh_views
+from alpa_ir.costs.stage_table import StageCostTable, ViewCost, submesh_views
 from alpa_ir.errors import AlpaError, PlanError
 from alpa_ir.hardware.clusters import Cluster, ClusterLevel
 from alpa_ir.ir.module_utils import main_function
@@ -18,8 +18,10 @@ from alpa_ir.pipeline.pipeline_replicas import (
     count_views,
     pipeline_cluster,
     plan_replicated,
+    planned_replica_counts,
     replica_counts,
     replica_sync_seconds,
+    scaled_cost_table,
     search_kind,
     sub_table,
 )
@@ -177,13 +179,27 @@ def test_a_real_table_plans_replicas_with_measured_gradients() -> None:
     replicas need the all-reduce one pipeline does not."""
     ranges = LayerRanges(main_function(_deep_module()))
     cluster = _cluster(4, per_node=2, memory=2**30)
-    table = cost_table(
-        ranges, pipeline_cluster(cluster, 2), AnalyticalStageCostModel(), space="power-of-two",
-        progress=False,
-    )  # fmt: skip
+    counts = planned_replica_counts(cluster, 4, max_devices=4)
+    assert counts == (2, 4)
+    table = scaled_cost_table(ranges, cluster, AnalyticalStageCostModel(), counts, progress=False)
+    assert table.cluster.num_nodes == 2 and table.submeshes == ((1, 1), (1, 2), (2, 2))
     layer = table.cost(0, 0, (1, 1))
     assert layer.gradients == 16 * 16 * 4  # one 16x16 f32 weight
     found = plan_replicated(table, cluster, 4)
     assert [c.replicas for c in found.candidates] == [2, 4]
     assert all(c.sync_seconds > 0 for c in found.candidates)
     assert found.iteration_time == min(c.iteration_time for c in found.candidates)
+
+
+def test_planned_replica_counts_skip_pipelines_that_split_a_unit() -> None:
+    """384 nodes in units of 16 (DGX SuperPOD-like): a pipeline of 24 nodes
+    would split a unit, so 16 replicas are not planned; none fits: one line."""
+    levels = (
+        ClusterLevel("pod", 24, 1e9, 3e-6),
+        ClusterLevel("node", 16, 4e9, 1e-6),
+        ClusterLevel("gpu", 8, 1e11, 1e-7),
+    )
+    cluster = Cluster("tiers", levels, 1e9, 1e12)
+    assert planned_replica_counts(cluster, 128, max_devices=512) == (8, 32, 64, 128)
+    with pytest.raises(PlanError, match="no replica count divides"):
+        planned_replica_counts(cluster, 1, max_devices=512)
