@@ -132,7 +132,7 @@ def models(size: str = "cpu") -> dict[str, Any]:
             batch_size=16, num_experts=8, expert_group_size=256,
         ),
         "wresnet": WResNetConfig(
-            image_size=32, num_classes=16, stage_sizes=(1, 1, 1), base_channels=32,
+            image_size=32, num_classes=16, stage_sizes=(1, 1, 1), base_channels=64,
             width_factor=2, batch_size=32,
         ),
         "tiny": MLPConfig(input_dim=32, hidden_size=64, num_layers=2, output_dim=16, batch_size=16),
