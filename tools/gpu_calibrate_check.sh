@@ -56,14 +56,14 @@ export PYTHONUNBUFFERED=1
 cat "$OUT/env.log"
 
 # no terminal there: no progress bar, the summary at the end
-timeout 300 python3 -m alpa_ir.tools.alpa_calibrate --out "$OUT/gpu_profile.json" \
+timeout 280 python3 -m alpa_ir.tools.alpa_calibrate --out "$OUT/gpu_profile.json" \
     2>&1 | tee "$OUT/calibrate.log"
 [[ -s "$OUT/gpu_profile.json" ]] || { echo "no profile written" >&2; exit 1; }
 
 GPUS=$(python3 -c "import jax; print(jax.device_count())")
 CASES=single
 [[ "$GPUS" -ge 8 ]] && CASES=all
-timeout 240 python3 -m alpa_ir.tools.bench_local_clock --profile "$OUT/gpu_profile.json" \
+timeout 200 python3 -m alpa_ir.tools.bench_local_clock --profile "$OUT/gpu_profile.json" \
     --cases "$CASES" --size gpu --steps 5 --warmup 2 --json "$OUT/check.json" \
     2>&1 | tee "$OUT/check.log"
 exit 0
