@@ -25,9 +25,15 @@ stage's devices by the same analytical stage cost model and device model as
 the planner's (identical layers priced once), the chunks are laid out as
 Megatron interleaves them (chunk ``c`` on stage ``c mod PP``) and simulated
 by the same simulator (:func:`alpa_ir.tools.bench_outcome.outcome`). The ILP
-still chooses each layer's sharding on the stage's mesh (the batch is split
-over ``data`` where that is cheapest, which it is at these sizes): the
-published degrees are fixed, the intra-operator plan is ours.
+still chooses each layer's sharding on the stage's mesh: the published
+degrees are fixed, the intra-operator plan is ours. Each layer is priced
+twice, as ``alpa-bench`` prices it (``memory_fallback``): the ILP's plan, and
+the plan that keeps no parameter replicated (the weights split over the
+tensor axis as Megatron splits them, or gathered as ZeRO-3 does, whichever
+the ILP finds cheaper); a stage takes the faster that fits. ZeRO-1 and -2
+are the cost model's ``zero`` (gradients and optimizer state partitioned
+over the data-parallel replicas), ZeRO-3 is the same here (the
+memory-saving plan shards the weights).
 
 **The figures.** Per-GPU TFLOPS and MFU count the model's FLOPs (no
 recomputation: ``train_step_flops``) over the simulated iteration time;
@@ -278,7 +284,7 @@ def run_published(
         num_micro_batches=micro,
         remat=config.recompute == "full",
         zero=config.zero_stage >= 1,
-        memory_fallback=config.zero_stage == 3,
+        memory_fallback=True,  # the plan that shards every parameter (TP's or ZeRO-3's)
         fusion=fusion,
         optimizer_state_factor=bench_optimizer(run.model)[1],
         time_limit=time_limit,
