@@ -145,6 +145,7 @@ def _sharding_spec(x):
 
 for _cls in (NoSharding, Chunked, Unstacked, ShardedAxis, Replicated, ShardingSpec):
     setattr(pxla, _cls.__name__, _cls)
+pxla.ShardedDeviceArray = jax.Array
 pjit.PartitionSpec = jax.sharding.PartitionSpec
 _maps = types.ModuleType("jax.experimental.maps")
 _maps.FrozenDict = dict

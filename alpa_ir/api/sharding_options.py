@@ -49,8 +49,11 @@ class AutoShardingOption:
     """Alpa's all-reduce combiner threshold: XLA combines here; a value set is warned of."""
     heuristic: bool = False
     """Alpa's "Heuristic" baseline: shard the largest dimension of every input."""
-    reduce_scatter: Literal["none", "zero2", "zero3"] = "zero2"
-    """The post-ILP rewrite of gradient all-reduces (ZeRO-2 by default, as Alpa does)."""
+    reduce_scatter: Literal["auto", "none", "zero2", "zero3"] = "auto"
+    """The post-ILP rewrite of gradient all-reduces: ``auto`` is Alpa's
+    (ZeRO-2 with :attr:`prefer_reduce_scatter`, ZeRO-3 with
+    :attr:`force_zero_stage_3`, else none: one all-reduce per gradient, which
+    XLA combines); ``zero2``/``zero3`` always, ``none`` never."""
     cost_model: str = "auto"
     """The communication cost model: ``auto`` prices a mesh of GPUs with
     ``calibrated`` and any other with Alpa's ``alpha-beta`` (by name for Alpa's
@@ -92,7 +95,7 @@ class AutoShardingOption:
         text = " ".join(f"{k}={_option(v)}" for k, v in opts.items())
         passes = ["merge-trivial-ops", f"auto-sharding{{{text}}}"]
         mode = "zero3" if self.force_zero_stage_3 else self.reduce_scatter
-        if mode != "none":
+        if mode not in ("auto", "none"):  # auto: auto-sharding's prefer-reduce-scatter
             passes.append(f"reduce-scatter-rewrite{{mode={mode}}}")
         return "builtin.module(" + ",".join(passes) + ")"
 

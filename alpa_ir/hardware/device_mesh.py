@@ -92,6 +92,15 @@ class LogicalDeviceMesh:
         n, alpha, beta = self._axis(mesh_dim)
         return alpha + beta * (n - 1) / (n * n) * num_bytes * (n / 2.0) + 0.001
 
+    def flatten(self) -> LogicalDeviceMesh:
+        """Alpa's ``flatten()``: the devices as one axis, shape ``(n, 1)``, α the
+        largest and β the smallest of the axes' (as Alpa prices its flattened
+        mesh; :meth:`flattened` is the planner's ``(1, n)`` view, priced by the
+        slowest axis)."""
+        assert self.alpha is not None and self.beta is not None
+        alpha, beta = max(self.alpha), min(self.beta)
+        return LogicalDeviceMesh((self.size, 1), (alpha, alpha), (beta, beta), self.devices)
+
     def _axis(self, mesh_dim: int) -> tuple[int, float, float]:
         assert self.alpha is not None and self.beta is not None
         if not 0 <= mesh_dim < self.rank:

@@ -105,6 +105,8 @@ def test_alpa_prices_on_the_logical_mesh() -> None:
     assert mesh.reduce_scatter_cost(1024, 0) == pytest.approx(1 + 1 / 2 * 1024 + 0.001)
     assert mesh.all_to_all_cost(1024, 1) == pytest.approx(1 + 0.1 * 3 / 16 * 1024 * 2 + 0.001)
     assert mesh.all_reduce_cost(1, 0) + mesh.all_reduce_cost(1, 1) > 3  # Alpa's penalty
+    flat = mesh.flatten()  # Alpa's: (n, 1), the largest alpha, the smallest beta
+    assert (flat.shape, flat.alpha, flat.beta) == ((8, 1), (1.0, 1.0), (0.1, 0.1))
     with pytest.raises(AlpaError, match="mesh_dim 2 is not an axis"):
         mesh.all_reduce_cost(1, 2)
 
@@ -161,3 +163,19 @@ def test_a_batch_leaf_without_rows_is_not_forced_to_split() -> None:
         step, method=alpa_ir.ShardParallel(mesh, auto_sharding_option=option)
     )(params, batch)
     np.testing.assert_allclose(np.asarray(got["w"]), np.asarray(want["w"]))
+
+
+def test_gradients_are_reduce_scattered_only_when_preferred() -> None:
+    """Alpa's default ``prefer_reduce_scatter=False``: one all-reduce per
+    gradient (XLA combines them); with it, ZeRO-2's reduce-scatters."""
+    state, batch = _state_and_batch()
+    mesh = alpa_ir.PhysicalDeviceMesh(jax.devices()[:4]).get_logical_mesh((1, 4))
+    kinds = []
+    for prefer in (False, True):
+        option = alpa_ir.AutoShardingOption(prefer_reduce_scatter=prefer)
+        executable = alpa_ir.parallelize(
+            _step, method=alpa_ir.ShardParallel(mesh, auto_sharding_option=option)
+        ).get_executable(state, batch)
+        kinds.append({c.kind for c in hlo_collectives(executable.get_hlo_text())})
+    assert kinds[0] == {"all-reduce"}
+    assert "reduce-scatter" in kinds[1]

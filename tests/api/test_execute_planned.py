@@ -30,9 +30,14 @@ def test_execute_of_the_planned_module_compiles_the_same_collectives(
 ) -> None:
     fn, args = tiny_step(model)
     mesh = alpa_ir.LogicalDeviceMesh((2, 4))
-    executable = alpa_ir.parallelize(fn, method=getattr(alpa_ir, method)(mesh)).get_executable(
-        *args
+    # ShardParallel reduce-scatters gradients when asked, as Alpa's
+    option = alpa_ir.AutoShardingOption(prefer_reduce_scatter=True)
+    parallel = (
+        alpa_ir.ShardParallel(mesh, auto_sharding_option=option)
+        if method == "ShardParallel"
+        else getattr(alpa_ir, method)(mesh)
     )
+    executable = alpa_ir.parallelize(fn, method=parallel).get_executable(*args)
     want = _collectives(executable.get_hlo_text(*args))
     assert {kind for kind, _, _ in want} >= {"all-reduce", "reduce-scatter"}
 
