@@ -11,7 +11,9 @@ count. Each is given here as a manual plan (:class:`AlpaPlan` around a
 ``alpa-bench`` simulates every plan: the step traced abstractly at the
 micro-batch shape with the artifact's automatic layers, every layer range
 priced on every logical mesh view (``construct-stages``' cost table), the
-given stages taken from the table and simulated (the ``simulate`` backend's
+given stages taken from the table (the artifact's layers scaled onto
+``alpa-bench``'s, :meth:`AlpaPlan.stage_ranges`; ``--coarse``: traced with the
+artifact's layer count) and simulated (the ``simulate`` backend's
 :func:`~alpa_ir.backends.simulate.simulate`, 1F1B, remat). The measured
 latency is the artifact's Alpa row (:mod:`alpa_ir.models.measurements`:
 derived from its TFLOPS and its FLOP count; the artifact does not keep Alpa's
@@ -20,9 +22,11 @@ latencies). Beside it, the plan our own stage DP finds on the same table.
 Not reproduced: ``force_batch_dim_to_mesh_dim`` (the table prices each view
 with the ILP's best plan, which on these views splits the batch over the
 first mesh axis where that is fastest; the option is printed); Alpa's
-operator clustering itself (ours cuts the same number of layers, balancing
-FLOPs as Alpa's does, so the layer boundaries may differ by an operator or
-two). Shard-parallel plans (one stage on all devices, Alpa's logical mesh not
+operator clustering itself: by default the plan's stage boundaries are scaled
+onto ``alpa-bench``'s finer layers (a stage boundary may move by up to half an
+artifact layer's share of blocks); with ``--coarse`` ours cuts the artifact's
+number of layers, balancing FLOPs as Alpa's does, so the boundaries may differ
+by an operator or two. Shard-parallel plans (one stage on all devices, Alpa's logical mesh not
 recorded) take the fastest view.
 
 ``python -m alpa_ir.tools.bench_alpa_plans [--models a,b] [--json]``.
@@ -30,6 +34,7 @@ recorded) take the fastest view.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -91,6 +96,19 @@ class AlpaPlan:
     @property
     def gpus(self) -> int:
         return sum(math.prod(p) for p in self.physical)
+
+    def stage_ranges(self, traced_layers: int) -> list[tuple[int, int]]:
+        """Each stage's (first, last) layer among ``traced_layers`` automatic
+        layers: the plan's own where it has as many; else its boundaries scaled
+        (stage boundary at layer ``a`` of N: ``round(a · traced / N)``), each
+        artifact layer being an equal share of the model's blocks."""
+        starts = [min(ids) for ids in self.stage.forward_stage_layer_ids]
+        bounds = [round(a * traced_layers / self.layers) for a in starts] + [traced_layers]
+        if any(b <= a for a, b in itertools.pairwise(bounds)):
+            raise AlpaError(
+                f"AlpaPlan: {len(starts)} stages do not fit {traced_layers} traced layers"
+            )
+        return [(a, b - 1) for a, b in itertools.pairwise(bounds)]
 
 
 def _plan(
@@ -188,14 +206,13 @@ def published_outcome(
     from alpa_ir.tools.bench_outcome import Outcome, outcome
 
     cluster = table.cluster
-    if table.num_layers != plan.layers:
-        return Outcome("published", error=f"{table.num_layers} layers traced, not {plan.layers}")
+    try:
+        ranges = plan.stage_ranges(table.num_layers)
+    except AlpaError as error:
+        return Outcome("published", error=str(error))
     stages, offset = [], 0
-    for ids, physical, logical in zip(
-        plan.stage.forward_stage_layer_ids,
-        plan.physical,
-        plan.stage.submesh_logical_shapes,
-        strict=True,
+    for (first, last), physical, logical in zip(
+        ranges, plan.physical, plan.stage.submesh_logical_shapes, strict=True
     ):
         if physical not in table.submeshes:
             return Outcome("published", error=f"submesh {physical} is not in the cluster's space")
@@ -206,7 +223,6 @@ def published_outcome(
             shapes = [tuple(logical)]
         else:
             return Outcome("published", error=f"no logical mesh {logical} on submesh {physical}")
-        first, last = min(ids), max(ids)
         costs = [table.cost(first, last, s).fitting(cluster.device_memory) for s in shapes]
         k = min(range(len(costs)), key=lambda i: costs[i].latency)
         size = math.prod(physical)
@@ -222,20 +238,33 @@ def bench_published(
     workers: int = 1,
     progress: bool = False,
     plan: AlpaPlan | None = None,
+    coarse: bool = False,
 ) -> dict[str, Any]:
     """``name``'s published plan (``plan``: another manual plan of the zoo model
     ``name``) simulated beside its measured latency and our own stage DP's plan
-    on the same cost table."""
+    on the same cost table. The step is traced with ``alpa-bench``'s automatic
+    layers (one per block and one more, whose identical blocks are costed
+    once) and the plan's stages scaled onto them (:meth:`AlpaPlan.stage_ranges`);
+    ``coarse``: traced with the plan's own layer count instead (Alpa's
+    layers exactly, but every layer a different function: far slower to cost
+    at 16 GPUs and more)."""
     from alpa_ir.models.measurements import artifact_dtype, measurement
     from alpa_ir.models.train_step import train_step_flops
-    from alpa_ir.tools.bench_suite import bench_cluster, bench_module, bench_optimizer, trace
+    from alpa_ir.tools.bench_suite import (
+        bench_cluster,
+        bench_module,
+        bench_optimizer,
+        default_layers,
+        trace,
+    )
 
     plan = plan if plan is not None else PUBLISHED[name]
     cluster = bench_cluster(preset, plan.gpus)
     dtype = artifact_dtype(name)
     flops = train_step_flops(name)
     t0 = time.perf_counter()
-    module = trace(name, plan.micro_batches, plan.layers, dtype)
+    layers = plan.layers if coarse else default_layers(name)
+    module = trace(name, plan.micro_batches, layers, dtype)
     clustering = time.perf_counter() - t0
 
     def published(ranges: Any, table: StageCostTable, options: Any) -> list[Outcome]:
@@ -268,17 +297,20 @@ def bench_published(
         "gpus": plan.gpus,
         "micro_batches": plan.micro_batches,
         "layers": plan.layers,
+        "traced_layers": layers,
         "dtype": dtype,
         "source": plan.source,
         "plan": [
             {
-                "layers": [min(ids), max(ids)],
+                "layers": [first, last],
+                "artifact_layers": [min(ids), max(ids)],
                 "submesh": list(physical),
                 "logical_mesh": list(logical) if not plan.best_view else "fastest",
                 "force_batch_dim_to_mesh_dim": force,
             }
-            for ids, physical, logical, force in zip(
+            for ids, (first, last), physical, logical, force in zip(
                 plan.stage.forward_stage_layer_ids,
+                plan.stage_ranges(layers),
                 plan.physical,
                 plan.stage.submesh_logical_shapes,
                 plan.force_batch_dim,
@@ -316,7 +348,8 @@ def format_row(row: dict[str, Any]) -> str:
     measured = row["measured_latency"]
     ratio = "-" if row["ratio"] is None else f"{row['ratio']:.2f}"
     lines = [
-        f"{row['model']} on {row['gpus']} GPUs, B={row['micro_batches']}, {row['layers']} layers"
+        f"{row['model']} on {row['gpus']} GPUs, B={row['micro_batches']}, {row['layers']} "
+        f"artifact layers on {row['traced_layers']} traced"
         f", {row['dtype']}: simulated {sim['iteration_time']:.4g} s, measured "
         f"{'-' if measured is None else f'{measured:.4g}'} s, ratio {ratio}"
         + (f"  ({sim['error']})" if sim["error"] else ""),
@@ -355,6 +388,12 @@ def build_parser() -> OneLineParser:
     parser.add_argument(
         "--workers", type=positive_int, default=os.cpu_count() or 1, help="costing processes"
     )
+    parser.add_argument(
+        "--coarse",
+        action="store_true",
+        help="trace the artifact's own layer count (default: alpa-bench's layers, the "
+        "plan's stages scaled onto them)",
+    )
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     return parser
 
@@ -369,7 +408,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = []
     try:
         for name in names:
-            row = bench_published(name, args.cluster, args.workers)
+            row = bench_published(name, args.cluster, args.workers, coarse=args.coarse)
             rows.append(row)
             if not args.json:
                 print(format_row(row), flush=True)

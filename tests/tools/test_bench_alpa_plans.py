@@ -50,7 +50,7 @@ def test_a_manual_plan_is_simulated_from_the_table() -> None:
     plan = AlpaPlan(
         2, 2, ManualStageOption([[0], [1]], [(1, 1), (1, 1)]), ((1, 1),) * 2, (None,) * 2, "test"
     )
-    row = bench_published("mlp-tiny", "local-cpu", plan=plan)
+    row = bench_published("mlp-tiny", "local-cpu", plan=plan, coarse=True)
     sim = row["simulated"]
     assert sim["error"] == "" and math.isfinite(sim["iteration_time"])
     assert [s["layers"] for s in sim["stages"]] == [[0, 0], [1, 1]]
@@ -59,7 +59,18 @@ def test_a_manual_plan_is_simulated_from_the_table() -> None:
     assert "published: L0-0 1x1->1x1 | L1-1 1x1->1x1" in format_row(row)
     # a plan across two devices of one stage, its batch forced onto mesh axis 0
     odd = AlpaPlan(2, 2, ManualStageOption([[0, 1]], [(2, 1)]), ((1, 2),), (0,), "test")
-    assert "1x2->2x1 fb0" in format_row(bench_published("mlp-tiny", "local-cpu", plan=odd))
+    shown = format_row(bench_published("mlp-tiny", "local-cpu", plan=odd, coarse=True))
+    assert "1x2->2x1 fb0" in shown
+
+
+def test_stages_are_scaled_onto_finer_layers() -> None:
+    gpt = PUBLISHED["gpt3-1.3b"]  # 6 artifact layers, two stages of 3
+    assert gpt.stage_ranges(6) == [(0, 2), (3, 5)]
+    assert gpt.stage_ranges(25) == [(0, 11), (12, 24)]  # round(3 * 25 / 6) = 12
+    wide = PUBLISHED["wresnet-4b"]  # 16 layers: 0-4, 5-8, 9-15
+    assert wide.stage_ranges(17) == [(0, 4), (5, 9), (10, 16)]
+    with pytest.raises(AlpaError, match="8 stages do not fit 4 traced layers"):
+        PUBLISHED["gpt3-39b"].stage_ranges(4)
 
 
 def test_summary_counts_plans_within_tolerance() -> None:
