@@ -190,9 +190,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     results = []
     for count in gpus:
-        command = [sys.executable, __file__, *(argv or sys.argv[1:]), "--child"]
-        command = [c for c in command if not c.startswith("--gpus")]
-        command += [f"--gpus={count}"]
+        command = [
+            sys.executable,
+            __file__,
+            "--child",
+            f"--model={args.model}",
+            f"--cluster={args.cluster}",
+            f"--gpus={count}",
+            f"--micro-batches={args.micro_batches}",
+            f"--max-pipeline-gpus={args.max_pipeline_gpus}",
+            f"--workers={args.workers}",
+            f"--schedule={args.schedule}",
+        ]
         done = subprocess.run(command, capture_output=True, text=True, check=False)
         if done.returncode:
             results.append({"gpus": count, "error": done.stderr.strip().splitlines()[-1]})
