@@ -56,7 +56,11 @@ def op_flops(op: Operation, shapes: Shapes = _global_shape) -> float:
     if name == "conv_general_dilated":
         rhs, out = shapes(op.operands[1]), shapes(op.results[0])
         out_features = rhs[op.param("dimension_numbers").rhs_spec[0]]
-        return 2.0 * math.prod(out) * math.prod(rhs) / max(out_features, 1) + body
+        # an input dilated by d (the input gradient of a strided convolution,
+        # a transposed convolution) is mostly inserted zeros: of each window,
+        # one position in prod(d) meets an input value, and only those count
+        dilated = math.prod(op.param("lhs_dilation") or (1,))
+        return 2.0 * math.prod(out) * math.prod(rhs) / max(out_features, 1) / dilated + body
     if kind is OpKind.ELEMENTWISE:
         return float(sum(math.prod(shapes(r)) for r in op.results)) + body
     if kind is OpKind.REDUCTION:

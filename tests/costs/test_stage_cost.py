@@ -371,3 +371,21 @@ def test_a_model_fingerprints_each_of_its_recent_functions_once(
     model.cache_key(many[0], c.logical_mesh((1, 2)), c)
     model.cache_key(many[-1], c.logical_mesh((1, 2)), c)
     assert counted == [many[0]]
+
+
+def test_a_transposed_convolution_counts_only_the_products_of_real_inputs() -> None:
+    """The input gradient of a stride-2 convolution dilates its input by 2 in
+    each spatial dimension: of the window's products, one in 4 meets a value;
+    it has the forward convolution's FLOPs, not four times them."""
+
+    def conv(x: jax.Array, k: jax.Array) -> jax.Array:
+        return jax.lax.conv_general_dilated(x, k, (2, 2), "SAME")
+
+    x, k = jnp.ones((2, 3, 8, 8)), jnp.ones((4, 3, 3, 3))
+    forward = function_flops(main_function(alpa_ir.import_jax(conv, x, k)))
+
+    def input_grad(x: jax.Array, k: jax.Array) -> jax.Array:
+        return jax.grad(lambda x: conv(x, k).sum())(x)
+
+    backward = function_flops(main_function(alpa_ir.import_jax(input_grad, x, k)))
+    assert backward - forward == pytest.approx(forward, rel=0.35)
