@@ -330,11 +330,12 @@ def test_the_pass_gives_the_cost_model_its_options_of_the_same_names() -> None:
     shared = {f.name for f in fields(ConstructStages)} & {f.name for f in fields(StageCostOptions)}
     assert shared == {
         "cost_model", "fusion", "memory_fallback", "optimizer_state_factor", "remat",
-        "repeated_layers", "solver", "time_limit", "zero",
+        "repeated_layers", "solver", "time_limit", "zero", "num_micro_batches",
     }  # fmt: skip
     stage_pass = ConstructStages(
         optimizer_state_factor=3.0, solver="highs", time_limit=5.0, remat=True, zero=True,
         fusion=True, memory_fallback=True, repeated_layers="share", cost_model="alpha-beta",
+        num_micro_batches=4,
     )  # fmt: skip
     options = stage_pass.cost_options()
     assert {n: getattr(options, n) for n in shared} == {n: getattr(stage_pass, n) for n in shared}
