@@ -93,47 +93,71 @@ def v100_sxm2_aws() -> DeviceProfile:
     )
 
 
-def a100_sxm4_dgx() -> DeviceProfile:
-    """NVIDIA DGX A100: A100-SXM4 80 GB on NVSwitch, one HDR 200 Gb/s HCA per GPU."""
+def _dgx(
+    name: str,
+    device: str,
+    source: str,
+    peak: float,
+    mamf: GemmPoint,
+    hbm: float,
+    nvlink: float,
+    hca: float,
+    sm_count: int,
+    *,
+    nvlink_all_reduce: float | None = None,
+) -> DeviceProfile:
+    """A DGX node's profile: bf16/fp16 at the datasheet ``peak`` (fp32 half of
+    it, TF32), the measured GEMM ``mamf`` in both half precisions, 90 % of the
+    ``hbm`` bandwidth, NVLink at ``nvlink`` bus bandwidth and one InfiniBand HCA
+    of ``hca`` bytes/s line rate per GPU at 90 %."""
     return DeviceProfile(
-        name="a100-sxm4-dgx",
-        device="A100-SXM4-80GB",
-        source="built-in: [MAMF] GEMM, [NCCL-A100] NVSwitch (alpa_ir.hardware.builtin_profiles)",
-        peak_flops=(("bfloat16", 312e12), ("float16", 312e12), ("float32", 156e12)),
-        gemm=(
-            GemmPoint(6912, 16384, 2048, "bfloat16", 267.9e12),
-            GemmPoint(6912, 16384, 2048, "float16", 267.9e12),
+        name=name,
+        device=device,
+        source=source,
+        peak_flops=(("bfloat16", peak), ("float16", peak), ("float32", peak / 2)),
+        gemm=tuple(
+            GemmPoint(mamf.m, mamf.n, mamf.k, dtype, mamf.flops_per_s)
+            for dtype in ("bfloat16", "float16")
         ),
-        memory_bandwidth=0.9 * 2039 * GB,
+        memory_bandwidth=0.9 * hbm,
         launch_overhead=LAUNCH_OVERHEAD_GPU,
         collectives=(
-            *_links("node", 0.9 * 200e9 / 8, 5e-6),
-            *_links("gpu", 200 * GB, 3e-6),
+            *_links("node", 0.9 * hca, 5e-6),
+            *_links("gpu", nvlink, 3e-6, all_reduce=nvlink_all_reduce),
         ),
         overlap=Overlap(gradient_sync=0.0, cross_mesh=0.0),
-        sm_count=108,
+        sm_count=sm_count,
+    )
+
+
+def a100_sxm4_dgx() -> DeviceProfile:
+    """NVIDIA DGX A100: A100-SXM4 80 GB on NVSwitch, one HDR 200 Gb/s HCA per GPU."""
+    return _dgx(
+        "a100-sxm4-dgx",
+        "A100-SXM4-80GB",
+        "built-in: [MAMF] GEMM, [NCCL-A100] NVSwitch (alpa_ir.hardware.builtin_profiles)",
+        312e12,
+        GemmPoint(6912, 16384, 2048, "bfloat16", 267.9e12),
+        2039 * GB,
+        200 * GB,
+        200e9 / 8,
+        108,
     )
 
 
 def h100_sxm5_dgx() -> DeviceProfile:
     """NVIDIA DGX H100: H100-SXM5 80 GB on NVSwitch, one NDR 400 Gb/s HCA per GPU."""
-    return DeviceProfile(
-        name="h100-sxm5-dgx",
-        device="H100-SXM5-80GB",
-        source="built-in: [MAMF] GEMM, [NCCL-H100] NVLink (alpa_ir.hardware.builtin_profiles)",
-        peak_flops=(("bfloat16", 989e12), ("float16", 989e12), ("float32", 494e12)),
-        gemm=(
-            GemmPoint(6144, 17920, 2816, "bfloat16", 792.1e12),
-            GemmPoint(6144, 17920, 2816, "float16", 792.1e12),
-        ),
-        memory_bandwidth=0.9 * 3350 * GB,
-        launch_overhead=LAUNCH_OVERHEAD_GPU,
-        collectives=(
-            *_links("node", 0.9 * 400e9 / 8, 5e-6),
-            *_links("gpu", 370 * GB, 2e-6, all_reduce=480 * GB),
-        ),
-        overlap=Overlap(gradient_sync=0.0, cross_mesh=0.0),
-        sm_count=132,
+    return _dgx(
+        "h100-sxm5-dgx",
+        "H100-SXM5-80GB",
+        "built-in: [MAMF] GEMM, [NCCL-H100] NVLink (alpa_ir.hardware.builtin_profiles)",
+        989e12,
+        GemmPoint(6144, 17920, 2816, "bfloat16", 792.1e12),
+        3350 * GB,
+        370 * GB,
+        400e9 / 8,
+        132,
+        nvlink_all_reduce=480 * GB,
     )
 
 
