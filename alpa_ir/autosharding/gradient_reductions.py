@@ -78,9 +78,11 @@ def deferred_reductions(
             return False
         if name in _LINEAR_UNARY and len(user.operands) == 1:
             if name == "convert_element_type":
+                import jax.numpy as jnp  # bf16's numpy kind is "V", not "f"
+
                 from alpa_ir.dialects.types import dtype_of
 
-                return dtype_of(user.results[0].type).kind == "f"
+                return bool(jnp.issubdtype(dtype_of(user.results[0].type), jnp.floating))
             return True
         if name in ("mul", "div") and (name == "mul" or index == 0):
             other = user.operands[1 - index]

@@ -128,7 +128,9 @@ def _is_count_to_float(op: Operation) -> bool:
         src, dst = dtype_of(op.operands[0].type), dtype_of(op.results[0].type)
     except Exception:
         return False
-    return src.kind in "iub" and dst.kind == "f"
+    import jax.numpy as jnp  # bf16's numpy kind is "V", not "f"
+
+    return src.kind in "iub" and bool(jnp.issubdtype(dst, jnp.floating))
 
 
 def micro_batch_statistics(function: func.FuncOp, batch_args: Sequence[int]) -> list[Operation]:
