@@ -27,7 +27,7 @@ def _layer() -> tuple[object, tuple[int, ...]]:
 def test_a_layer_marks_its_accumulated_results() -> None:
     """The weight gradient goes to apply-grad only: accumulated; the
     activation and the input gradient go to other layers: per micro-batch."""
-    function, params = _layer()
+    function, _ = _layer()
     attr = function.attributes[ACCUMULATED_ATTR]  # type: ignore[attr-defined]
     marked = [int(k) for k in attr.get_values()]  # type: ignore[attr-defined]
     results = function.function_type.outputs.data  # type: ignore[attr-defined]
