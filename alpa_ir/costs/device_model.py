@@ -49,10 +49,6 @@ class KernelTimes:
     launches: float
     kernels: int
 
-    @property
-    def total(self) -> float:
-        return self.gemm + self.memory + self.launches
-
 
 @dataclass(frozen=True)
 class DeviceModel:
@@ -124,7 +120,7 @@ class DeviceModel:
     def op_gemm_time(self, op: LaxOp, shapes: Callable[[SSAValue], tuple[int, ...]]) -> float:
         """A ``dot_general`` or convolution on its local shapes, as ``batch``
         GEMMs of the shape its FLOPs and operand sizes imply."""
-        dtype = _dtype_name(op.operands[0])
+        dtype = _dtype_name_of_op(op)
         flops = op_flops(op, shapes)
         if op.primitive_name == "dot_general":
             lhs, rhs = shapes(op.operands[0]), shapes(op.operands[1])
@@ -241,23 +237,26 @@ def _median(values: list[float]) -> float:
 
 
 def _itemsize(dtype: str) -> int:
-    return {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "int8": 1}.get(dtype, 4)
+    """Bytes per element of the dtype named ``dtype`` (4 for a name JAX does not know)."""
+    import jax.numpy as jnp
+
+    try:
+        return int(jnp.dtype(dtype).itemsize)
+    except TypeError:
+        return 4
 
 
-def _dtype_name(value: SSAValue) -> str:
+def _dtype_name(value: SSAValue) -> str | None:
     try:
         return str(dtype_of(value.type))
-    except Exception:
-        return "float32"
+    except Exception:  # a non-tensor value (a token)
+        return None
 
 
 def _dtype_name_of_op(op: Operation) -> str:
-    for value in (*op.operands, *op.results):
-        try:
-            return str(dtype_of(value.type))
-        except Exception:
-            continue
-    return "float32"
+    """The dtype of ``op``'s first tensor operand or result (float32 without one)."""
+    names = (_dtype_name(v) for v in (*op.operands, *op.results))
+    return next((n for n in names if n is not None), "float32")
 
 
 __all__ = ["MATMUL_PRIMITIVES", "DeviceModel", "KernelTimes", "nominal_profile"]
