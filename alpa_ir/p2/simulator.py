@@ -30,6 +30,7 @@ import math
 import numpy as np
 
 from alpa_ir.errors import AlpaError
+from alpa_ir.p2.all_to_all import PairLoads, all_to_all_loads
 from alpa_ir.p2.semantics import Collective
 from alpa_ir.p2.system import System
 
@@ -90,6 +91,7 @@ class Simulator:
         self.algorithm = algorithm
         self._routes: dict[tuple[int, int], tuple[tuple[tuple[tuple, float], ...], float]] = {}
         self._steps: dict[tuple, float] = {}
+        self._pair_loads: dict[tuple, PairLoads] = {}
         self._gpus_per_node = system.num_devices // system.num_nodes
 
     def _route(self, src: int, dst: int) -> tuple[tuple[tuple[tuple, float], ...], float]:
@@ -199,24 +201,16 @@ class Simulator:
         """Seconds for an all-to-all over all ``groups`` at once, ``nbytes`` per device:
         every member sends ``nbytes / m`` to each of the other ``m - 1`` at once (NCCL's
         point-to-point all-to-all), so the step takes the most loaded resource's time plus
-        one hop of the slowest link."""
+        one hop of the slowest link. The pairs through each resource are counted with
+        arrays (:func:`~alpa_ir.p2.all_to_all.all_to_all_loads`), once per set of groups."""
         m = groups.shape[1]
         if m < 2:
             return 0.0
-        loads: dict[tuple, float] = {}
-        bandwidth: dict[tuple, float] = {}
-        latency = 0.0
-        for group in groups.tolist():
-            for src in group:
-                for dst in group:
-                    if src == dst:
-                        continue
-                    resources, lat = self._route(src, dst)
-                    latency = max(latency, lat)
-                    for res, bw in resources:
-                        loads[res] = loads.get(res, 0.0) + nbytes / m
-                        bandwidth[res] = bw
-        return latency + max(loads[r] / bandwidth[r] for r in loads)
+        key = ("all_to_all", groups.shape, groups.tobytes())
+        loads = self._pair_loads.get(key)
+        if loads is None:
+            loads = self._pair_loads[key] = all_to_all_loads(self.system, groups)
+        return loads.latency + nbytes / m * loads.pairs_per_bandwidth
 
     def program_time(self, steps: list[tuple[Collective, np.ndarray]], nbytes: float) -> float:
         """Seconds for a lowered program, every device starting with ``nbytes``."""
