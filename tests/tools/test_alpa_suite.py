@@ -9,7 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from alpa_ir.tools.alpa_suite import build, run
+from alpa_ir.tools.alpa_suite import OUT_OF_SET, SUITE, build, run, the_set
 
 _UTIL = """
 def count_communication_primitives(hlo_ir, ignore_scalar_all_reduce=False):
@@ -91,3 +91,55 @@ def test_a_folder_without_alpa_tests_is_refused(tmp_path: Path) -> None:
     )
     assert done.returncode != 0
     assert "is not an Alpa checkout" in done.stderr
+
+
+_SKIPS = """
+import unittest
+
+import jax
+
+
+class A(unittest.TestCase):
+    def test_kept(self):
+        pass
+
+    @unittest.skip(
+        "Alpa skips it itself")
+    def test_skipped(self):
+        pass
+
+    @unittest.skipIf(jax.device_count('gpu') < 8, "no enough device")
+    def test_eight_gpus(self):
+        pass
+
+
+class B(A):
+    def test_distributed_array(self):
+        pass
+"""
+
+
+def test_the_set_leaves_out_skipped_gpu_and_internal_tests(tmp_path: Path) -> None:
+    folder = tmp_path / "tests" / "runtime"
+    folder.mkdir(parents=True)
+    (folder / "test_device_mesh.py").write_text(
+        _SKIPS.replace("class B(A)", "class DeviceMeshTest(A)")
+    )
+    assert the_set(tmp_path, ["tests/runtime/test_device_mesh.py"]) == [
+        "tests/runtime/test_device_mesh.py::A::test_kept"
+    ]
+    # every file of the set is named once, and none of them is also out of it
+    assert len(set(SUITE)) == len(SUITE) and not set(SUITE) & set(OUT_OF_SET)
+
+
+def test_a_gpu_skip_condition_imports_on_cpu(tmp_path: Path) -> None:
+    alpa = _checkout(tmp_path / "alpa")
+    (alpa / "tests" / "shard_parallel" / "test_x.py").write_text(_SKIPS)
+    work = tmp_path / "work"
+    build(alpa, work)
+    rows = run(work, ["tests/shard_parallel/test_x.py"], timeout=600)
+    assert sorted((test.rsplit("::", 1)[-1], outcome) for outcome, test, _ in rows) == [
+        ("test_distributed_array", "PASSED"),
+        ("test_kept", "PASSED"),
+        ("test_kept", "PASSED"),
+    ], rows
