@@ -73,8 +73,24 @@ def _slice_sizes(params: dict[str, Any], ctx: LocalContext) -> dict[str, Any]:
     return {**params, "slice_sizes": sizes}
 
 
+def _conv_groups(params: dict[str, Any], ctx: LocalContext) -> dict[str, Any]:
+    """A grouped convolution keeps the groups of its block: the grouped dim of
+    the input (features or batch) is split only along its group factor."""
+    dn = params["dimension_numbers"]
+    full, local = ctx.operand_shapes[0], ctx.local_operand(0)
+    out = dict(params)
+    for name, dim in (
+        ("feature_group_count", dn.lhs_spec[1]),
+        ("batch_group_count", dn.lhs_spec[0]),
+    ):
+        if params[name] > 1:
+            out[name] = params[name] // (full[dim] // local[dim])
+    return out
+
+
 LOCALIZERS: Mapping[str, Localizer] = MappingProxyType(
     {
+        "conv_general_dilated": _conv_groups,
         "broadcast_in_dim": _result_shape_param("shape"),
         "reshape": _result_shape_param("new_sizes"),
         "iota": _result_shape_param("shape"),

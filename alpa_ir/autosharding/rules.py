@@ -237,23 +237,35 @@ def dot_general(op: LaxOp) -> FactorRule:
 
 def conv_general_dilated(op: LaxOp) -> FactorRule:
     """Batch and output features pass through, input features reduce; spatial
-    dims need replication (a halo exchange is not modelled)."""
+    dims need replication (a halo exchange is not modelled).
+
+    A grouped convolution (``feature_group_count`` G > 1: a depthwise one, or
+    ``batch_group_count`` G > 1: its weight gradient) is G independent
+    convolutions, group ``g`` reading the ``g``-th block of the grouped
+    dimension (input features, or the input batch) and writing the ``g``-th
+    block of the output features. The group is a pass-through factor, the
+    major one of the dims it blocks: splitting it splits the groups.
+    """
     ins, outs = _shapes(op)
     dn = op.param("dimension_numbers")
     lhs_spec, rhs_spec, out_spec = dn.lhs_spec, dn.rhs_spec, dn.out_spec
     lhs, rhs, out = ins[0], ins[1], outs[0]
-    grouped = op.param("feature_group_count") != 1 or op.param("batch_group_count") != 1
+    features, batches = op.param("feature_group_count"), op.param("batch_group_count")
+    groups = features * batches
     b = _Builder()
     lhs_d: list[tuple[int, ...]] = [() for _ in lhs]
     rhs_d: list[tuple[int, ...]] = [() for _ in rhs]
     out_d: list[tuple[int, ...]] = [() for _ in out]
-    n = b.add(lhs[lhs_spec[0]], N if grouped else P, "n")
-    lhs_d[lhs_spec[0]] = out_d[out_spec[0]] = (n,)
-    o = b.add(rhs[rhs_spec[0]], N if grouped else P, "o")
-    rhs_d[rhs_spec[0]] = out_d[out_spec[1]] = (o,)
-    c = b.add(lhs[lhs_spec[1]], N if grouped else R, "c")
-    lhs_d[lhs_spec[1]] = rhs_d[rhs_spec[1]] = (c,)
-    return b.rule([tuple(lhs_d), tuple(rhs_d)], [tuple(out_d)], heavy=not grouped)
+    g = (b.add(groups, P, "g"),) if groups > 1 else ()
+    n = b.add(out[out_spec[0]], P, "n")
+    lhs_d[lhs_spec[0]] = (*g, n) if batches > 1 else (n,)
+    out_d[out_spec[0]] = (n,)
+    o = b.add(out[out_spec[1]] // groups, P, "o")
+    rhs_d[rhs_spec[0]] = out_d[out_spec[1]] = (*g, o)
+    c = b.add(rhs[rhs_spec[1]], R, "c")
+    lhs_d[lhs_spec[1]] = (*g, c) if features > 1 else (c,)
+    rhs_d[rhs_spec[1]] = (c,)
+    return b.rule([tuple(lhs_d), tuple(rhs_d)], [tuple(out_d)], heavy=True)
 
 
 def windowed(op: LaxOp) -> FactorRule:
