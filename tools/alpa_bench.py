@@ -117,6 +117,7 @@ from alpa_ir.tools.bench_measured import (
 )
 from alpa_ir.tools.bench_published import PUBLISHED_SUITES, PublishedRun
 from alpa_ir.tools.bench_suite import (
+    METHOD_SETTINGS,
     SUITES,
     auto_micro_batches,
     batch_divisors,
@@ -163,12 +164,20 @@ def format_result(result: dict[str, Any], why: bool = False) -> str:
             for name, c in result["schedules"].items()
         )
         lines.append(f"  schedules (chosen first): {tried}")
+    for o in result["outcomes"]:
+        if o.get("setting"):
+            lines.append(f"  {o['method']} as the artifact ran it: {o['setting']}")
     for reason in result.get("why", []) if why else []:
         lines.append(f"  why: {reason}")
     c = result["compile_time"]
     lines.append(
         f"  compile time {c['total']:.1f} s: clustering {c['clustering']:.1f}, "
         f"intra-op costing {c['costing']:.1f}, DP {c['dp']:.2f}, other {c['other']:.1f}"
+        + (
+            f"; the baselines' own settings {c['own_settings']:.1f} more"
+            if "own_settings" in c
+            else ""
+        )
     )
     if "micro_batch_search" in result:
         tried = ", ".join(
@@ -379,6 +388,15 @@ def build_parser() -> OneLineParser:
         default="artifact",
         help="the computation dtype (artifact: as Alpa's artifact ran each suite, GPT-3 and "
         "MoE float16, Wide-ResNet float32; other models their config's)",
+    )
+    parser.add_argument(
+        "--method-settings",
+        choices=METHOD_SETTINGS,
+        default="own",
+        help="own: the baselines Alpa's artifact ran with settings of their own (intra-op "
+        "only, inter-op only, Megatron-LM, PP-DP: their micro-batches, meshes, remat; "
+        "alpa_ir.models.method_settings) simulated with them, on each suite size's own "
+        "GPU count; alpa: every method with Alpa's plan's settings",
     )
     parser.add_argument(
         "--max-micro-batches",
@@ -753,6 +771,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "cost_model": args.cost_model,
                     "schedule": args.schedule,
                     "dtype": run.dtype,
+                    "method_settings": args.method_settings,
                 }
                 try:
                     if run.micro_batches == "auto":

@@ -140,10 +140,14 @@ def bench_model(
     cost_model: str = "auto",
     schedule: str = "1f1b",
     dtype: str | None = None,
+    method_settings: str = "alpa",
 ) -> dict[str, Any]:
     """:func:`bench_module` for the zoo model ``name``: traced abstractly with
     ``layers`` automatic layers (``dtype``: its computation dtype, None: the
-    config's), its analytic FLOPs, its suite's baselines."""
+    config's), its analytic FLOPs, its suite's baselines. ``method_settings``:
+    ``own``: the baselines the artifact ran with settings of their own are
+    simulated again with them (:mod:`alpa_ir.tools.bench_own_settings`);
+    ``alpa``: every method with Alpa's plan's settings."""
     from alpa_ir.costs.costing_workers import StartedWorkers
     from alpa_ir.models.train_step import train_step_flops
 
@@ -154,11 +158,15 @@ def bench_model(
     ) -> list[Outcome]:
         return zoo_baselines(name, ranges, table, options, num_micro_batches, flops)
 
+    if method_settings not in METHOD_SETTINGS:
+        raise AlpaError(
+            f"method settings must be one of {', '.join(METHOD_SETTINGS)}, got {method_settings!r}"
+        )
     with StartedWorkers(early_workers(flops, workers)) as started:
         t0 = time.perf_counter()
         module = trace(name, num_micro_batches, layers, dtype)
         clustering = time.perf_counter() - t0
-        return bench_module(
+        result = bench_module(
             module,
             cluster,
             name=name,
@@ -183,6 +191,59 @@ def bench_model(
             baselines=baselines,
             started=started,
         )
+    if method_settings == "own":
+        with_own_settings(
+            result,
+            name,
+            cluster,
+            layers=layers,
+            dtype=dtype,
+            flops=flops,
+            stage_options={
+                "cluster": cluster.name,
+                "num_devices": cluster.num_devices,
+                "epsilon": epsilon,
+                "progress": progress,
+                "workers": workers,
+                "zero": zero,
+                "fusion": fusion,
+                "memory_fallback": memory_fallback,
+                "optimizer_state_factor": bench_optimizer(name)[1],
+                "time_limit": time_limit,
+                "cost_model": cost_model,
+            },
+            cost_mode=cost_mode,
+            submesh_space=submesh_space,
+            workers=workers,
+            progress=progress,
+        )
+    result["method_settings"] = method_settings
+    return result
+
+
+METHOD_SETTINGS = ("own", "alpa")
+"""``alpa-bench --method-settings``: each baseline with the artifact's own
+settings of it, or every method with Alpa's plan's settings."""
+
+
+def with_own_settings(
+    result: dict[str, Any], name: str, cluster: Cluster, **kwargs: Any
+) -> dict[str, Any]:
+    """``result`` with every baseline that has a setting of its own
+    (:func:`~alpa_ir.tools.bench_own_settings.own_settings_outcomes`) simulated
+    again with it, in place of the one at Alpa's settings."""
+    from alpa_ir.models.registry import get_config
+    from alpa_ir.tools.bench_own_settings import own_settings_outcomes
+
+    config = get_config(name)
+    if cluster.num_devices != int(getattr(config, "num_gpus", 0)):
+        return result  # the settings are of the size's own GPU count
+    t0 = time.perf_counter()
+    batch = int(config.batch_size)
+    own = own_settings_outcomes(name, cluster, batch_size=batch, **kwargs)
+    result["outcomes"] = [own.get(o["method"], o) for o in result["outcomes"]]
+    result["compile_time"]["own_settings"] = time.perf_counter() - t0
+    return result
 
 
 def zoo_baselines(

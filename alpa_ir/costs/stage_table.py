@@ -394,18 +394,22 @@ def cost_table(
     workers_from_ops: int = WORKERS_FROM_OPS,
     phase_flops: np.ndarray | None = None,
     started: StartedWorkers | None = None,
+    views: dict[tuple[int, int], tuple[LogicalDeviceMesh, ...]] | None = None,
 ) -> StageCostTable:
     """Price every layer range on every view (module docstring, step 1), in
     ``workers`` processes if the model allows it (:mod:`alpa_ir.costs.costing_workers`;
     ``started``: workers started ahead, taken first) and the work is worth
     starting them (``workers_from_ops``, :data:`WORKERS_FROM_OPS`);
     ``phase_flops``: the layers' FLOPs per phase, for the schedules
-    (:func:`alpa_ir.pipeline.layer_phases.layer_phase_flops`)."""
+    (:func:`alpa_ir.pipeline.layer_phases.layer_phase_flops`); ``views``: only
+    these submeshes and views (default: every view of ``space``; a baseline
+    that runs on one view prices only that one)."""
     if cost_mode not in COST_MODES:
         raise AlpaError(f"construct-stages: unknown cost mode '{cost_mode}'; expected {COST_MODES}")
     if workers < 1:
         raise AlpaError(f"construct-stages: workers must be >= 1, got {workers}")
-    views = submesh_views(cluster, space)
+    if views is None:
+        views = submesh_views(cluster, space)
     num = ranges.num_layers
     table = StageCostTable(cluster, tuple(views), views, num)
     table.phase_flops = phase_flops
