@@ -21,7 +21,7 @@ import jax
 from jax.sharding import Mesh, NamedSharding
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp, StringAttr, SymbolRefAttr
-from xdsl.ir import Operation
+from xdsl.ir import Operation, SSAValue
 
 from alpa_ir.autosharding.planner import OBJECTIVE_ATTR
 from alpa_ir.dialects.mesh import MESH_ATTR, LogicalMeshOp
@@ -33,7 +33,7 @@ from alpa_ir.dialects.sharding import (
 from alpa_ir.dialects.types import dtype_of, shape_of
 from alpa_ir.errors import AlpaError
 from alpa_ir.frontend.arguments import abstract_leaf
-from alpa_ir.frontend.jax_export import OpHandler, eval_block
+from alpa_ir.frontend.jax_export import OpHandler, eval_block, eval_ops
 from alpa_ir.frontend.module_trees import tree_texts
 from alpa_ir.frontend.pytree_codec import TreeTexts
 from alpa_ir.ir.module_utils import main_function, symbol_op
@@ -117,13 +117,21 @@ def _collective_classes() -> list[type]:
     ]
 
 
-def _annotated_eval(function: func.FuncOp, mesh: Mesh, names: Sequence[str]) -> Callable[..., Any]:
-    """Evaluate @main, constraining every value whose op carries specs."""
+def _annotated_eval(
+    function: func.FuncOp,
+    mesh: Mesh,
+    names: Sequence[str],
+    num_micro_batches: int = 1,
+    batch_args: Sequence[int] = (),
+) -> Callable[..., Any]:
+    """Evaluate @main, constraining every value whose op carries specs. With
+    ``num_micro_batches`` B > 1 the batch arguments come as ``[B, micro-batch...]``
+    and the step accumulates its gradients over them, as the planned program
+    does (:mod:`alpa_ir.pipeline.step_partition`: ``compute`` once per
+    micro-batch, the values it hands on averaged, ``apply`` once)."""
     handlers = _identity_handlers()
     block = function.body.block
-
-    def run(*flat: Any) -> Any:
-        return tuple(eval_block(block, list(flat), handlers, on_result=constrain))
+    returned = list(block.last_op.operands)  # type: ignore[union-attr]
 
     def constrain(op: Operation, results: list[Any]) -> list[Any]:
         specs = result_specs(op)
@@ -138,28 +146,65 @@ def _annotated_eval(function: func.FuncOp, mesh: Mesh, names: Sequence[str]) -> 
                 out.append(jax.lax.with_sharding_constraint(value, sharding))
         return out
 
-    return run
+    if num_micro_batches == 1:
+
+        def run(*flat: Any) -> Any:
+            return tuple(eval_block(block, list(flat), handlers, on_result=constrain))
+
+        return run
+    from alpa_ir.pipeline.step_partition import partition_step
+
+    part = partition_step(function, batch_args)
+
+    def run_accumulating(*flat: Any) -> Any:
+        env: dict[SSAValue, Any] = dict(zip(block.args, flat, strict=True))
+        eval_ops(part.setup, env, handlers, constrain)
+        totals: list[Any] = []
+        for i in range(num_micro_batches):
+            micro = dict(env)
+            for k in batch_args:
+                micro[block.args[k]] = env[block.args[k]][i]
+            eval_ops(part.compute, micro, handlers, constrain)
+            values = [micro[v] for v in part.accumulated]
+            totals = values if i == 0 else [a + b for a, b in zip(totals, values, strict=True)]
+        for value, total in zip(part.accumulated, totals, strict=True):
+            inexact = jax.numpy.issubdtype(total.dtype, jax.numpy.inexact)
+            env[value] = total / num_micro_batches if inexact else total // num_micro_batches
+        eval_ops(part.apply, env, handlers, constrain)
+        return tuple(env[v] for v in returned)
+
+    return run_accumulating
 
 
 def compile_annotated(
-    function: func.FuncOp, mesh: Mesh, names: Sequence[str]
+    function: func.FuncOp,
+    mesh: Mesh,
+    names: Sequence[str],
+    num_micro_batches: int = 1,
+    batch_args: Sequence[int] = (),
 ) -> tuple[Callable[..., Any], tuple[Any, ...]]:
     """``function`` as one jitted program on ``mesh`` whose argument and result
     specs are its input and output shardings and whose annotated values are
     sharding constraints; XLA's SPMD partitioner propagates the rest. Returns
-    the program and its input shardings."""
+    the program and its input shardings. With ``num_micro_batches`` B > 1 the
+    batch arguments are passed as ``[B, micro-batch...]`` (their micro-batch
+    dimension unsplit) and the gradients are accumulated over them."""
+    from jax.sharding import PartitionSpec
+
     ins = function.function_type.inputs.data
     outs = function.function_type.outputs.data
-    in_shardings = tuple(
-        NamedSharding(mesh, partition_spec(signature_spec(function, k), names))
-        for k, t in enumerate(ins)
-    )
+    accumulating = num_micro_batches > 1
+    in_specs = []
+    for k in range(len(ins)):
+        spec = partition_spec(signature_spec(function, k), names)
+        in_specs.append(PartitionSpec(None, *spec) if accumulating and k in batch_args else spec)
+    in_shardings = tuple(NamedSharding(mesh, s) for s in in_specs)
     out_shardings = tuple(
         NamedSharding(mesh, partition_spec(signature_spec(function, k, result=True), names))
         for k, t in enumerate(outs)
     )
     jitted = jax.jit(
-        _annotated_eval(function, mesh, names),
+        _annotated_eval(function, mesh, names, num_micro_batches, batch_args),
         in_shardings=in_shardings,
         out_shardings=out_shardings,
     )

@@ -151,10 +151,6 @@ def plan_step(
             "AutoShardingOption(enable_auto_sharding=False) propagates the specs of a "
             "ManualShardingOption; give one (ShardParallel(manual_sharding_option=...))"
         )
-    if propagate and b > 1:
-        raise AlpaError(
-            "enable_auto_sharding=False does not accumulate gradients; use 1 micro-batch"
-        )
     arguments, imported = import_for_plan(
         fn, args, b, static_argnums=static_argnums, batch_argnums=batch_argnums,
         donate_argnums=donate_argnums,

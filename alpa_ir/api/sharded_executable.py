@@ -71,7 +71,13 @@ class ShardedExecutable(PlannedExecutable):
         if self._propagate:  # the given specs only, propagated by XLA's SPMD partitioner
             from alpa_ir.backends.xla import compile_annotated
 
-            run, in_shardings = compile_annotated(self.function, jax_mesh, mesh.axis_names)
+            run, in_shardings = compile_annotated(
+                self.function,
+                jax_mesh,
+                mesh.axis_names,
+                num_micro_batches=self.num_micro_batches,
+                batch_args=self.batch_leaves,
+            )
         else:
             run, in_shardings = compile_spmd(
                 self.module,

@@ -95,10 +95,23 @@ def eval_block(
 ) -> list[Any]:
     """Evaluate ``block`` on ``args``; returns the operands of its terminator."""
     env: dict[SSAValue, Any] = dict(zip(block.args, args, strict=True))
+    terminator = block.last_op
+    if not isinstance(terminator, func.ReturnOp | ReturnOp):
+        raise AlpaError("block has no terminator")
+    eval_ops([op for op in block.ops if op is not terminator], env, handlers, on_result)
+    return [env[v] for v in terminator.operands]
+
+
+def eval_ops(
+    ops: Sequence[Operation],
+    env: dict[SSAValue, Any],
+    handlers: Mapping[type, OpHandler] | None = None,
+    on_result: ResultHook | None = None,
+) -> None:
+    """Evaluate ``ops`` in order, reading their operands from ``env`` and
+    writing their results to it."""
     handlers = handlers or {}
-    for op in block.ops:
-        if isinstance(op, func.ReturnOp | ReturnOp):
-            return [env[v] for v in op.operands]
+    for op in ops:
         operands = [env[v] for v in op.operands]
         if isinstance(op, ConstantOp):
             results = [jnp.asarray(op.value())]
@@ -112,4 +125,3 @@ def eval_block(
             results = on_result(op, results)
         for value, result in zip(op.results, results, strict=True):
             env[value] = result
-    raise AlpaError("block has no terminator")

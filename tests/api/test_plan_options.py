@@ -152,6 +152,36 @@ def test_manual_sharding_option(enable: bool) -> None:
     _close(got, want, rtol=1e-4)
 
 
+def test_propagated_manual_sharding_accumulates_micro_batches() -> None:
+    """``enable_auto_sharding=False`` with micro-batches (Alpa's; refused
+    before): the given specs propagated by XLA, the step run once per
+    micro-batch and its gradients accumulated, equal to one device."""
+    _, params, batch = _mlp()
+
+    def step(p: dict[str, jax.Array], b: dict[str, jax.Array]) -> Any:
+        def loss(p: dict[str, jax.Array]) -> jax.Array:
+            return jnp.mean((jax.nn.relu(b["x"] @ p["w1"]) @ p["w2"] - b["y"]) ** 2)
+
+        value, grads = alpa_ir.value_and_grad(loss)(p)
+        return jax.tree.map(lambda a, g: a - 0.1 * g, p, grads), value
+
+    weights = {"w1": P(None, "mp"), "w2": P("mp", None)}
+    manual = alpa_ir.ManualShardingOption(("dp", "mp"), in_axis_resources=(weights, P("dp")))
+    method = alpa_ir.ShardParallel(
+        devices=alpa_ir.get_global_physical_mesh().get_logical_mesh((2, 4)),
+        num_micro_batches=2,
+        auto_sharding_option=alpa_ir.AutoShardingOption(enable_auto_sharding=False),
+        manual_sharding_option=manual,
+    )
+    parallel = alpa_ir.parallelize(step, method=method)
+    want = jax.jit(step)(params, batch)
+    executable = parallel.get_executable(params, batch)
+    got = parallel(params, batch)
+    _close(got, want, rtol=1e-4)
+    # each device reads its rows of both micro-batches: [2 micro-batches, 16 / 2 rows, 64]
+    assert "f32[2,8,64]" in executable.get_hlo_text()
+
+
 class _ConvAttention(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
