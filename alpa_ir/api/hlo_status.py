@@ -4,7 +4,11 @@ XLA partitions and optimizes a program in one compile, so the statuses fall in t
 groups: ``UNOPTIMIZED`` and ``SHARDING_ANNOTATED`` give the program as lowered (the
 plan's program with its shardings, before XLA's passes); ``SPMD_PARTITIONED`` and
 ``FULLY_OPTIMIZED`` (the default, as in Alpa) give the compiled per-device program,
-with its collectives.
+with its collectives, printed as XLA's ``HloModule::ToString`` prints it, each
+operand with its shape (``all-reduce(f32[] %x)``, ``gather(f32[64,32]{1,0} %p, ...)``),
+as Alpa's ``get_hlo_text`` returned it and as Alpa's helpers read it
+(``count_communication_primitives(ignore_scalar_all_reduce=True)`` finds scalar
+all-reduces by ``all-reduce(f32[]``); ``compiled.as_text()`` leaves operand shapes out.
 """
 
 from __future__ import annotations
@@ -45,4 +49,14 @@ def hlo_text(lowered: Any, status: HloStatus) -> str:
     """The HLO of a ``jax.stages.Lowered`` program at ``status`` (module docstring)."""
     if status in (HloStatus.UNOPTIMIZED, HloStatus.SHARDING_ANNOTATED):
         return str(lowered.as_text(dialect="hlo"))
-    return str(lowered.compile().as_text())
+    return compiled_text(lowered.compile())
+
+
+def compiled_text(compiled: Any) -> str:
+    """The compiled program's HLO modules, operands printed with their shapes."""
+    from jaxlib._hlo import HloPrintOptions
+
+    options = HloPrintOptions()
+    options.print_operand_shape = True
+    modules = compiled.runtime_executable().hlo_modules()
+    return "\n".join(m.to_string(options) for m in modules)
