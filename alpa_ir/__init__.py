@@ -56,6 +56,8 @@ _EXPORTS: dict[str, str] = {
     "Zero3Parallel": "alpa_ir.api.shard_parallel",
     "HeuristicParallel": "alpa_ir.api.shard_parallel",
     "ManualShardParallel": "alpa_ir.api.shard_parallel",
+    "CreateStateParallel": "alpa_ir.api.follow_parallel",
+    "FollowParallel": "alpa_ir.api.follow_parallel",
     "AutoShardingOption": "alpa_ir.api.sharding_options",
     "get_3d_parallel_method": "alpa_ir.api.three_d",
     "PipeshardParallel": "alpa_ir.api.pipeshard",

@@ -17,6 +17,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from alpa_ir.api.donation import DonateArgnums, resolve_donate_argnums
+from alpa_ir.api.follow_parallel import (
+    CreateStateParallel,
+    FollowParallel,
+    PlacedStateExecutable,
+    follow_method,
+    place_like,
+)
 from alpa_ir.api.global_config import apply_to_executable, global_config
 from alpa_ir.api.plan_step import compile_step
 from alpa_ir.api.shard_parallel import ManualShardParallel, Method, ShardParallel
@@ -60,17 +67,26 @@ class ParallelizedFunction:
 
     def get_executable(self, *args: Any) -> ShardedExecutable:
         """The executable for these arguments (compiled on first use)."""
-        _check_method(self.method)
         key = signature_key(step_arguments(self.fn, args, self.static_argnums))
-        donate_argnums = resolve_donate_argnums(self.donate_argnums, len(args))
         fresh, started = key not in self._cache, time.perf_counter()
-        if key not in self._cache and _is_pipeshard(self.method):
+        method = self.method
+        if fresh and isinstance(method, CreateStateParallel | FollowParallel):
+            # a method following another step's executable, read now
+            if isinstance(method, FollowParallel):
+                method = follow_method(method)
+            else:
+                method = place_like(method, self.fn, args)
+            if not isinstance(method, ShardParallel):
+                self._cache[key] = method
+        _check_method(method)
+        donate_argnums = resolve_donate_argnums(self.donate_argnums, len(args))
+        if key not in self._cache and _is_pipeshard(method):
             from alpa_ir.api.pipeshard_executable import compile_pipeshard
 
             self._cache[key] = compile_pipeshard(  # type: ignore[assignment]
                 self.fn,
                 args,
-                self.method,  # type: ignore[arg-type]
+                method,  # type: ignore[arg-type]
                 donate_argnums=donate_argnums,
                 batch_argnums=self.batch_argnums,
                 static_argnums=self.static_argnums,
@@ -80,7 +96,7 @@ class ParallelizedFunction:
             self._cache[key] = compile_step(
                 self.fn,
                 args,
-                self.method,
+                method,
                 donate_argnums=donate_argnums,
                 batch_argnums=self.batch_argnums,
                 static_argnums=self.static_argnums,
@@ -116,6 +132,8 @@ class ParallelizedFunction:
 def _check_method(method: object) -> None:
     from alpa_ir.api.pipeshard import PipeshardParallel
 
+    if isinstance(method, PlacedStateExecutable):
+        return
     if not isinstance(method, ShardParallel | ManualShardParallel | PipeshardParallel):
         raise AlpaError(
             "method must be a parallel method (ShardParallel(), DataParallel(), "
