@@ -653,9 +653,15 @@ def _published_runs(parser: OneLineParser, args: argparse.Namespace) -> list[Pub
 
 def published_row(run: PublishedRun, args: argparse.Namespace) -> dict[str, Any]:
     """A published suite's row: the published plan simulated, and the planner's
-    plan at the same micro-batch count where today's stage DP can plan the
-    cluster (at most ``MAX_VIEWS`` views), else a note saying why not."""
+    plan at the same micro-batch count: today's stage DP where the cluster has
+    at most ``FULL_SEARCH_VIEWS`` logical mesh views, else the search that
+    scales (data-parallel replicas of one pipeline, ``tools/bench_scaled.py``).
+    ``alpa.time`` is the planning's wall seconds, ``alpa.cpu`` its CPU seconds
+    (this process and the costing workers)."""
+    from alpa_ir.pipeline.pipeline_replicas import search_kind
+    from alpa_ir.tools.bench_outcome import Outcome
     from alpa_ir.tools.bench_published import figures, run_published
+    from alpa_ir.tools.bench_scaled import cpu_seconds, peak_rss_gib, plan_scaled
 
     row = run_published(
         run,
@@ -665,42 +671,47 @@ def published_row(run: PublishedRun, args: argparse.Namespace) -> dict[str, Any]
         progress=not args.quiet,
     )
     cluster = bench_cluster(run.cluster, run.gpus, presets=_cluster_presets(run.cluster))
-    subs, views = count_views(cluster)
-    if views > MAX_VIEWS:
-        note = (
-            f"not planned: {cluster.num_devices} GPUs give {subs} submeshes and more than "
-            f"{MAX_VIEWS} logical mesh views, beyond today's stage DP (issue 42's scalable search)"
+    common = {
+        "remat": args.remat,
+        "zero": args.zero,
+        "fusion": args.fusion,
+        "memory_fallback": args.memory_fallback,
+        "time_limit": args.time_limit,
+        "cost_model": args.cost_model,
+        "schedule": args.schedule,
+        "workers": args.workers,
+        "progress": not args.quiet,
+        "epsilon": args.epsilon,
+        "cross_stage_comm": args.cross_stage_comm,
+    }
+    if search_kind(cluster) == "scaled":
+        scaled = plan_scaled(
+            run.model,
+            cluster,
+            row["num_micro_batches"],
+            layers=default_layers(run.model),
+            **common,  # type: ignore[arg-type]
         )
-        row["alpa"] = {
-            "iteration_time": math.inf,
-            "tflops_per_gpu": 0.0,
-            "mfu": 0.0,
-            "error": note,
-            "time": 0.0,
-        }
-        return row
-    result = bench_model(
-        run.model,
-        cluster,
-        num_micro_batches=row["num_micro_batches"],
-        layers=default_layers(run.model),
-        cost_mode=args.cost_mode,
-        submesh_space=args.submesh_space,
-        cross_stage_comm=args.cross_stage_comm,
-        epsilon=args.epsilon,
-        time_limit=args.time_limit,
-        remat=args.remat,
-        zero=args.zero,
-        fusion=args.fusion,
-        memory_fallback=args.memory_fallback,
-        workers=args.workers,
-        progress=not args.quiet,
-        cost_model=args.cost_model,
-        schedule=args.schedule,
-    )
-    from alpa_ir.tools.bench_outcome import Outcome
-
-    alpa = Outcome(**result["outcomes"][0])
+        alpa, search = scaled.outcome, scaled.summary()
+        wall, cpu = scaled.times["total"], scaled.times["cpu"]
+        replicas = f"{scaled.found.replicas} x {scaled.found.pipeline.num_devices} GPUs, "
+    else:
+        cpu0 = cpu_seconds()
+        result = bench_model(
+            run.model,
+            cluster,
+            num_micro_batches=row["num_micro_batches"],
+            layers=default_layers(run.model),
+            cost_mode=args.cost_mode,
+            submesh_space=args.submesh_space,
+            **common,  # type: ignore[arg-type]
+        )
+        cpu = cpu_seconds() - cpu0
+        alpa = Outcome(**result["outcomes"][0])
+        wall = result["compile_time"]["total"]
+        planner, worker = peak_rss_gib()
+        search = {"full": True, "peak_rss_gib": {"planner": planner, "worker": worker}}
+        replicas = ""
     plan = " | ".join(
         f"L{s['layers'][0]}-{s['layers'][1]} {s['submesh'][0]}x{s['submesh'][1]}"
         f"->{s['logical_mesh'][0]}x{s['logical_mesh'][1]}"
@@ -708,8 +719,10 @@ def published_row(run: PublishedRun, args: argparse.Namespace) -> dict[str, Any]
     )
     row["alpa"] = {
         **figures(alpa, run.gpus, cluster.peak_flops),
-        "time": result["compile_time"]["total"],
-        "note": f"{alpa.schedule}: {plan}",
+        "time": wall,
+        "cpu": cpu,
+        "search": search,
+        "note": f"{replicas}{alpa.schedule}: {plan}",
     }
     return row
 

@@ -1,0 +1,31 @@
+"""alpa-bench's planner row beyond the full search: the scaled search's plan
+of a zoo step (data-parallel replicas of one pipeline), simulated, with the
+replicas' gradient all-reduce in its iteration time."""
+
+from __future__ import annotations
+
+import math
+
+from alpa_ir.pipeline.pipeline_replicas import search_kind
+from alpa_ir.tools.bench_scaled import plan_scaled
+from alpa_ir.tools.bench_suite import bench_cluster
+
+
+def test_a_cluster_beyond_the_full_search_gets_a_replicated_plan() -> None:
+    cluster = bench_cluster("dgx-a100", 1024)
+    assert search_kind(cluster) == "scaled"
+    result = plan_scaled(
+        "gpt-tiny", cluster, 8, layers=3, max_pipeline_gpus=128, time_limit=5.0, workers=1
+    )
+    found, alpa = result.found, result.outcome
+    assert not alpa.error and math.isfinite(alpa.iteration_time)
+    assert found.replicas * found.pipeline.num_devices == 1024
+    # 8 micro-batches: 8 replicas of 16 nodes (32 nodes are no block of 20-node units)
+    assert [c.replicas for c in found.candidates] == [8] and found.num_micro_batches == 1
+    assert found.sync_seconds > 0
+    # one replica's simulated pipeline plus the all-reduce across replicas
+    assert alpa.iteration_time > found.sync_seconds
+    assert alpa.pflops * alpa.iteration_time > 0
+    summary = result.summary()
+    assert summary["replicas"] == found.replicas and summary["views"] == result.views
+    assert summary["time"]["cpu"] > 0 and summary["peak_rss_gib"]["planner"] > 0
