@@ -31,6 +31,7 @@ from alpa_ir.autosharding.local_ops import (
     iota_offset,
     linear_axis_index,
 )
+from alpa_ir.backends.collective_combining import combined_all_gather, combined_reduce_scatter
 from alpa_ir.dialects.lax import ConstantOp, LaxOp, PrimitiveOp
 from alpa_ir.dialects.sharding import (
     AllGatherOp,
@@ -109,13 +110,49 @@ class _LocalEvaluator:
         env: dict[SSAValue, Any],
         skip: frozenset[Operation] = frozenset(),
     ) -> None:
-        """Evaluate ``ops``; those in ``skip`` pass their operand through."""
-        for op in ops:
-            if op in skip:
-                env[op.results[0]] = env[op.operands[0]]
-                continue
-            results = self.eval_op(op, [env[v] for v in op.operands])
-            for value, result in zip(op.results, results, strict=True):
+        """Evaluate ``ops``; those in ``skip`` pass their operand through.
+
+        Reduce-scatters and all-gathers are combined, as XLA's combiners do on
+        GPU: the ops run in rounds; in a round every op that does not depend on
+        a waiting collective runs, the collectives wait, and at the round's end
+        those waiting run combined, one per kind, mesh axes and dtype
+        (:mod:`alpa_ir.backends.collective_combining`). The ops that read them
+        run in the next round. The trace's order changes, not its values."""
+        while ops:
+            later: list[Operation] = []
+            blocked: set[SSAValue] = set()
+            waiting: dict[SSAValue, tuple[Operation, Any]] = {}
+            for op in ops:
+                if any(v in blocked for v in op.operands):
+                    later.append(op)
+                    blocked.update(op.results)
+                elif op in skip:
+                    env[op.results[0]] = env[op.operands[0]]
+                elif isinstance(op, ReduceScatterOp | AllGatherOp):
+                    waiting[op.results[0]] = (op, env[op.operands[0]])
+                    blocked.add(op.results[0])
+                else:
+                    results = self.eval_op(op, [env[v] for v in op.operands])
+                    for value, result in zip(op.results, results, strict=True):
+                        env[value] = result
+            self._run_combined(waiting, env)
+            ops = later
+
+    def _run_combined(
+        self, waiting: dict[SSAValue, tuple[Operation, Any]], env: dict[SSAValue, Any]
+    ) -> None:
+        """Run the waiting collectives, combined by kind, mesh axes and dtype."""
+        groups: dict[tuple[Any, ...], list[SSAValue]] = {}
+        for value, (op, x) in waiting.items():
+            key = (type(op), tuple(op.mesh_axes), jnp.dtype(x.dtype))
+            groups.setdefault(key, []).append(value)
+        for (kind, axes, _), group in groups.items():
+            xs = [waiting[v][1] for v in group]
+            dims = [waiting[v][0].int_prop("dim") for v in group]
+            size = int(np.prod([self.mesh_shape[a] for a in axes]))
+            combine = combined_reduce_scatter if kind is ReduceScatterOp else combined_all_gather
+            results = combine(xs, dims, self.axis_names(axes), size)
+            for value, result in zip(group, results, strict=True):
                 env[value] = result
 
     def run_accumulating(

@@ -126,12 +126,18 @@ def data_parallel_option(reduce_scatter: Literal["none", "zero2", "zero3"]) -> A
     :func:`alpa_ir.api.plan_step.compile_step`) and without all-gather and all-to-all, so no
     activation can leave its batch split (with all-gather allowed the ILP finds
     cheaper model-parallel plans for small models). Known gap: Wide-ResNet has
-    no plan under these options (PlanError)."""
+    no plan under these options (PlanError).
+
+    ZeRO-2 and ZeRO-3 are set by Alpa's flags (``prefer_reduce_scatter``,
+    ``force_zero_stage_3``), as Alpa's ``Zero2Parallel``/``Zero3Parallel`` set
+    them, so that code reading ``method.as_option`` sees what the method does."""
     return AutoShardingOption(
         force_data_parallel=True,
         allow_all_gather=False,
         allow_all_to_all=False,
-        reduce_scatter=reduce_scatter,
+        prefer_reduce_scatter=reduce_scatter == "zero2",
+        force_zero_stage_3=reduce_scatter == "zero3",
+        reduce_scatter="none" if reduce_scatter == "none" else "auto",
     )
 
 
