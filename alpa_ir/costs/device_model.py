@@ -15,7 +15,10 @@ apply-grad and the baselines all price a function's kernels here.
 * **Memory-bound kernels** (everything XLA fuses: elementwise chains,
   reductions, layout changes, gathers): the bytes the fusion model says they
   read and write (:mod:`alpa_ir.costs.fusion`) at the achieved bandwidth, plus
-  the launch floor per kernel.
+  the launch floor per kernel. A read through a transpose that moves the
+  minor dimension (XLA fuses it into each consumer: on CPUs, an Adam moment
+  update of a weight gradient the backward produced transposed) is priced at
+  the profile's measured transposed-read rate for that array's size instead.
 
 The two are summed: kernels of one stream run one after another.
 """
@@ -30,7 +33,12 @@ from dataclasses import dataclass, field
 from xdsl.ir import Block, Operation, SSAValue
 
 from alpa_ir.costs.flops import op_bytes, op_flops
-from alpa_ir.costs.fusion import BlockFusion, fused_traffic_bytes, is_identity
+from alpa_ir.costs.fusion import (
+    BlockFusion,
+    fused_traffic_bytes,
+    is_identity,
+    transposed_reads,
+)
 from alpa_ir.dialects.lax import LaxOp
 from alpa_ir.dialects.lax_primitives import OpKind
 from alpa_ir.dialects.types import dtype_of
@@ -139,6 +147,20 @@ class DeviceModel:
         k = max(round(flops / (2.0 * m * max(features, 1))), 1)
         return self.gemm_time(m, features, k, dtype)
 
+    # -- strided reads ------------------------------------------------------------
+
+    def transposed_read_time(self, nbytes: float) -> float:
+        """The seconds a read of ``nbytes`` through a transpose costs beyond the
+        same read streamed: the profile's transposed-read rate interpolated at
+        that size (log scale, clamped to the measured sizes); 0 without one."""
+        points = sorted(self.profile.transpose_bandwidth)
+        if not points or nbytes <= 0:
+            return 0.0
+        sizes = tuple(math.log2(b) for b, _ in points)
+        per_byte = tuple(1.0 / r for _, r in points)
+        slow = _interpolate(math.log2(nbytes), sizes, per_byte)
+        return max(slow - 1.0 / self.profile.memory_bandwidth, 0.0) * nbytes
+
     # -- a function -------------------------------------------------------------
 
     def block_times(
@@ -174,9 +196,14 @@ class DeviceModel:
             else sum(op_bytes(op, shapes) for op in fusion.ops if isinstance(op, LaxOp))
         )
         traffic = max(total - gemm_bytes, 0.0)
+        strided = (
+            sum(self.transposed_read_time(b) for b in transposed_reads(block, shapes, fusion))
+            if fused and self.profile.transpose_bandwidth
+            else 0.0
+        )
         return KernelTimes(
             gemm=gemm,
-            memory=traffic / self.profile.memory_bandwidth,
+            memory=traffic / self.profile.memory_bandwidth + strided,
             launches=kernels * self.profile.launch_overhead,
             kernels=kernels,
         )

@@ -8,9 +8,14 @@ materialized. This module decides, for the top-level ops of a block:
 
 * which results are **materialized**: a result of an op that is not fusible
   (a contraction, an indexing op, a collective, a control op, ...), a value
-  the block returns, or a value some user cannot fuse (a ``dot_general``
-  reads its operands from memory); everything else lives only inside a fused
-  kernel;
+  the block returns, a value some user cannot fuse (a ``dot_general``
+  reads its operands from memory), or a value several kernels read whose op
+  streams more than one array (duplicating it into each of them would read
+  all its inputs once per kernel: a residual stream's ``add``, read by the
+  next layer norm and the next residual ``add``, would otherwise be recomputed
+  by every later kernel of the network; XLA duplicates only cheap producers);
+  a fusible op nobody reads is dead (XLA removes it); everything else lives
+  only inside a fused kernel;
 * when each op's computation really **runs**: a fused op runs inside each of
   its consumers, so the inputs it reads stay live until the last of them.
 
@@ -18,9 +23,8 @@ From these, :func:`fused_live_ranges` gives the live ranges the stage cost
 model's peak-memory estimate uses, and :func:`fused_traffic_bytes` the bytes
 moved to and from device memory (each materialized value written once and read
 once per kernel that reads it). The model is coarse on purpose: XLA also
-duplicates cheap producers into several consumers and fuses some producers into
-contractions' epilogues; neither is modelled, so the estimate errs towards
-materializing.
+fuses some producers into contractions' epilogues, which is not modelled, so
+the estimate errs towards materializing.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from xdsl.ir import Block, Operation, SSAValue
 from alpa_ir.dialects.lax import ConstantOp, LaxOp
 from alpa_ir.dialects.lax_primitives import OpKind
 from alpa_ir.dialects.sharding import ReshardOp
-from alpa_ir.dialects.types import dtype_of
+from alpa_ir.dialects.types import dtype_of, shape_of
 
 _FUSIBLE = (OpKind.ELEMENTWISE, OpKind.LAYOUT, OpKind.MARKER)
 IDENTITY_PRIMITIVES = frozenset({"pipeline_marker", "optimization_barrier"})
@@ -57,6 +61,46 @@ def is_fusible(op: Operation) -> bool:
 def fuses_inputs(op: Operation) -> bool:
     """Can ``op`` read fused producers directly (a fusible op or a reduction)?"""
     return is_fusible(op) or (isinstance(op, LaxOp) and op.kind is OpKind.REDUCTION)
+
+
+CHEAP_PRODUCERS = frozenset({"broadcast_in_dim", "constant", "iota"})
+"""Ops whose result costs no read of an array its size (a broadcast of a
+smaller array, a constant, an index)."""
+
+
+def is_cheap(value: SSAValue, depth: int = 8) -> bool:
+    """Is ``value`` made without reading an array its size: by a
+    :data:`CHEAP_PRODUCERS` op, or by fusible ops over cheap values only (a
+    causal mask compared from iotas, a broadcast sliced by a plan's reshard),
+    looked up to ``depth`` producers back?"""
+    owner = value.owner
+    if isinstance(owner, ConstantOp):
+        return True
+    if not isinstance(owner, Operation) or not is_fusible(owner):
+        return False
+    if isinstance(owner, LaxOp) and owner.primitive_name in CHEAP_PRODUCERS:
+        return True
+    if depth <= 0 or not owner.operands:
+        return not owner.operands
+    return all(is_cheap(v, depth - 1) for v in owner.operands)
+
+
+def streamed_inputs(op: Operation) -> int:
+    """How many arrays as large as its result ``op`` reads (operands of the
+    result's element count that are not :func:`is_cheap`)."""
+    try:
+        size = math.prod(shape_of(op.results[0].type))
+    except Exception:  # no tensor result
+        return 0
+    count = 0
+    for operand in op.operands:
+        try:
+            same = math.prod(shape_of(operand.type)) == size
+        except Exception:  # a token
+            continue
+        if same and not is_cheap(operand):
+            count += 1
+    return count
 
 
 class BlockFusion:
@@ -100,10 +144,13 @@ class BlockFusion:
         fused_until = here
         for result in op.results:
             users = self.users(result)
+            if fusible and not users:  # dead: XLA removes it
+                continue
             if (
                 not fusible
                 or not users
                 or any(u is self.block.last_op or not fuses_inputs(u) for u in users)
+                or (self.kernels_reading(result) > 1 and streamed_inputs(op) > 1)
             ):
                 self.materialized.add(result)
                 continue
@@ -209,12 +256,51 @@ def fused_traffic_bytes(
     return total
 
 
+def moves_minor_dimension(op: Operation) -> bool:
+    """Is ``op`` a ``transpose`` whose result's minor (last) dimension is not
+    its operand's (a read of its operand strides through memory)?"""
+    if not (isinstance(op, LaxOp) and op.primitive_name == "transpose"):
+        return False
+    permutation = tuple(op.param("permutation"))
+    return bool(permutation) and permutation[-1] != len(permutation) - 1
+
+
+def transposed_reads(
+    block: Block,
+    shapes: Callable[[SSAValue], tuple[int, ...]],
+    fusion: BlockFusion | None = None,
+) -> list[float]:
+    """The bytes of every read that strides through memory: a ``transpose``
+    moving the minor dimension reads its operand across rows in each kernel it
+    runs in (once when its result is materialized, else once per kernel that
+    fuses it, as XLA duplicates it into each consumer). One entry per such
+    read, the transposed array's bytes."""
+    fusion = fusion or BlockFusion(block)
+    reads: list[float] = []
+    for op in fusion.ops:
+        if not moves_minor_dimension(op):
+            continue
+        (result,) = op.results
+        try:
+            size = float(math.prod(shapes(result)) * dtype_of(result.type).itemsize)
+        except Exception:  # a non-tensor value
+            continue
+        count = 1 if result in fusion.materialized else fusion.kernels_reading(result)
+        reads += [size] * count
+    return reads
+
+
 __all__ = [
+    "CHEAP_PRODUCERS",
     "BlockFusion",
     "fused_live_ranges",
     "fused_traffic_bytes",
     "fuses_inputs",
+    "is_cheap",
     "is_fusible",
     "is_identity",
     "merge_identity_ranges",
+    "moves_minor_dimension",
+    "streamed_inputs",
+    "transposed_reads",
 ]

@@ -11,6 +11,10 @@ of one JAX platform (the programs and their timing:
   while all the others do too; FLOP/s = ``2mnk / seconds``.
 * **Memory bandwidth**: a streaming elementwise kernel at several sizes,
   bytes read + written per device over seconds (the slope of the fit).
+* **Transposed reads**: a kernel reading ``n × n`` arrays through a
+  transpose and streaming as many, at several sides ``n``: the transposed
+  bytes over what the kernel took beyond streaming the rest, the rate of
+  reading an ``n × n`` array transposed.
 * **Launch overhead**: what one more tiny kernel adds inside a program (a
   chain of dependent tiny products against a single one).
 * **Collectives**: every kind of the profile over groups of 2, 4, ... all
@@ -42,6 +46,7 @@ from alpa_ir.hardware.calibration_fits import (
     gemm_flops,
     geometric_sizes,
     per_kernel_floor,
+    transposed_read_rate,
 )
 from alpa_ir.hardware.calibration_sweeps import (
     Timing,
@@ -51,6 +56,8 @@ from alpa_ir.hardware.calibration_sweeps import (
     gemm_program,
     stream_program,
     time_program,
+    transpose_elements,
+    transpose_program,
     trivial_program,
 )
 from alpa_ir.hardware.device_profile import (
@@ -97,6 +104,10 @@ GPU_GEMMS: tuple[tuple[int, int, int], ...] = (
 )
 """GPU GEMM shapes: squares to 8192 and thin shapes down to a side of 64."""
 
+TRANSPOSE_SIDES: tuple[int, ...] = (256, 512, 1024, 2048)
+"""Sides of the transposed-read kernel's arrays: 256 KiB (in cache) to 16 MiB
+(a 2048 × 2048 float32 weight gradient)."""
+
 QUICK_GEMMS = 4
 """``--quick``: the first shapes of at most 512 (CPU) or 4096 (GPU) a side."""
 
@@ -126,6 +137,11 @@ class CalibrationOptions:
     (XLA's default precision: TF32 tensor cores) on GPU."""
     stream_bytes: tuple[int, ...] | None = None
     """Bytes per device of the streaming kernel's input."""
+    transpose_sides: tuple[int, ...] | None = None
+    """Sides ``n`` of the transposed-read kernel's ``n × n`` float32 arrays."""
+    transpose_total: int = 2048 * 2048
+    """Elements per device the transposed-read kernel reads transposed (a
+    batch of ``n × n`` arrays), so that small sides take long enough to time."""
     collective_bytes: tuple[int, ...] | None = None
     """Tensor sizes ``S`` of the collectives."""
     groups: tuple[int, ...] | None = None
@@ -157,11 +173,19 @@ class Sweep:
     collectives: tuple[tuple[str, int, int], ...]
     """(kind, group, bytes S)."""
     level: str
+    transpose_sides: tuple[int, ...] = ()
+    transpose_total: int = 2048 * 2048
 
     @property
     def steps(self) -> int:
         """Measurements, for a progress bar: the floors, then each program."""
-        return 3 + len(self.gemms) + len(self.stream_bytes) + len(self.collectives)
+        return (
+            3
+            + len(self.gemms)
+            + len(self.stream_bytes)
+            + len(self.transpose_sides)
+            + len(self.collectives)
+        )
 
 
 def plan_sweep(options: CalibrationOptions, devices: Sequence[Any]) -> Sweep:
@@ -196,7 +220,10 @@ def plan_sweep(options: CalibrationOptions, devices: Sequence[Any]) -> Sweep:
         raise AlpaError(f"calibrate: groups of {bad[0]} do not divide the {count} devices")
     collectives = tuple((kind, g, s) for kind in options.kinds for g in groups for s in sizes)
     level = options.level or _local_level()
-    return Sweep(platform, gemms, tuple(stream), collectives, level)
+    sides = options.transpose_sides or ((256, 1024) if options.quick else TRANSPOSE_SIDES)
+    return Sweep(
+        platform, gemms, tuple(stream), collectives, level, tuple(sides), options.transpose_total
+    )
 
 
 def _local_level() -> str:
@@ -252,6 +279,15 @@ def calibrate(
         tick(f"stream {nbytes // KB} KiB")
     bandwidth = fit_bandwidth(stream)
 
+    transposed: list[tuple[float, float]] = []
+    for side in sweep.transpose_sides:
+        total = sweep.transpose_total
+        seconds = net(time_program(transpose_program(devices, side, total), timing))
+        read = transpose_elements(side, total) * 4
+        rate = transposed_read_rate(read, seconds, bandwidth.bandwidth)
+        transposed.append((float(side * side * 4), rate[1]))
+        tick(f"transposed read {side}x{side}")
+
     points: dict[tuple[str, int], list[tuple[float, float]]] = {}
     for kind, group, nbytes in sweep.collectives:
         seconds = net(time_program(collective_program(devices, kind, group, nbytes), timing))
@@ -273,6 +309,7 @@ def calibrate(
         memory_bandwidth=bandwidth.bandwidth,
         launch_overhead=launch,
         collectives=tuple(collectives),
+        transpose_bandwidth=tuple(transposed),
     )
 
 
@@ -316,6 +353,7 @@ __all__ = [
     "CPU_GEMMS",
     "DATASHEET_PEAKS",
     "GPU_GEMMS",
+    "TRANSPOSE_SIDES",
     "CalibrationOptions",
     "Sweep",
     "calibrate",

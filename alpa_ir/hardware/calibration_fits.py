@@ -115,6 +115,20 @@ def per_kernel_floor(short: float, long: float, kernels: int) -> float:
     return max((long - short) / (kernels - 1), 0.0)
 
 
+def transposed_read_rate(nbytes: float, seconds: float, bandwidth: float) -> tuple[float, float]:
+    """``(nbytes, bytes/s)`` of a read through a transpose, from a kernel that
+    read ``nbytes`` transposed, streamed as many and wrote as many in
+    ``seconds``: the streamed two at ``bandwidth``, the rest the transposed
+    read's (at most as fast as streaming)."""
+    if not (nbytes > 0 and seconds > 0 and bandwidth > 0):
+        raise AlpaError(
+            f"transposed_read_rate: needs positive bytes, seconds and bandwidth, "
+            f"got {nbytes}, {seconds}, {bandwidth}"
+        )
+    streamed = nbytes / bandwidth
+    return (float(nbytes), nbytes / max(seconds - 2.0 * streamed, streamed))
+
+
 def gemm_flops(m: int, n: int, k: int) -> float:
     """FLOPs of ``m × k`` by ``k × n``: a multiply and an add per term."""
     return 2.0 * m * n * k
@@ -148,4 +162,5 @@ __all__ = [
     "geometric_sizes",
     "median",
     "per_kernel_floor",
+    "transposed_read_rate",
 ]

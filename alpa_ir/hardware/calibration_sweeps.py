@@ -11,6 +11,9 @@ after warmup calls (compilation excluded), each call waited for
 * :func:`gemm_program`: each device multiplies its own ``m × k`` by ``k × n``.
 * :func:`stream_program`: each device reads and writes ``n`` elements once
   (``y = a·x + b``, one fused kernel): memory bandwidth.
+* :func:`transpose_program`: each device computes ``0.1·aᵀ + 0.9·b`` over
+  a batch of its own ``n × n`` arrays (one fused kernel reading ``a`` across
+  rows): the rate of a read through a transpose of an ``n × n`` array.
 * :func:`chain_program`: each device runs ``kernels`` dependent tiny matrix
   products (one kernel each, nothing to fuse): the per-kernel floor.
 * :func:`collective_program`: one collective over the mesh axis ``group``
@@ -129,6 +132,31 @@ def stream_program(devices: Sequence[Any], elements: int, dtype: str = "float32"
     return _per_device(mesh, lambda v: v * 1.5 + 0.5, 1, spec), (x,)
 
 
+def transpose_program(
+    devices: Sequence[Any], side: int, total: int = 2048 * 2048, dtype: str = "float32"
+) -> Program:
+    """Each device computes ``0.1·aᵀ + 0.9·b`` over its own ``side × side``
+    arrays: one kernel reading ``a`` through a transpose, ``b`` streamed; as
+    many arrays (a batch, each transposed alone) as make ``total`` elements,
+    so that a small side still takes long enough to time."""
+    count = len(devices)
+    batch = max(total // (side * side), 1)
+    mesh = _mesh(devices, (count,), (_AXIS,))
+    spec = PartitionSpec(_AXIS)
+    a = _filled(mesh, (count * batch, side, side), dtype, spec)
+    b = _filled(mesh, (count * batch, side, side), dtype, spec)
+
+    def body(x: jax.Array, y: jax.Array) -> jax.Array:
+        return jnp.swapaxes(x, 1, 2) * 0.1 + y * 0.9
+
+    return _per_device(mesh, body, 2, spec), (a, b)
+
+
+def transpose_elements(side: int, total: int = 2048 * 2048) -> int:
+    """The elements per device :func:`transpose_program` reads transposed."""
+    return max(total // (side * side), 1) * side * side
+
+
 def chain_program(devices: Sequence[Any], kernels: int, size: int = 16) -> Program:
     """Each device runs ``kernels`` dependent ``size × size`` products."""
     count = len(devices)
@@ -197,5 +225,7 @@ __all__ = [
     "gemm_program",
     "stream_program",
     "time_program",
+    "transpose_elements",
+    "transpose_program",
     "trivial_program",
 ]

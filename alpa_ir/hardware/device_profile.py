@@ -18,6 +18,11 @@ which are the model's tests):
   of ``S`` bytes over ``n`` devices takes ``α + 2(n−1)/n · S / busbw``; an
   all-gather, reduce-scatter or all-to-all ``α + (n−1)/n · S / busbw``, ``S``
   the whole tensor).
+* ``transpose_bandwidth``: ``(bytes, bytes/s)`` points: the rate at which a
+  kernel reads an array of that many bytes through a transpose that moves its
+  minor dimension (strided reads; on CPUs several times slower than streaming
+  once the array leaves the caches); empty where such reads stream (GPUs:
+  XLA's tiled transposes).
 * ``overlap``: the share of the gradient synchronization that runs under the
   backward pass (XLA's async collectives), and of the cross-mesh transfers that
   run under compute; 0 where the runtime gets none.
@@ -101,6 +106,10 @@ class DeviceProfile:
     guide). 0: not modelled (the measured points carry it, e.g. on CPUs)."""
     gemm_tile: tuple[int, int] = (128, 128)
     """The output tile of one thread block (cuBLAS's common 128 × 128 tile)."""
+    transpose_bandwidth: tuple[tuple[float, float], ...] = ()
+    """``(bytes, bytes/s)``: reading an array of ``bytes`` through a transpose
+    that moves its minor dimension (module docstring); empty: at
+    ``memory_bandwidth``."""
     version: int = VERSION
 
     def __post_init__(self) -> None:
@@ -120,6 +129,11 @@ class DeviceProfile:
             raise AlpaError(f"{where}: sm_count must be >= 0 and gemm_tile two sizes >= 1")
         if not (math.isfinite(self.launch_overhead) and self.launch_overhead >= 0):
             raise AlpaError(f"{where}: launch_overhead must be >= 0 s, got {self.launch_overhead}")
+        for size, rate in self.transpose_bandwidth:
+            if not (_positive(size) and _positive(rate)):
+                raise AlpaError(
+                    f"{where}: transpose_bandwidth point ({size}, {rate}) must be positive"
+                )
         for c in self.collectives:
             if c.kind not in COLLECTIVE_KINDS:
                 raise AlpaError(
@@ -205,6 +219,9 @@ class DeviceProfile:
                 overlap=Overlap(**data.get("overlap", {})),
                 sm_count=int(data.get("sm_count", 0)),
                 gemm_tile=tuple(int(t) for t in data.get("gemm_tile", (128, 128))),  # type: ignore[arg-type]
+                transpose_bandwidth=tuple(
+                    (float(b), float(r)) for b, r in data.get("transpose_bandwidth", ())
+                ),
                 version=VERSION,
             )
         except (KeyError, TypeError, ValueError) as err:

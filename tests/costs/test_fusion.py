@@ -16,7 +16,12 @@ from xdsl.dialects import func
 import alpa_ir
 from alpa_ir.costs.analytical_stage_cost import AnalyticalStageCostModel
 from alpa_ir.costs.flops import op_bytes
-from alpa_ir.costs.fusion import BlockFusion, fused_live_ranges, fused_traffic_bytes
+from alpa_ir.costs.fusion import (
+    BlockFusion,
+    fused_live_ranges,
+    fused_traffic_bytes,
+    transposed_reads,
+)
 from alpa_ir.costs.live_memory import peak_live_bytes
 from alpa_ir.costs.stage_cost import StageCostOptions
 from alpa_ir.dialects.types import shape_of
@@ -155,3 +160,53 @@ def test_peak_live_bytes_counts_a_returned_value_to_the_end(fusion: bool) -> Non
     block = _function(fn, jnp.ones((N, N)), jnp.ones((N, N))).body.block
     # w, y and y @ w are live when the second matmul writes its result (x is dead)
     assert peak_live_bytes(block, set(), _nbytes, fusion=fusion) == 3 * N * N * 4
+
+
+def test_a_sum_read_by_several_kernels_is_written_once_not_recomputed_in_each() -> None:
+    """A residual stream: ``h = x + y`` is read by a layer norm's reduction
+    and by the next residual add; recomputing it in both would read x and y
+    twice, so it is materialized (written once, read twice). A scaled ``x``
+    (one array streamed) is still fused into each reader."""
+
+    def fn(x: jax.Array, y: jax.Array) -> tuple[jax.Array, jax.Array]:
+        h = x + y
+        s = x * 2.0
+        norm = h - jnp.mean(h, axis=-1, keepdims=True)
+        return (norm + s) * 3.0, jnp.sum(s, axis=0)
+
+    block = _function(fn, jnp.ones((N, N)), jnp.ones((N, N))).body.block
+    fusion = BlockFusion(block)
+    adds = [op for op in block.ops if op.name == "lax.add"]
+    muls = [op for op in block.ops if op.name == "lax.mul"]
+    assert adds[0].results[0] in fusion.materialized
+    assert fusion.kernels_reading(adds[0].results[0]) == 2
+    assert muls[0].results[0] not in fusion.materialized  # x * 2: fused into both readers
+
+
+def test_a_dead_elementwise_value_is_not_written() -> None:
+    """A value nobody reads (XLA removes it) moves no bytes."""
+
+    def fn(x: jax.Array) -> jax.Array:
+        jnp.broadcast_to(x[None], (8, N, N))  # dead
+        return x * 2.0
+
+    block = _function(fn, jnp.ones((N, N))).body.block
+    fusion = BlockFusion(block)
+    dead = [op for op in block.ops if op.name == "lax.broadcast_in_dim"]
+    assert dead and all(r not in fusion.materialized for op in dead for r in op.results)
+    assert fused_traffic_bytes(block, lambda v: shape_of(v.type)) == 2 * N * N * 4
+
+
+def test_a_transpose_fused_into_two_kernels_is_read_across_rows_twice() -> None:
+    """An Adam-like update of a gradient the backward produced transposed:
+    the transpose fuses into both moment updates, each reading it across
+    rows; a transpose keeping the minor dimension reads nothing across rows."""
+
+    def fn(g: jax.Array, m: jax.Array, v: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        t = g.T
+        keep = jnp.transpose(g.reshape(2, N // 2, N), (1, 0, 2)).reshape(N, N)
+        return m * 0.9 + t * 0.1, v * 0.99 + t * t * 0.01, keep + 1.0
+
+    block = _function(fn, *(jnp.ones((N, N)),) * 3).body.block
+    reads = transposed_reads(block, lambda v: shape_of(v.type))
+    assert reads == [N * N * 4.0, N * N * 4.0]

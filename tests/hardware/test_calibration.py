@@ -21,6 +21,7 @@ from alpa_ir.hardware.calibration_fits import (
     geometric_sizes,
     median,
     per_kernel_floor,
+    transposed_read_rate,
 )
 from alpa_ir.hardware.calibration_sweeps import (
     Timing,
@@ -73,6 +74,16 @@ def test_points_must_span_two_sizes() -> None:
         fit_line([(1.0, 1.0), (1.0, 2.0)])
     with pytest.raises(AlpaError, match="positive times"):
         fit_line([(1.0, 0.0), (2.0, 1.0)])
+
+
+def test_a_transposed_read_is_what_the_kernel_took_beyond_streaming() -> None:
+    # 1 MB read transposed at 0.5 GB/s, 1 MB streamed in and 1 MB out at 10 GB/s
+    seconds = 1e6 / 0.5e9 + 2e6 / 10e9
+    assert transposed_read_rate(1e6, seconds, 10e9) == pytest.approx((1e6, 0.5e9))
+    # noise below streaming: never faster than a streamed read
+    assert transposed_read_rate(1e6, 1e-6, 10e9) == pytest.approx((1e6, 10e9))
+    with pytest.raises(AlpaError, match="needs positive bytes, seconds and bandwidth"):
+        transposed_read_rate(1e6, 0.0, 10e9)
 
 
 def test_memory_bandwidth_and_launch_floor() -> None:
@@ -131,10 +142,14 @@ def test_a_tiny_calibration_gives_a_profile_that_round_trips(tmp_path: Path) -> 
         groups=(8,),
         kinds=("all-reduce", "send-recv"),
         chain=4,
+        transpose_sides=(32,),
+        transpose_total=4096,
     )
     seen: list[int] = []
     profile = calibrate(options, progress=lambda done, label: seen.append(done))
-    assert seen == list(range(1, 3 + 1 + 2 + 4 + 1))
+    assert seen == list(range(1, 3 + 1 + 2 + 1 + 4 + 1))
+    ((size, rate),) = profile.transpose_bandwidth  # an array of 32 x 32 float32
+    assert size == 32 * 32 * 4 and rate > 0
     assert [(p.m, p.n, p.k, p.dtype) for p in profile.gemm] == [(64, 16, 32, "float32")]
     assert all(p.flops_per_s > 0 for p in profile.gemm)
     assert profile.memory_bandwidth > 0 and profile.launch_overhead >= 0

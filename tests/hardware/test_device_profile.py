@@ -46,6 +46,28 @@ def test_a_profile_round_trips_through_json(tmp_path: Path) -> None:
         assert DeviceProfile.loads(profile.dumps()) == profile
 
 
+def test_a_profiles_transposed_read_rates_round_trip(tmp_path: Path) -> None:
+    profile = _profile(transpose_bandwidth=((262144.0, 5e9), (16777216.0, 1e9)))
+    assert load_profile(profile.save(tmp_path / "t.json")) == profile
+
+
+def test_reads_through_a_transpose_cost_the_measured_rate_beyond_streaming() -> None:
+    """Rates measured at 256 KiB (5 GB/s) and 16 MiB (1 GB/s), streaming at
+    10 GB/s: a read pays its bytes at the rate of its size, less the streamed
+    read already counted; interpolated in log size, clamped outside."""
+    small, large = 262144.0, 16777216.0
+    model = DeviceModel(_profile(transpose_bandwidth=((small, 5e9), (large, 1e9))))
+    assert model.transposed_read_time(small) == pytest.approx(small * (1 / 5e9 - 1 / 10e9))
+    assert model.transposed_read_time(large) == pytest.approx(large * (1 / 1e9 - 1 / 10e9))
+    assert model.transposed_read_time(4 * large) == pytest.approx(4 * large * (1 / 1e9 - 1 / 10e9))
+    middle = math.sqrt(small * large)  # halfway in log size: halfway in seconds per byte
+    per_byte = 0.5 * (1 / 5e9 + 1 / 1e9) - 1 / 10e9
+    assert model.transposed_read_time(middle) == pytest.approx(middle * per_byte)
+    assert DeviceModel(_profile()).transposed_read_time(large) == 0.0  # no rates: streamed
+    fast = DeviceModel(_profile(transpose_bandwidth=((small, 20e9),)))
+    assert fast.transposed_read_time(small) == 0.0  # never cheaper than streaming
+
+
 def test_a_profile_of_another_version_is_refused_in_one_line(tmp_path: Path) -> None:
     data = _profile().to_json()
     data["version"] = 99
@@ -71,6 +93,7 @@ def test_a_profile_of_another_version_is_refused_in_one_line(tmp_path: Path) -> 
         ({"launch_overhead": -1.0}, "launch_overhead"),
         ({"collectives": (CollectiveFit("broadcast", "x", 0, 0.0, 1.0),)}, "unknown collective"),
         ({"sm_count": -1}, "sm_count"),
+        ({"transpose_bandwidth": ((1024.0, 0.0),)}, "transpose_bandwidth point"),
     ],
 )
 def test_bad_profiles_are_refused(changes: dict[str, object], message: str) -> None:
