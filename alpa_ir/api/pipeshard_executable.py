@@ -182,44 +182,57 @@ class PipeshardExecutable(PlannedExecutable):
         :meth:`stage_function_names`); as lowered for ``HloStatus.UNOPTIMIZED``
         and ``SHARDING_ANNOTATED`` (Alpa's ``get_hlo_text(status)``)."""
         from alpa_ir.api.hlo_status import hlo_text, split_status
-        from alpa_ir.dialects.types import dtype_of, shape_of
 
         _, which = split_status((), status)
+        return [hlo_text(self._lowered(name), which) for name in self.stage_function_names()]
 
-        texts = []
-        for name in self.stage_function_names():
-            function = symbol_op(self.module, name, func.FuncOp)
-            assert isinstance(function, func.FuncOp)
-            compiled = self.functions[name]
-            avals = [
-                jax.ShapeDtypeStruct(shape_of(t), dtype_of(t), sharding=s)
-                for t, s in zip(
-                    function.function_type.inputs.data, compiled.in_shardings, strict=True
-                )
-            ]
-            texts.append(hlo_text(compiled.run.lower(*avals), which))  # type: ignore[attr-defined]
-        return texts
+    def get_input_placement_specs(self) -> Any:
+        """Alpa's name: where each input array lives (:meth:`get_input_shardings`,
+        a ``NamedSharding`` on its stage's submesh per leaf)."""
+        return self.get_input_shardings()
+
+    def get_output_placement_specs(self) -> Any:
+        """Where each output array comes back, as a pytree like the outputs: the
+        ``NamedSharding`` (submesh and spec) the stage program that computes it
+        returns it in; an input returned as it is stays where it lives."""
+        inputs = jax.tree.leaves(
+            self.get_input_shardings(), is_leaf=lambda x: isinstance(x, jax.sharding.Sharding)
+        )
+        produced: dict[str, Any] = {}
+        leaves = []
+        for value in self.program.outputs:
+            if value.startswith("main:"):
+                leaves.append(inputs[int(value.split(":")[1])])
+                continue
+            call = self.program.producer(value)
+            assert call is not None
+            if call.function not in produced:
+                produced[call.function] = self._lowered(call.function).compile().output_shardings
+            leaves.append(produced[call.function][call.results.index(value)])
+        return jax.tree.unflatten(self.out_tree, leaves)
+
+    def _lowered(self, name: str) -> Any:
+        """The stage program ``name`` lowered from its input shapes and shardings."""
+        from alpa_ir.dialects.types import dtype_of, shape_of
+
+        function = symbol_op(self.module, name, func.FuncOp)
+        assert isinstance(function, func.FuncOp)
+        compiled = self.functions[name]
+        avals = [
+            jax.ShapeDtypeStruct(shape_of(t), dtype_of(t), sharding=s)
+            for t, s in zip(function.function_type.inputs.data, compiled.in_shardings, strict=True)
+        ]
+        return compiled.run.lower(*avals)  # type: ignore[attr-defined]
 
     def get_allocation_sizes(self) -> dict[str, int]:
         """Bytes one device of its mesh allocates for each stage program, by
         program name (XLA's memory analysis; see :meth:`stage_function_names`)."""
         from alpa_ir.api.executable import allocation_bytes
-        from alpa_ir.dialects.types import dtype_of, shape_of
 
-        sizes = {}
-        for name in self.stage_function_names():
-            function = symbol_op(self.module, name, func.FuncOp)
-            assert isinstance(function, func.FuncOp)
-            compiled = self.functions[name]
-            avals = [
-                jax.ShapeDtypeStruct(shape_of(t), dtype_of(t), sharding=s)
-                for t, s in zip(
-                    function.function_type.inputs.data, compiled.in_shardings, strict=True
-                )
-            ]
-            lowered = compiled.run.lower(*avals)  # type: ignore[attr-defined]
-            sizes[name] = allocation_bytes(lowered.compile())
-        return sizes
+        return {
+            name: allocation_bytes(self._lowered(name).compile())
+            for name in self.stage_function_names()
+        }
 
     def get_total_allocation_size(self) -> int:
         """Bytes one device allocates for the largest stage program

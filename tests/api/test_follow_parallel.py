@@ -80,6 +80,8 @@ def test_create_state_puts_the_state_where_the_step_reads_it_and_follow_keeps_it
 
 
 def test_create_state_for_a_pipelined_step_uses_its_stage_meshes() -> None:
+    """The state of a pipelined step is created on its stages' submeshes; the
+    step reports where its inputs and outputs live (Alpa's placement specs)."""
     batch = _batch(32)
 
     def step(state: TrainState, batch: dict[str, jax.Array]) -> TrainState:
@@ -97,6 +99,17 @@ def test_create_state_for_a_pipelined_step_uses_its_stage_meshes() -> None:
     wanted = train.get_executable(state, batch).get_input_shardings()[0]
     for leaf, sharding in zip(jax.tree.leaves(state), jax.tree.leaves(wanted), strict=True):
         assert leaf.sharding == sharding
-    _close(train(state, batch).params, jax.jit(step)(_create_state(), batch).params)
+    new_state = train(state, batch)
+    _close(new_state.params, jax.jit(step)(_create_state(), batch).params)
+    # Alpa's accessors of a pipelined step: where its inputs and outputs live
+    executable = train.get_last_executable()
+    assert executable.get_input_placement_specs() == executable.get_input_shardings()
+    reported = jax.tree.leaves(
+        executable.get_output_placement_specs(),
+        is_leaf=lambda x: isinstance(x, jax.sharding.Sharding),
+    )
+    assert len({frozenset(s.device_set) for s in reported}) == 2  # both stages' submeshes
+    for leaf, sharding in zip(jax.tree.leaves(new_state), reported, strict=True):
+        assert leaf.sharding.is_equivalent_to(sharding, leaf.ndim)
     with pytest.raises(AlpaError, match="FollowParallel follows a step of one mesh"):
         alpa_ir.parallelize(_eval_step, method=alpa_ir.FollowParallel(train))(state.params, batch)
