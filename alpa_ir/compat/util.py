@@ -85,3 +85,12 @@ def map_to_shape(array_pytree: Any) -> Any:
     import jax
 
     return jax.tree.map(lambda x: getattr(x, "shape", None), array_pytree)
+
+
+def map_to_nparray(tree: Any) -> Any:
+    """Each array leaf as a numpy array (other leaves as they are), as Alpa's
+    helper: a state fetched to the host, e.g. to pickle it."""
+    import jax
+    import numpy as np
+
+    return jax.tree.map(lambda x: np.asarray(x) if hasattr(x, "__array__") else x, tree)

@@ -5,6 +5,7 @@ from alpa_ir.compat.util import (
     benchmark_func,
     count_communication_primitives,
     disable_tqdm_globally,
+    map_to_nparray,
     map_to_shape,
 )
 
@@ -12,5 +13,6 @@ __all__ = [
     "benchmark_func",
     "count_communication_primitives",
     "disable_tqdm_globally",
+    "map_to_nparray",
     "map_to_shape",
 ]

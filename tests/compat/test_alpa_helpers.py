@@ -96,6 +96,20 @@ def test_count_communication_primitives_of_a_data_parallel_step() -> None:
     assert map_to_shape({"w": w, "n": 3}) == {"w": (16, 4), "n": None}
 
 
+def test_map_to_nparray_fetches_every_array_leaf() -> None:
+    import jax
+    import numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from alpa_ir.util import map_to_nparray
+
+    rows = NamedSharding(jax.make_mesh((8,), ("d",)), PartitionSpec("d"))
+    w = jax.device_put(jnp.arange(16.0).reshape(8, 2), rows)
+    got = map_to_nparray({"w": w, "step": 3, "name": "x"})
+    assert type(got["w"]) is np.ndarray and got["step"] == 3 and got["name"] == "x"
+    np.testing.assert_array_equal(got["w"], np.arange(16.0).reshape(8, 2))
+
+
 def test_hlo_parser_reads_the_entry_parameters_and_root() -> None:
     import jax
 
