@@ -83,6 +83,7 @@ _EXPORTS: dict[str, str] = {
     "DeviceCluster": "alpa_ir.compat.device_cluster",
     "get_global_cluster": "alpa_ir.compat.device_cluster",
     "LocalPhysicalDeviceMesh": "alpa_ir.compat.device_cluster",
+    "DistributedArray": "alpa_ir.compat.device_cluster",
 }
 
 __version__ = "0.1.0"

@@ -15,12 +15,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import jax
+
 from alpa_ir.errors import AlpaError
 from alpa_ir.hardware.device_mesh import PhysicalDeviceMesh
 from alpa_ir.runtime.ray_cluster import Host, cluster_hosts, require_ray
 
 LocalPhysicalDeviceMesh = PhysicalDeviceMesh
 """Alpa's name of a mesh of this process's devices."""
+
+DistributedArray = jax.Array
+"""Alpa's array split over a mesh's devices: here a sharded ``jax.Array``
+(what a parallelized step returns and ``preshard_dynamic_args`` places)."""
 
 
 class ClusterMesh(PhysicalDeviceMesh):
@@ -166,6 +172,7 @@ def get_global_num_devices() -> int:
 __all__ = [
     "ClusterMesh",
     "DeviceCluster",
+    "DistributedArray",
     "LocalPhysicalDeviceMesh",
     "get_global_cluster",
     "get_global_num_devices",

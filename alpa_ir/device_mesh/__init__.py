@@ -4,6 +4,7 @@
 from alpa_ir.compat.device_cluster import (
     ClusterMesh,
     DeviceCluster,
+    DistributedArray,
     LocalPhysicalDeviceMesh,
     get_global_cluster,
     get_global_num_devices,
@@ -18,6 +19,7 @@ from alpa_ir.hardware.device_mesh import (
 __all__ = [
     "ClusterMesh",
     "DeviceCluster",
+    "DistributedArray",
     "LocalPhysicalDeviceMesh",
     "LogicalDeviceMesh",
     "PhysicalDeviceMesh",

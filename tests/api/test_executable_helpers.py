@@ -43,6 +43,9 @@ def test_preshard_dynamic_args_places_as_the_step_reads() -> None:
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(wanted), strict=True):
         assert a.is_equivalent_to(b, 2)
     assert any(len(x.sharding.device_set) > 1 for x in jax.tree.leaves(placed))
+    # Alpa's name of an array split over a mesh's devices
+    assert all(isinstance(x, alpa_ir.DistributedArray) for x in jax.tree.leaves(placed))
+    assert alpa_ir.device_mesh.DistributedArray is alpa_ir.DistributedArray
     out = step(*placed)
     for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(expected), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
