@@ -43,6 +43,7 @@ _EXPORTS: dict[str, str] = {
     "execute": "alpa_ir.api.run_module",
     "compile_module": "alpa_ir.api.run_module",
     "mark_pipeline_boundary": "alpa_ir.frontend.markers",
+    "manual_layer_construction": "alpa_ir.frontend.markers",
     "grad": "alpa_ir.frontend.markers",
     "value_and_grad": "alpa_ir.frontend.markers",
     "AlpaError": "alpa_ir.errors",

@@ -171,7 +171,7 @@ _NAMES = {
     "pipeline_parallel/__init__.py": "",
     "pipeline_parallel/primitive_def.py": "from alpa_ir import mark_pipeline_boundary  # noqa\n",
     "pipeline_parallel/layer_construction.py": (
-        "from alpa_ir import AutoLayerOption, ManualLayerOption  # noqa\n"
+        "from alpa_ir import AutoLayerOption, ManualLayerOption, manual_layer_construction  # noqa\n"
     ),
     "pipeline_parallel/stage_construction.py": (
         "from alpa_ir import UniformStageOption, ManualStageOption, AutoStageOption  # noqa\n"

@@ -93,6 +93,33 @@ def mark_pipeline_boundary(*xs: Any) -> Any:
     return result[0] if len(xs) == 1 else result
 
 
+def manual_layer_construction(
+    fun: Callable[..., Any] | None = None,
+    *,
+    static_argnums: Sequence[int] = (),
+    remat_layer: bool = False,
+) -> Any:
+    """Alpa's decorator of a function whose ``mark_pipeline_boundary()`` calls
+    delimit its layers (``@manual_layer_construction`` or
+    ``manual_layer_construction(fn)``). Here a boundary is a layer boundary
+    wherever it is traced (:class:`~alpa_ir.api.pipeshard.ManualLayerOption`
+    reads the markers; the backward pass mirrors them), so the function is
+    returned as it is; ``static_argnums`` is accepted as Alpa's. Layers
+    recomputed in the backward pass are the method's option
+    (``ManualLayerOption(remat_layer=True)``), not the decorator's."""
+    if remat_layer:
+        from alpa_ir.errors import AlpaError
+
+        raise AlpaError(
+            "manual_layer_construction(remat_layer=True): recompute layers with the "
+            "method's ManualLayerOption(remat_layer=True)"
+        )
+    del static_argnums
+    if fun is None:
+        return lambda f: f
+    return fun
+
+
 def _mark_grads(grads: Any) -> Any:
     leaves, tree = jax.tree.flatten(grads)
     return jax.tree.unflatten(tree, list(pipeline_marker_p.bind(*leaves, kind="grad")))

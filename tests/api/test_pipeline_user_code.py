@@ -104,6 +104,19 @@ def test_jax_value_and_grad_with_manual_boundaries(boundary: str) -> None:
     assert len(executable.placements) == 2
 
 
+def test_alpas_manual_layer_construction_keeps_the_steps_boundaries() -> None:
+    """Alpa's ``@manual_layer_construction`` on the loss: its boundaries are the
+    layers, as without it (two stages), equal to one device."""
+    tx = optax.sgd(0.1)
+    loss = alpa_ir.manual_layer_construction(static_argnums=())(_mlp_loss("operand-free"))
+    executable = _assert_equal_to_one_device(
+        _step(loss, tx), _method(ManualLayerOption()), (PARAMS, tx.init(PARAMS)), BATCH
+    )
+    assert len(executable.placements) == 2
+    with pytest.raises(alpa_ir.AlpaError, match=r"ManualLayerOption\(remat_layer=True\)"):
+        alpa_ir.manual_layer_construction(loss, remat_layer=True)
+
+
 def test_operand_free_boundaries_are_mirrored_as_jax_mirrors_marked_values() -> None:
     """Alpa's ``mark_pipeline_boundary()`` splits the backward pass exactly where
     JAX's transpose of a marked value does."""
