@@ -195,8 +195,10 @@ from jax._src.array import ArrayImpl
 
 
 def _frozen(name, fields):
-    def init(self, *values):
-        for f, v in zip(fields, values):
+    def init(self, *values, **named):
+        given = dict(zip(fields, values))
+        given.update(named)
+        for f, v in given.items():
             object.__setattr__(self, f, tuple(v) if f in ("chunks", "sharding", "mesh_mapping") else v)
     cls = dataclasses.dataclass(frozen=True)(type(name, (), {"__annotations__": {f: object for f in fields}}))
     cls.__init__ = init

@@ -29,7 +29,7 @@ import unittest
 
 import jax
 import numpy as np
-from jax.interpreters.pxla import Chunked, NoSharding, Replicated, ShardedAxis
+from jax.interpreters.pxla import Chunked, NoSharding, Replicated, ShardedAxis, ShardingSpec
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from alpa import LocalPhysicalDeviceMesh, ShardParallel, parallelize
@@ -50,6 +50,10 @@ class T(unittest.TestCase):
         x = jax.device_put(np.zeros((8, 8)), NamedSharding(mesh, P(None, "b")))
         assert x.sharding_spec.sharding == (NoSharding(), Chunked([2]))
         assert x.sharding_spec.mesh_mapping == (Replicated(2), ShardedAxis(0))
+        # built with keywords, as Alpa's test_donate_buffer builds one
+        assert x.sharding_spec == ShardingSpec(
+            sharding=(NoSharding(), Chunked([2])), mesh_mapping=(Replicated(2), ShardedAxis(0))
+        )
 
     def test_fails(self):
         assert False, "a failing test is reported"
