@@ -24,16 +24,18 @@ mesh (``(data, tensor)``, or ``(data, context, tensor)``) on the first
 stage's devices by the same analytical stage cost model and device model as
 the planner's (identical layers priced once), the chunks are laid out as
 Megatron interleaves them (chunk ``c`` on stage ``c mod PP``) and simulated
-by the same simulator (:func:`alpa_ir.tools.bench_outcome.outcome`). The ILP
-still chooses each layer's sharding on the stage's mesh: the published
-degrees are fixed, the intra-operator plan is ours. Each layer is priced
-twice, as ``alpa-bench`` prices it (``memory_fallback``): the ILP's plan, and
-the plan that keeps no parameter replicated (the weights split over the
-tensor axis as Megatron splits them, or gathered as ZeRO-3 does, whichever
-the ILP finds cheaper); a stage takes the faster that fits. ZeRO-1 and -2
-are the cost model's ``zero`` (gradients and optimizer state partitioned
-over the data-parallel replicas), ZeRO-3 is the same here (the
-memory-saving plan shards the weights).
+by the same simulator (:func:`alpa_ir.tools.bench_outcome.outcome`). Each
+layer's sharding is Megatron's own (:mod:`alpa_ir.autosharding.megatron_specs`):
+the attention's query, key and value projections and the MLP's first
+projections column-parallel over the tensor axis, the attention's output and
+the MLP's last projection row-parallel, the embedding vocabulary-parallel,
+norms and biases replicated, and every activation argument split over the data
+axis (and its sequence over the context axis); the ILP keeps these
+(``keep_argument_specs``) and only routes the activations between them. The
+data-parallel replicas all-reduce their gradients (Megatron-LM's Table 1 runs
+kept the optimizer state whole on every replica); with ``zero_stage`` 1 or 2
+(Llama 3's FSDP) the cost model's ``zero`` partitions the gradients and the
+optimizer state over the data axis, the weights stay whole per replica.
 
 **The figures.** Per-GPU TFLOPS and MFU count the model's FLOPs (no
 recomputation: ``train_step_flops``) over the simulated iteration time;
@@ -50,14 +52,14 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from alpa_ir.api.parallel_config import ParallelConfig, chunk_layers, interleaved_mesh_of
 from alpa_ir.errors import AlpaError, PlanError
 
 if TYPE_CHECKING:
-    from alpa_ir.costs.stage_cost import StageCost
+    from alpa_ir.costs.stage_cost import StageCost, StageCostOptions
     from alpa_ir.costs.stage_table import StageCostTable, ViewCost
     from alpa_ir.hardware.clusters import Cluster
 from alpa_ir.tools.bench_outcome import Outcome
@@ -185,10 +187,11 @@ def stage_devices(cluster: Cluster, config: ParallelConfig, stage: int) -> tuple
 
 
 def published_table(
-    ranges: Any, cluster: Cluster, config: ParallelConfig, model: Any
+    ranges: Any, cluster: Cluster, config: ParallelConfig, model: Any, rows: int | None = None
 ) -> tuple[StageCostTable, tuple[int, int]]:
-    """Every layer priced on the stage mesh of ``config`` (first stage's devices):
-    a stage cost table of one submesh and one view."""
+    """Every layer priced on the stage mesh of ``config`` (first stage's devices),
+    its arguments sharded as :func:`layer_specs` says (``rows``: the micro-batch's
+    sequences): a stage cost table of one submesh and one view."""
     from alpa_ir.costs.stage_table import StageCostTable
     from alpa_ir.pipeline.layer_phases import layer_phase_flops
 
@@ -200,8 +203,9 @@ def published_table(
     table.phase_flops = layer_phase_flops(ranges)
     for k in range(ranges.num_layers):
         extracted = ranges.function(k, k)
+        function = layer_specs(extracted.function, extracted.param_args, config, rows)
         try:
-            cost = model.stage_cost(extracted.function, view, cluster, extracted.param_args)
+            cost = model.stage_cost(function, view, cluster, extracted.param_args)
         except AlpaError as error:
             raise AlpaError(f"layer {k} on mesh {list(view.shape)}: {error}") from error
         table.costs[(k, k, view.shape)] = _view_cost(
@@ -219,14 +223,16 @@ def simulate_published(
     model: Any,
     num_micro_batches: int,
     model_flops: float,
+    rows: int | None = None,
 ) -> Outcome:
     """The published plan ``config`` of the step ``ranges`` on ``cluster``, simulated
-    (module docstring)."""
+    (module docstring); ``rows``: the micro-batch's sequences (None: the
+    activations' sharding is the ILP's)."""
     from alpa_ir.pipeline.stage_construction import StageChoice
     from alpa_ir.tools.bench_outcome import outcome
 
     config.check_cluster(cluster.num_devices, cluster.devices_per_node, "published")
-    table, submesh = published_table(ranges, cluster, config, model)
+    table, submesh = published_table(ranges, cluster, config, model, rows)
     shape = config.stage_mesh_shape
     meshes = [
         cluster.logical_mesh(shape, stage_devices(cluster, config, s))
@@ -250,6 +256,30 @@ def simulate_published(
         )
     except (AlpaError, PlanError) as error:
         return Outcome("published", error=str(error).split(";")[0])
+
+
+def published_options(options: StageCostOptions) -> StageCostOptions:
+    """The stage cost options of a published plan: every layer's argument
+    shardings kept (:func:`layer_specs`: Megatron's tensor-parallel weights, the
+    batch on the data axis), so the ILP only routes the activations between
+    them; no second, memory-saving plan (the weights' sharding is given)."""
+    return replace(options, keep_argument_specs=True, memory_fallback=False)
+
+
+def layer_specs(function: Any, param_args: Any, config: ParallelConfig, rows: int | None) -> Any:
+    """``function`` with Megatron's sharding of its parameters on the stage mesh
+    of ``config`` (tensor axis last) and, given the micro-batch's ``rows``, its
+    activations split over the data axis (0) and, with context parallelism, their
+    sequence over the context axis (1)."""
+    from alpa_ir.autosharding.megatron_specs import batch_specs, megatron_specs
+    from alpa_ir.costs.function_plan import with_argument_specs
+
+    shape = config.stage_mesh_shape
+    specs = megatron_specs(function, param_args, shape, len(shape) - 1)
+    if rows is not None:
+        split = [(0, 0), (1, 1)] if config.context > 1 else [(0, 0)]
+        specs.update(batch_specs(function, param_args, rows, shape, split))
+    return with_argument_specs(function, specs)
 
 
 def run_published(
@@ -291,8 +321,8 @@ def run_published(
         cost_model=cost_model,
         progress=progress,
     )
-    model = AnalyticalStageCostModel(stage_pass.cost_options())
-    result = simulate_published(ranges, cluster, config, model, micro, flops)
+    model = AnalyticalStageCostModel(published_options(stage_pass.cost_options()))
+    result = simulate_published(ranges, cluster, config, model, micro, flops, batch // micro)
     total = time.perf_counter() - t0
     return {
         "model": run.model,

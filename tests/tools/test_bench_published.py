@@ -13,7 +13,12 @@ import pytest
 
 from alpa_ir.api.parallel_config import ParallelConfig
 from alpa_ir.tools.alpa_bench import main
-from alpa_ir.tools.bench_published import LLAMA3_RUNS, MEGATRON_RUNS, simulate_published
+from alpa_ir.tools.bench_published import (
+    LLAMA3_RUNS,
+    MEGATRON_RUNS,
+    published_options,
+    simulate_published,
+)
 
 
 def test_megatron_rows_are_table1() -> None:
@@ -68,8 +73,9 @@ def _simulate(config: ParallelConfig) -> Any:
     from alpa_ir.hardware.clusters import dgx_a100
 
     ranges, flops = _tiny_ranges()
-    model = AnalyticalStageCostModel(StageCostOptions(remat=config.recompute == "full"))
-    return simulate_published(ranges, dgx_a100(1), config, model, 4, flops)
+    options = published_options(StageCostOptions(remat=config.recompute == "full"))
+    model = AnalyticalStageCostModel(options)
+    return simulate_published(ranges, dgx_a100(1), config, model, 4, flops, rows=2)
 
 
 def test_an_interleaved_plan_is_simulated_as_laid_out() -> None:
