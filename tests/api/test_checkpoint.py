@@ -401,3 +401,18 @@ def test_restore_into_a_pipeline_plan_matches_one_device(tmp_path: Path) -> None
         losses.append(float(loss))
     np.testing.assert_allclose(losses, ref_losses, rtol=1e-4)
     _assert_close(state, ref_state)
+
+
+def test_alpas_restore_form_reads_the_step_asked_for(tmp_path: Path) -> None:
+    """Alpa's ``restore_checkpoint(path, step, placement_specs)``: the step saved
+    as ``step`` (the user's number, which orbax may renumber), placed by the
+    given shardings; a step not saved is one line."""
+    rows = NamedSharding(jax.make_mesh((8,), ("d",)), P("d"))
+    first = {"w": jnp.arange(16.0).reshape(8, 2)}
+    alpa_ir.save_checkpoint(tmp_path / "ckpt", {"w": first["w"] + 1}, 7)
+    alpa_ir.save_checkpoint(tmp_path / "ckpt", first, 3, overwrite=True)  # orbax: step 8
+    got = alpa_ir.restore_checkpoint(tmp_path / "ckpt", 3, {"w": rows})
+    _assert_equal(got, first)
+    assert got["w"].sharding.is_equivalent_to(rows, 2)
+    with pytest.raises(AlpaError, match=r"no step 7 in checkpoint .*committed steps are 3$"):
+        alpa_ir.restore_checkpoint(tmp_path / "ckpt", 7, {"w": rows})

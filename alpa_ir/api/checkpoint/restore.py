@@ -29,10 +29,13 @@ from alpa_ir.frontend.pytree_codec import decode_treedef
 
 
 @contextlib.contextmanager
-def _committed(path: str | os.PathLike[str]) -> Iterator[tuple[str, Any, int]]:
-    """The label of the checkpoint's latest committed step (``checkpoint
-    PATH (step N)``), an open manager on it and the step, once the step is
-    known to hold no link out of it; a one-line error where there is none."""
+def _committed(
+    path: str | os.PathLike[str], wanted: int | None = None
+) -> Iterator[tuple[str, Any, int]]:
+    """The label of the checkpoint's latest committed step, or of step
+    ``wanted`` (``checkpoint PATH (step N)``), an open manager on it and the
+    step, once the step is known to hold no link out of it; a one-line error
+    where there is none."""
     where = Path(path)
     if not where.is_dir():
         raise AlpaError(f"no checkpoint at {where}: not a directory")
@@ -40,9 +43,28 @@ def _committed(path: str | os.PathLike[str]) -> Iterator[tuple[str, Any, int]]:
         step = manager.latest_step()
         if step is None:
             raise AlpaError(f"no checkpoint at {where}: no committed step in the directory")
+        if wanted is not None:
+            step = _step_saved_as(manager, where, wanted)
         label = f"checkpoint {where} (step {step})"
         check_step_confined(label, where, where / str(step))
         yield label, manager, step
+
+
+def _step_saved_as(manager: Any, where: Path, wanted: int) -> int:
+    """The latest committed step whose manifest records the user's step
+    ``wanted`` (orbax numbers steps increasingly; the manifest keeps the
+    user's); a one-line error naming the steps there are."""
+    saved = {}
+    for number in sorted(manager.all_steps(), reverse=True):
+        try:
+            recorded = read_manifest_item(manager, number).get("step")
+        except Exception:  # a damaged step is named when it is read
+            recorded = number
+        saved.setdefault(recorded if recorded is not None else number, number)
+    if wanted not in saved:
+        steps = ", ".join(str(k) for k in sorted(saved))
+        raise AlpaError(f"no step {wanted} in checkpoint {where}: its committed steps are {steps}")
+    return saved[wanted]
 
 
 def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -62,7 +84,11 @@ def _read_manifest(label: str, manager: Any, step: int) -> dict[str, Any]:
 def restore_checkpoint(
     path: str | os.PathLike[str], target: Any = None, shardings: Any = None
 ) -> Any:
-    """The pytree saved at ``path``.
+    """The pytree saved at ``path`` (its latest committed step).
+
+    Alpa's form, ``restore_checkpoint(path, step, placement_specs)`` (an
+    integer second argument), reads that step and places it by
+    ``placement_specs`` (a target, e.g. ``executable.get_input_placement_specs()[0]``).
 
     ``target`` places and checks it: a pytree like the saved state whose leaves
     are ``jax.sharding.Sharding``, ``jax.ShapeDtypeStruct`` or ``jax.Array``
@@ -77,7 +103,10 @@ def restore_checkpoint(
     link that leads out of it is refused first. A damaged step is a one-line
     :class:`~alpa_ir.errors.AlpaError` naming the checkpoint, the step, the
     leaf and the reason."""
-    with _committed(path) as (label, manager, step):
+    wanted = None
+    if isinstance(target, int | np.integer) and not isinstance(target, bool):
+        wanted, target, shardings = int(target), shardings, None
+    with _committed(path, wanted) as (label, manager, step):
         manifest = _read_manifest(label, manager, step)
         return _restore(label, manager, step, manifest, target, shardings)
 
