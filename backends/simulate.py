@@ -50,7 +50,9 @@ def plan_from_module(
     costs ``α + β·bytes`` (``pipeline.cross_bytes``, else the value's bytes) on the
     link between the first devices of its meshes, and counts at the stage
     boundary it crosses (forward values forward, backward values back; with
-    several stages on its destination mesh, toward the nearest that reads it)."""
+    several stages on its destination mesh, toward the nearest that reads it).
+    Devices that share their host's cores (the profile's ``solo_speedup``)
+    share them in the simulation too."""
     from alpa_ir.costs.analytical_stage_cost import AnalyticalStageCostModel
 
     model = cost_model or AnalyticalStageCostModel()
@@ -136,6 +138,7 @@ def plan_from_module(
         virtual_stages=num // len(mesh_stages),
         in_flight_caps=plan.in_flight_caps(),
         phase_times=plan.stage_phase_times(),
+        solo_speedup=cluster.profile.solo_speedup if cluster.profile is not None else 1.0,
     )
 
 

@@ -15,6 +15,9 @@ of one JAX platform (the programs and their timing:
   transpose and streaming as many, at several sides ``n``: the transposed
   bytes over what the kernel took beyond streaming the rest, the rate of
   reading an ``n × n`` array transposed.
+* **Sharing the host**: a GEMM on one device alone against the same GEMM
+  on every device at once (``solo_speedup``: the CPU devices share the
+  host's cores; each GPU computes on its own, ~1).
 * **Launch overhead**: what one more tiny kernel adds inside a program (a
   chain of dependent tiny products against a single one).
 * **Collectives**: every kind of the profile over groups of 2, 4, ... all
@@ -139,6 +142,9 @@ class CalibrationOptions:
     """Bytes per device of the streaming kernel's input."""
     transpose_sides: tuple[int, ...] | None = None
     """Sides ``n`` of the transposed-read kernel's ``n × n`` float32 arrays."""
+    solo_side: int | None = None
+    """Side of the square GEMM timed on one device alone and on all at once
+    (default 1024; 256 with ``quick``)."""
     transpose_total: int = 2048 * 2048
     """Elements per device the transposed-read kernel reads transposed (a
     batch of ``n × n`` arrays), so that small sides take long enough to time."""
@@ -175,6 +181,7 @@ class Sweep:
     level: str
     transpose_sides: tuple[int, ...] = ()
     transpose_total: int = 2048 * 2048
+    solo_side: int = 1024
 
     @property
     def steps(self) -> int:
@@ -184,6 +191,7 @@ class Sweep:
             + len(self.gemms)
             + len(self.stream_bytes)
             + len(self.transpose_sides)
+            + 1
             + len(self.collectives)
         )
 
@@ -221,8 +229,16 @@ def plan_sweep(options: CalibrationOptions, devices: Sequence[Any]) -> Sweep:
     collectives = tuple((kind, g, s) for kind in options.kinds for g in groups for s in sizes)
     level = options.level or _local_level()
     sides = options.transpose_sides or ((256, 1024) if options.quick else TRANSPOSE_SIDES)
+    solo = options.solo_side or (256 if options.quick else 1024)
     return Sweep(
-        platform, gemms, tuple(stream), collectives, level, tuple(sides), options.transpose_total
+        platform,
+        gemms,
+        tuple(stream),
+        collectives,
+        level,
+        tuple(sides),
+        options.transpose_total,
+        solo,
     )
 
 
@@ -271,6 +287,12 @@ def calibrate(
         gemm.append(GemmPoint(m, n, k, dtype, gemm_flops(m, n, k) / seconds))
         tick(f"GEMM {m}x{n}x{k} {dtype}")
 
+    side = sweep.solo_side
+    together = net(time_program(gemm_program(devices, side, side, side, "float32"), timing))
+    alone = net(time_program(gemm_program(devices[:1], side, side, side, "float32"), timing))
+    solo_speedup = max(together / alone, 1.0)
+    tick(f"GEMM {side}^3 on one device alone")
+
     stream: list[tuple[float, float]] = []
     for nbytes in sweep.stream_bytes:
         elements = max(nbytes // 4, 1)
@@ -310,6 +332,7 @@ def calibrate(
         launch_overhead=launch,
         collectives=tuple(collectives),
         transpose_bandwidth=tuple(transposed),
+        solo_speedup=solo_speedup,
     )
 
 

@@ -23,6 +23,11 @@ which are the model's tests):
   minor dimension (strided reads; on CPUs several times slower than streaming
   once the array leaves the caches); empty where such reads stream (GPUs:
   XLA's tiled transposes).
+* ``solo_speedup``: how much faster one device computes alone than with
+  every device of its host busy (a GEMM on one device against the same GEMM
+  on every device at once): above 1 the devices share the host's cores (the
+  CPU devices: a pipeline stage that waits leaves its cores to the others);
+  1 where each device has compute of its own (GPUs).
 * ``overlap``: the share of the gradient synchronization that runs under the
   backward pass (XLA's async collectives), and of the cross-mesh transfers that
   run under compute; 0 where the runtime gets none.
@@ -110,6 +115,8 @@ class DeviceProfile:
     """``(bytes, bytes/s)``: reading an array of ``bytes`` through a transpose
     that moves its minor dimension (module docstring); empty: at
     ``memory_bandwidth``."""
+    solo_speedup: float = 1.0
+    """One device alone against every device of its host busy (module docstring)."""
     version: int = VERSION
 
     def __post_init__(self) -> None:
@@ -129,6 +136,8 @@ class DeviceProfile:
             raise AlpaError(f"{where}: sm_count must be >= 0 and gemm_tile two sizes >= 1")
         if not (math.isfinite(self.launch_overhead) and self.launch_overhead >= 0):
             raise AlpaError(f"{where}: launch_overhead must be >= 0 s, got {self.launch_overhead}")
+        if not (math.isfinite(self.solo_speedup) and self.solo_speedup >= 1.0):
+            raise AlpaError(f"{where}: solo_speedup must be >= 1, got {self.solo_speedup}")
         for size, rate in self.transpose_bandwidth:
             if not (_positive(size) and _positive(rate)):
                 raise AlpaError(
@@ -219,6 +228,7 @@ class DeviceProfile:
                 overlap=Overlap(**data.get("overlap", {})),
                 sm_count=int(data.get("sm_count", 0)),
                 gemm_tile=tuple(int(t) for t in data.get("gemm_tile", (128, 128))),  # type: ignore[arg-type]
+                solo_speedup=float(data.get("solo_speedup", 1.0)),
                 transpose_bandwidth=tuple(
                     (float(b), float(r)) for b, r in data.get("transpose_bandwidth", ())
                 ),

@@ -29,6 +29,17 @@ would. The iteration time is when the last task ends. With no transfers and equa
 this is Eq. 2, ``Σ t_i + (B − 1)·max t_i`` with ``t_i = fwd_i + bwd_i``
 (:func:`eq2_latency`); unequal stages and transfers are honoured as scheduled.
 
+Devices that share a host's cores (the CPU devices: ``solo_speedup`` > 1,
+a device's GEMM alone that much faster than with every device busy, as
+``alpa-calibrate`` measures) do not each keep their own compute: stage times
+are priced with every device busy, and a mesh whose stages wait leaves its
+cores to the others. The iteration then takes the longer of two bounds: the
+schedule played with each mesh of ``d`` of the plan's ``D`` devices running
+``min(solo_speedup, D / d)`` times faster (the critical path at the most a
+mesh can get), and the work of every task spread over the whole host
+(``Σ busy_k · d_k / D``: the cores never idle while a task is ready). The
+timeline is the first's.
+
 Memory: a mesh holds the persistent memory of its stages plus the
 activations of the micro-batches in flight on each (forward done, last
 backward task not): ``B`` under GPipe, ``min(S − i, B)`` on stage ``i`` under
@@ -98,6 +109,10 @@ class SimPlan:
     virtual_stages: int = 1
     in_flight_caps: tuple[int, ...] | None = None
     phase_times: tuple[tuple[float, ...], ...] | None = None
+    solo_speedup: float = 1.0
+    """How much faster a device computes alone than with every device of its
+    host busy (the profile's; 1: devices with compute of their own). Above 1
+    the meshes share their host's cores (module docstring)."""
 
     def task_order(self) -> TaskOrder:
         """The schedule's task order for these stages."""
@@ -185,6 +200,8 @@ def _validate(plan: SimPlan) -> tuple[list[float], list[float]]:
         raise AlpaError(
             f"simulate: unknown schedule '{plan.schedule}'; known: {', '.join(BUILTIN_SCHEDULES)}"
         )
+    if not (math.isfinite(plan.solo_speedup) and plan.solo_speedup >= 1.0):
+        raise AlpaError(f"simulate: solo_speedup must be >= 1, got {plan.solo_speedup!r}")
     for i, st in enumerate(plan.stages):
         for name in ("forward", "backward", "backward_weight", "apply_grad"):
             _check_time(getattr(st, name), f"stage {i} {name}")
@@ -248,6 +265,39 @@ def simulate(
                     f"the device has {limit / GiB:.3f} GiB"
                 )
 
+    speeds = [1.0] * order.num_meshes
+    devices = [plan.stages[order.stages_of(k)[0]].num_devices for k in range(order.num_meshes)]
+    shared = plan.solo_speedup > 1.0 and order.num_meshes > 1
+    if shared:
+        total = sum(devices)
+        speeds = [min(plan.solo_speedup, total / d) for d in devices]
+    timeline, transfers = _play(plan, order, fwd_transfer, bwd_transfer, speeds)
+    iteration = max(t.end for t in timeline)
+    if shared:  # the work spread over the host's cores, at the all-busy prices
+        work = sum(
+            (t.end - t.start) * speeds[order.mesh_of[t.stage]] * devices[order.mesh_of[t.stage]]
+            for t in timeline
+        )
+        iteration = max(iteration, work / sum(devices))
+    return SimResult(
+        iteration_time=iteration,
+        peak_memory=peaks,
+        max_in_flight=tuple(in_flight),
+        timeline=tuple(timeline),
+        transfers=tuple(transfers),
+        mesh_of=order.mesh_of,
+    )
+
+
+def _play(
+    plan: SimPlan,
+    order: TaskOrder,
+    fwd_transfer: list[float],
+    bwd_transfer: list[float],
+    speeds: Sequence[float],
+) -> tuple[list[SimTask], list[SimTransfer]]:
+    """The schedule played out (module docstring): every task as early as its
+    mesh and inputs allow, mesh ``k``'s tasks taking their time / ``speeds[k]``."""
     end: dict[Task, float] = {}
     free = [0.0] * order.num_meshes
     # when each link is next free: (boundary, direction) -> time
@@ -278,7 +328,7 @@ def simulate(
                     "backward": stage.backward + (0.0 if split else stage.backward_weight),
                     "backward_weight": stage.backward_weight,
                     "apply_grad": stage.apply_grad,
-                }[task.phase]
+                }[task.phase] / speeds[k]
                 start = max(free[k], ready)
                 end[task] = free[k] = start + duration
                 timeline.append(
@@ -289,14 +339,7 @@ def simulate(
                 progressed = True
         if not progressed:  # check_task_order guarantees progress
             raise AlpaError("simulate: the schedule deadlocks (a task waits on a later one)")
-    return SimResult(
-        iteration_time=max(t.end for t in timeline),
-        peak_memory=peaks,
-        max_in_flight=tuple(in_flight),
-        timeline=tuple(timeline),
-        transfers=tuple(transfers),
-        mesh_of=order.mesh_of,
-    )
+    return timeline, transfers
 
 
 def _arrival(

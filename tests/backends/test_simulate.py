@@ -69,6 +69,32 @@ def test_a_link_carries_one_micro_batch_at_a_time() -> None:
     assert result.iteration_time == pytest.approx(19.0)
 
 
+def test_meshes_sharing_a_hosts_cores_take_the_longer_of_work_and_critical_path() -> None:
+    """Two meshes of 4 devices on one host of 8 (one device alone 8x faster
+    than all busy): priced all busy, GPipe over 4 micro-batches takes
+    (2 + 4 - 1) x 3 = 15 s on devices of their own; sharing the cores, a mesh
+    runs at most 8 / 4 = 2x faster (7.5 s on the critical path), and the 24 s
+    of tasks x 4 devices spread over 8 devices take 12 s."""
+    stages = (SimStage(1.0, 2.0, num_devices=4), SimStage(1.0, 2.0, num_devices=4))
+    own = SimPlan(stages, 4, "gpipe")
+    assert simulate(own).iteration_time == pytest.approx(15.0)
+    shared = SimPlan(stages, 4, "gpipe", solo_speedup=8.0)
+    result = simulate(shared)
+    assert result.iteration_time == pytest.approx(12.0)
+    assert max(t.end for t in result.timeline) == pytest.approx(7.5)
+    # a mesh alone 1.5x faster: 10 s on the critical path, the work still 12 s
+    slow = simulate(SimPlan(stages, 4, "gpipe", solo_speedup=1.5))
+    assert slow.iteration_time == pytest.approx(12.0)
+    assert max(t.end for t in slow.timeline) == pytest.approx(10.0)
+    # the critical path leads where one stage does all the work
+    lopsided = (SimStage(1.0, 2.0, num_devices=4), SimStage(0.0, 0.0, num_devices=4))
+    assert simulate(SimPlan(lopsided, 4, "gpipe", solo_speedup=8.0)).iteration_time == (
+        pytest.approx(6.0)
+    )
+    with pytest.raises(AlpaError, match=r"solo_speedup must be >= 1, got 0\.5"):
+        simulate(SimPlan(stages, 4, "gpipe", solo_speedup=0.5))
+
+
 def test_timeline_honours_the_dependencies() -> None:
     plan = SimPlan(tuple(SimStage(1.0, 2.0) for _ in range(3)), 4, "1f1b", (0.2, 0.2))
     result = simulate(plan)

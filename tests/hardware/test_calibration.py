@@ -144,10 +144,12 @@ def test_a_tiny_calibration_gives_a_profile_that_round_trips(tmp_path: Path) -> 
         chain=4,
         transpose_sides=(32,),
         transpose_total=4096,
+        solo_side=64,
     )
     seen: list[int] = []
     profile = calibrate(options, progress=lambda done, label: seen.append(done))
-    assert seen == list(range(1, 3 + 1 + 2 + 1 + 4 + 1))
+    assert seen == list(range(1, 3 + 1 + 1 + 2 + 1 + 4 + 1))
+    assert profile.solo_speedup >= 1.0
     ((size, rate),) = profile.transpose_bandwidth  # an array of 32 x 32 float32
     assert size == 32 * 32 * 4 and rate > 0
     assert [(p.m, p.n, p.k, p.dtype) for p in profile.gemm] == [(64, 16, 32, "float32")]

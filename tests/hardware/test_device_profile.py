@@ -47,7 +47,9 @@ def test_a_profile_round_trips_through_json(tmp_path: Path) -> None:
 
 
 def test_a_profiles_transposed_read_rates_round_trip(tmp_path: Path) -> None:
-    profile = _profile(transpose_bandwidth=((262144.0, 5e9), (16777216.0, 1e9)))
+    profile = _profile(
+        transpose_bandwidth=((262144.0, 5e9), (16777216.0, 1e9)), solo_speedup=7.5
+    )
     assert load_profile(profile.save(tmp_path / "t.json")) == profile
 
 
@@ -94,6 +96,7 @@ def test_a_profile_of_another_version_is_refused_in_one_line(tmp_path: Path) -> 
         ({"collectives": (CollectiveFit("broadcast", "x", 0, 0.0, 1.0),)}, "unknown collective"),
         ({"sm_count": -1}, "sm_count"),
         ({"transpose_bandwidth": ((1024.0, 0.0),)}, "transpose_bandwidth point"),
+        ({"solo_speedup": 0.5}, "solo_speedup must be >= 1"),
     ],
 )
 def test_bad_profiles_are_refused(changes: dict[str, object], message: str) -> None:
