@@ -167,18 +167,25 @@ class PipeshardExecutable(PlannedExecutable):
         return [stage.mesh.root_reference.data for stage in plan_stages(self.module)]
 
     def stage_function_names(self) -> list[str]:
-        """Every stage program's function, in stage order (forward, backward,
-        apply-grad rounds within a stage)."""
+        """Every stage program's function in Alpa's order (that of its
+        ``get_hlo_text``): the forward of each stage, then the backwards from
+        the last stage to the first, then the apply-grad rounds of each stage.
+        The last stage's forward function holds its backward too: one program
+        where Alpa compiles two."""
         run = {c.function for c in self.program.calls.values()}
-        return [
-            name
-            for stage in plan_stages(self.module)
-            for _, name in stage.phase_functions()
-            if name in run
+        stages = [stage.phase_functions() for stage in plan_stages(self.module)]
+        forward = [n for s in stages for phase, n in s if phase == "forward"]
+        backward = [
+            n
+            for s in reversed(stages)
+            for phase, n in s
+            if phase in ("backward", "backward_weight")
         ]
+        apply = [n for s in stages for phase, n in s if phase == "apply_grad"]
+        return [n for n in forward + backward + apply if n in run]
 
     def get_hlo_text(self, status: Any = None) -> list[str]:
-        """The HLO XLA compiled for each stage program, in stage order (see
+        """The HLO XLA compiled for each stage program, in Alpa's order (see
         :meth:`stage_function_names`); as lowered for ``HloStatus.UNOPTIMIZED``
         and ``SHARDING_ANNOTATED`` (Alpa's ``get_hlo_text(status)``)."""
         from alpa_ir.api.hlo_status import hlo_text, split_status

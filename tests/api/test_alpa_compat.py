@@ -140,13 +140,13 @@ def test_manual_pipeline_with_alpa_grad() -> None:
     _assert_allclose(expected.params, actual.params, atol=5e-3)
     executable = manual_pipeline_train_step.get_executable(state, batch)
     assert len(executable.placements) == 2  # the boundary made two layers, two stages
-    # one compiled program per stage function, in stage order (the last stage's
-    # forward function holds its backward too)
+    # one compiled program per stage function, in Alpa's order: forwards, backwards
+    # from the last stage, apply-grads (the last stage's forward holds its backward)
     assert executable.stage_function_names() == [
         "stage0_forward",
+        "stage1_forward",
         "stage0_backward",
         "stage0_apply_grad",
-        "stage1_forward",
         "stage1_apply_grad",
     ]
     texts = executable.get_hlo_text()
