@@ -23,6 +23,7 @@ fastest kept, as the artifact kept its best run.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -30,11 +31,16 @@ from alpa_ir.errors import AlpaError, PlanError
 from alpa_ir.models.method_settings import MethodSetting, method_setting
 
 if TYPE_CHECKING:
+    from xdsl.dialects.builtin import ModuleOp
+
     from alpa_ir.costs.stage_table import StageCostTable
     from alpa_ir.hardware.clusters import Cluster
     from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
 from alpa_ir.tools.bench_outcome import Outcome
 
+TraceStep = Callable[[int, int], "ModuleOp"]
+"""The step imported again at ``(micro-batches, automatic layers)``
+(:func:`alpa_ir.tools.bench_suite.trace` of the model, injected)."""
 OWN_METHODS = ("intra-op", "inter-op", "megatron", "pp-dp")
 """The baselines whose settings the artifact chose per method."""
 
@@ -111,8 +117,8 @@ def own_setting_outcome(
     setting: MethodSetting,
     micro_batches: int,
     *,
+    trace_step: TraceStep,
     layers: int,
-    dtype: str | None,
     flops: float,
     stage_options: dict[str, Any],
     cost_mode: str,
@@ -121,7 +127,8 @@ def own_setting_outcome(
     progress: bool,
 ) -> Outcome:
     """``setting``'s method simulated at ``micro_batches``: the step traced at its
-    micro-batch shape, priced with its options on its views (module docstring).
+    micro-batch shape (``trace_step``), priced with its options on its views
+    (module docstring).
     ``stage_options``: ``construct-stages``' options of the run (the setting's
     micro-batches and remat replace its own)."""
     from alpa_ir.costs.analytical_stage_cost import AnalyticalStageCostModel
@@ -131,7 +138,6 @@ def own_setting_outcome(
     from alpa_ir.pipeline.layer_ranges import LayerRanges
     from alpa_ir.plugins.registry import default_registry
     from alpa_ir.tools.bench_baselines import one_device
-    from alpa_ir.tools.bench_suite import trace
 
     stage_pass = default_registry().get_pass("construct-stages")(
         **{
@@ -149,7 +155,7 @@ def own_setting_outcome(
     inter = setting.method == "inter-op"
     # inter-op: at least a layer per device (remat stays per layer), priced on one device
     count = max(layers, cluster.num_devices) if inter else layers
-    module = trace(name, micro_batches, count, dtype)
+    module = trace_step(micro_batches, count)
     ranges = LayerRanges(main_function(module))
     table = cost_table(
         ranges,
@@ -171,8 +177,8 @@ def own_settings_outcomes(
     cluster: Cluster,
     *,
     batch_size: int,
+    trace_step: TraceStep,
     layers: int,
-    dtype: str | None,
     flops: float,
     stage_options: dict[str, Any],
     cost_mode: str,
@@ -201,8 +207,8 @@ def own_settings_outcomes(
                     cluster,
                     setting,
                     count,
+                    trace_step=trace_step,
                     layers=layers,
-                    dtype=dtype,
                     flops=flops,
                     stage_options=stage_options,
                     cost_mode=cost_mode,

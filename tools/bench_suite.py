@@ -197,7 +197,7 @@ def bench_model(
             name,
             cluster,
             layers=layers,
-            dtype=dtype,
+            trace_step=lambda micro, count: trace(name, micro, count, dtype),
             flops=flops,
             stage_options={
                 "cluster": cluster.name,

@@ -9,7 +9,7 @@ import pytest
 from alpa_ir.errors import AlpaError
 from alpa_ir.models.method_settings import MethodSetting, method_setting
 from alpa_ir.tools.bench_own_settings import describe, own_setting_outcome, setting_views
-from alpa_ir.tools.bench_suite import bench_cluster, with_own_settings
+from alpa_ir.tools.bench_suite import bench_cluster, trace, with_own_settings
 
 
 def test_intra_op_runs_on_the_scripts_one_mesh() -> None:
@@ -55,8 +55,8 @@ def _outcome(setting: MethodSetting, micro: int, model: str = "gpt-tiny") -> dic
         cluster,
         setting,
         micro,
+        trace_step=lambda count, layers: trace(model, count, layers),
         layers=3,
-        dtype=None,
         flops=1e9,
         stage_options={
             "cluster": cluster.name,
