@@ -59,6 +59,7 @@ _EXPORTS: dict[str, str] = {
     "ManualShardParallel": "alpa_ir.api.shard_parallel",
     "CreateStateParallel": "alpa_ir.api.follow_parallel",
     "FollowParallel": "alpa_ir.api.follow_parallel",
+    "plan_to_method": "alpa_ir.api.parallel_plan",
     "AutoShardingOption": "alpa_ir.api.sharding_options",
     "get_3d_parallel_method": "alpa_ir.api.three_d",
     "PipeshardParallel": "alpa_ir.api.pipeshard",

@@ -110,6 +110,17 @@ class PlannedExecutable(ABC):
         ]
         return tuple(jax.tree.unflatten(tree, placed))
 
+    method: Any = None
+    """The parallel method ``parallelize`` compiled the step with."""
+
+    def get_parallel_plan(self) -> Any:
+        """The plan the step was compiled with, its choices fixed (Alpa's;
+        :mod:`alpa_ir.api.parallel_plan`): ``plan_to_method(plan)`` compiles it
+        again."""
+        from alpa_ir.api.parallel_plan import parallel_plan
+
+        return parallel_plan(self)
+
     def dump_debug_info(self, folder: str, *args: Any) -> Any:
         """Write the imported module, the pass pipeline, the planned module, the
         plan and the compiled HLO under ``folder`` (see :mod:`alpa_ir.api.debug_info`;

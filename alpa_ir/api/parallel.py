@@ -102,6 +102,8 @@ class ParallelizedFunction:
                 static_argnums=self.static_argnums,
             )
         if fresh:
+            if not isinstance(method, PlacedStateExecutable):
+                self._cache[key].method = method  # its plan is read from it
             seconds = time.perf_counter() - started
             apply_to_executable(self._cache[key], self.global_options, self.fn, seconds)
         self.last_executable = self._cache[key]
