@@ -117,11 +117,16 @@ class _LocalEvaluator:
         a waiting collective runs, the collectives wait, and at the round's end
         those waiting run combined, one per kind, mesh axes and dtype
         (:mod:`alpa_ir.backends.collective_combining`). The ops that read them
-        run in the next round. The trace's order changes, not its values."""
+        run in the next round. The trace's order changes, not its values.
+        Collectives of the forward pass and of the rest (after the ``backward``
+        marker) are never combined: ZeRO-3 gathers a parameter again for the
+        backward pass so as not to hold it through the step."""
+        backward = next((k for k, op in enumerate(ops) if _is_backward_marker(op)), len(ops))
+        phase = {op: k > backward for k, op in enumerate(ops)}
         while ops:
             later: list[Operation] = []
             blocked: set[SSAValue] = set()
-            waiting: dict[SSAValue, tuple[Operation, Any]] = {}
+            waiting: dict[SSAValue, tuple[Operation, Any, bool]] = {}
             for op in ops:
                 if any(v in blocked for v in op.operands):
                     later.append(op)
@@ -129,7 +134,7 @@ class _LocalEvaluator:
                 elif op in skip:
                     env[op.results[0]] = env[op.operands[0]]
                 elif isinstance(op, ReduceScatterOp | AllGatherOp):
-                    waiting[op.results[0]] = (op, env[op.operands[0]])
+                    waiting[op.results[0]] = (op, env[op.operands[0]], phase[op])
                     blocked.add(op.results[0])
                 else:
                     results = self.eval_op(op, [env[v] for v in op.operands])
@@ -139,14 +144,14 @@ class _LocalEvaluator:
             ops = later
 
     def _run_combined(
-        self, waiting: dict[SSAValue, tuple[Operation, Any]], env: dict[SSAValue, Any]
+        self, waiting: dict[SSAValue, tuple[Operation, Any, bool]], env: dict[SSAValue, Any]
     ) -> None:
-        """Run the waiting collectives, combined by kind, mesh axes and dtype."""
+        """Run the waiting collectives, combined by pass, kind, mesh axes and dtype."""
         groups: dict[tuple[Any, ...], list[SSAValue]] = {}
-        for value, (op, x) in waiting.items():
-            key = (type(op), tuple(op.mesh_axes), jnp.dtype(x.dtype))
+        for value, (op, x, after_forward) in waiting.items():
+            key = (type(op), tuple(op.mesh_axes), jnp.dtype(x.dtype), after_forward)
             groups.setdefault(key, []).append(value)
-        for (kind, axes, _), group in groups.items():
+        for (kind, axes, _, _), group in groups.items():
             xs = [waiting[v][1] for v in group]
             dims = [waiting[v][0].int_prop("dim") for v in group]
             size = int(np.prod([self.mesh_shape[a] for a in axes]))
@@ -272,6 +277,14 @@ class _LocalEvaluator:
         if name == "iota":
             out = iota_offset(out, params, ctx, self.names)
         return [out]
+
+
+def _is_backward_marker(op: Operation) -> bool:
+    return (
+        isinstance(op, LaxOp)
+        and op.primitive_name == "pipeline_marker"
+        and op.param("kind") == "backward"
+    )
 
 
 def _accumulated_from(op: Operation, part: StepPartition) -> list[SSAValue]:

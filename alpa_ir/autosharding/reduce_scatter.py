@@ -20,7 +20,7 @@ some dimension d of the gradient is unsplit and divisible by |A|, it rewrites:
 Communication volume does not change (all-reduce = reduce-scatter +
 all-gather); optimizer memory drops by |A| (ZeRO-2). ``mode=zero3`` also keeps
 the parameters sharded: they are returned sharded and all-gathered where the
-forward pass reads them.
+forward pass reads them, and again where the backward pass reads them.
 """
 
 from __future__ import annotations
@@ -157,6 +157,19 @@ def rewrite_all_reduces(module: ModuleOp, mode: str = "zero2") -> None:
             _rewrite_one(function, ar, mesh.shape, aliases, mode)
 
 
+def _backward_start(block: Block, position: dict[Operation, int]) -> int:
+    """The position of the step's first ``backward`` marker (the end of the
+    forward pass); past the last op if there is none."""
+    for op in block.ops:
+        if (
+            isinstance(op, LaxOp)
+            and op.primitive_name == "pipeline_marker"
+            and op.param("kind") == "backward"
+        ):
+            return position[op]
+    return len(position)
+
+
 def _aliases(function: func.FuncOp) -> dict[int, int]:
     """Output index -> donated input index."""
     attr = function.attributes.get(ALIASES_ATTR)
@@ -249,9 +262,13 @@ def _rewrite_one(
     ar.output.replace_all_uses_with(rs.results[0])
     Rewriter.erase_op(ar)
 
-    # Sharded arguments: their other readers (zero3: the forward pass) share one
-    # gather, placed before the first of them.
+    # Sharded arguments: their other readers (zero3: the forward and backward
+    # passes) are gathered for, once for the forward pass and once again for the
+    # backward pass (ZeRO-3 frees a gathered parameter after the forward pass and
+    # gathers it again for the backward pass, as Alpa and DeepSpeed do), each
+    # gather placed before the first of its readers.
     position = {o: k for k, o in enumerate(block.ops)}
+    backward = _backward_start(block, position)
     for index, spec in sharded_args.items():
         arg = block.args[index]
         before = spec_of_value(arg, function)
@@ -259,11 +276,16 @@ def _rewrite_one(
         readers = [
             use for use in arg.uses if use.operation not in region_set and use.operation is not ret
         ]
-        if readers:
-            first = min(readers, key=lambda use: position[use.operation]).operation
-            gathered = insert_reshard(arg, spec, before, first)
-            for use in readers:
-                use.operation.operands[use.index] = gathered
+        passes = (
+            [u for u in readers if position[u.operation] < backward],
+            [u for u in readers if position[u.operation] > backward],
+        )
+        for group in passes:
+            if group:
+                first = min(group, key=lambda use: position[use.operation]).operation
+                gathered = insert_reshard(arg, spec, before, first)
+                for use in group:
+                    use.operation.operands[use.index] = gathered
 
     # The update runs on slices (in block order; the gathers above are not in it).
     for op in sorted(region, key=position.__getitem__):

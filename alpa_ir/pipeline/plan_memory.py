@@ -11,6 +11,8 @@ that cannot fit is refused before XLA runs.
   :func:`~alpa_ir.costs.live_memory.peak_live_bytes`; by default every op's
   result is materialized, an upper bound; with ``fusion`` only the fusion
   outputs of :mod:`alpa_ir.costs.fusion`, which may fall short of XLA's),
+  plus what running the reduce-scatters and all-gathers combined adds
+  (:func:`combined_collective_nbytes`),
   less the donated arguments whose buffers hold outputs. ``peak = arguments +
   outputs + temporaries − aliased``, as XLA adds them. With gradient
   accumulation over ``B`` micro-batches XLA sees the ``B`` micro-batch
@@ -47,7 +49,14 @@ from alpa_ir.dialects.attrs import BATCH_ATTR
 from alpa_ir.dialects.lax_attrs import ints_of
 from alpa_ir.dialects.mesh import LogicalMeshOp
 from alpa_ir.dialects.pipeline import PlanOp, StageOp, plan_stages
-from alpa_ir.dialects.sharding import SPEC_ATTR, ShardingSpec, ShardingSpecAttr, spec_of_value
+from alpa_ir.dialects.sharding import (
+    SPEC_ATTR,
+    AllGatherOp,
+    ReduceScatterOp,
+    ShardingSpec,
+    ShardingSpecAttr,
+    spec_of_value,
+)
 from alpa_ir.dialects.types import KeyType, numpy_dtype, shape_of
 from alpa_ir.ir.module_utils import main_function, symbol_op, top_level_ops
 from alpa_ir.pipeline.schedule_kinds import ScheduleBuilder, order_of_plan
@@ -143,6 +152,28 @@ def _outputs_nbytes(function: func.FuncOp, mesh_shape: Sequence[int]) -> float:
     return sum(returned_nbytes(function, k, mesh_shape) for k in first.values())
 
 
+def combined_collective_nbytes(function: func.FuncOp, mesh_shape: Sequence[int]) -> float:
+    """Bytes the SPMD program adds to run its reduce-scatters and all-gathers
+    combined (:mod:`alpa_ir.backends.collective_combining`), an upper bound:
+    the gradients are held until the one reduce-scatter, beside the buffer
+    that concatenates them (twice their bytes); the gathered buffer beside the
+    values cut from it (the gathered bytes). A lone collective adds nothing."""
+    scattered = [
+        local_nbytes(op.operands[0], function, mesh_shape)
+        for op in function.body.block.ops
+        if isinstance(op, ReduceScatterOp)
+    ]
+    gathered = [
+        local_nbytes(op.results[0], function, mesh_shape)
+        for op in function.body.block.ops
+        if isinstance(op, AllGatherOp)
+    ]
+    return max(
+        2 * sum(scattered) if len(scattered) > 1 else 0.0,
+        sum(gathered) if len(gathered) > 1 else 0.0,
+    )
+
+
 def program_memory(
     function: func.FuncOp,
     mesh_shape: Sequence[int],
@@ -164,6 +195,7 @@ def program_memory(
     )
     aliased = sum(local_nbytes(args[k], function, mesh_shape) for k in set(donated))
     temporaries = temporary_nbytes(function, mesh_shape, fusion=fusion) * num_micro_batches
+    temporaries += combined_collective_nbytes(function, mesh_shape)
     return ProgramMemory(
         arguments=arguments,
         outputs=_outputs_nbytes(function, mesh_shape),
