@@ -168,6 +168,7 @@ _NAMES = {
         "import alpa_ir.device_mesh as _d\nfrom alpa_ir.device_mesh import *  # noqa\n\n\n"
         "def __getattr__(name):\n    return getattr(_d, name)\n"
     ),
+    "global_env.py": "from alpa_ir import global_config  # noqa\n",
     "pipeline_parallel/__init__.py": "",
     "pipeline_parallel/primitive_def.py": "from alpa_ir import mark_pipeline_boundary  # noqa\n",
     "pipeline_parallel/layer_construction.py": (
