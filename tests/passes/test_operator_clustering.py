@@ -308,13 +308,14 @@ def test_fit_delta_takes_the_least_delta_within_a_tolerance_of_the_widest(
 
     monkeypatch.setattr(pass_module, "cluster_operators", fake)
     monkeypatch.setattr(pass_module, "clustering_objective", objective)
-    assert pass_module._fitted(clustering(0.5), [1.0], [], 1).delta == 1.0
+    # one operator of 3 layers' FLOPs: fit-delta may try up to FIT_DELTA_MAX
+    assert pass_module._fitted(clustering(0.5), [1.0], [], 3).delta == 1.0
     assert solved == [1.0]  # the widest δ's bytes alone, not its layers
     monkeypatch.setattr(pass_module, "FIT_DELTA_TOLERANCE", 0.0)
-    assert pass_module._fitted(clustering(0.5), [1.0], [], 1).delta == 2.0  # exact equality
+    assert pass_module._fitted(clustering(0.5), [1.0], [], 3).delta == 2.0  # exact equality
     received.update({2.0: 11.0, 4.0: 10.5})  # only the widest reaches its own bytes
     solved.clear()
-    assert pass_module._fitted(clustering(0.5), [1.0], [], 1).delta == 8.0
+    assert pass_module._fitted(clustering(0.5), [1.0], [], 3).delta == 8.0
     assert solved == [1.0, 2.0, 4.0, 8.0]
 
 
@@ -337,3 +338,39 @@ def test_fit_delta_keeps_the_balanced_layers_for_a_few_percent_fewer_bytes(
 
     monkeypatch.setattr(pass_module, "clustering_objective", objective)
     assert pass_module._fitted(clustering(0.5), [1.0], [], 1).delta == 0.5
+
+
+def test_fit_delta_raises_delta_only_as_far_as_a_few_heaviest_operators() -> None:
+    """A step of many light operators (Wide-ResNet: the heaviest 0.59 of a
+    layer) keeps δ near 0.5; a heavy head (GPT-3 350M's logits, 3.2 layers)
+    may take a layer of several."""
+    from alpa_ir.passes.cluster_operators import FIT_HEAVY_OPS, fit_delta_ceiling
+
+    light = [0.59] + [1.0 / 3] * 48  # 17 layers of about 1.0 each
+    assert fit_delta_ceiling(light, 17) < 1.0
+    heavy = [3.2] + [1.0 / 3] * 72  # 25 layers: a head of 3.2 layers
+    assert fit_delta_ceiling(heavy, 25) == pytest.approx(FIT_HEAVY_OPS * 3.2 * 25 / 27.2 - 1)
+    assert fit_delta_ceiling(heavy, 25) > 7
+
+
+def test_fit_delta_stops_at_its_ceiling(monkeypatch: pytest.MonkeyPatch) -> None:
+    import alpa_ir.passes.cluster_operators as pass_module
+    from alpa_ir.algorithms.operator_clustering import ClusteringResult
+
+    tried: list[float] = []
+
+    def clustering(delta: float) -> ClusteringResult:
+        return ClusteringResult(((0, 0),), 100.0 / (1 + delta), (1.0,), (0.0,), delta, False, 1.0)
+
+    def objective(flops: object, edges: object, layers: int, delta: float, **_: object) -> float:
+        tried.append(delta)
+        return 100.0 / (1 + delta)
+
+    def fake(flops: object, edges: object, layers: int, delta: float, **_: object) -> object:
+        return clustering(delta)
+
+    monkeypatch.setattr(pass_module, "clustering_objective", objective)
+    monkeypatch.setattr(pass_module, "cluster_operators", fake)
+    flops = [1.0] * 10  # heaviest operator: 0.4 of a layer in 4 layers: ceiling 0.5
+    assert pass_module._fitted(clustering(0.5), flops, [], 4).delta == 0.5
+    assert tried == []
