@@ -685,16 +685,24 @@ def published_row(run: PublishedRun, args: argparse.Namespace) -> dict[str, Any]
         "cross_stage_comm": args.cross_stage_comm,
     }
     if search_kind(cluster) == "scaled":
+        # micro-batches of the published plan's per-replica size (one sequence):
+        # the replica counts may then divide the step as the published data
+        # parallelism does (Llama 3 on 16,384 GPUs: 16 micro-batches of 128
+        # sequences leave no replica count with pipelines of at most 512 GPUs)
+        micro = row["global_batch"] // (run.config.micro_batch_size or 1)
         scaled = plan_scaled(
             run.model,
             cluster,
-            row["num_micro_batches"],
+            micro,
             layers=default_layers(run.model),
             **common,  # type: ignore[arg-type]
         )
         alpa, search = scaled.outcome, scaled.summary()
+        search["num_micro_batches"] = micro
         wall, cpu = scaled.times["total"], scaled.times["cpu"]
-        replicas = f"{scaled.found.replicas} x {scaled.found.pipeline.num_devices} GPUs, "
+        replicas = (
+            f"{scaled.found.replicas} x {scaled.found.pipeline.num_devices} GPUs, B={micro}, "
+        )
     else:
         cpu0 = cpu_seconds()
         result = bench_model(

@@ -360,14 +360,18 @@ def format_row(row: dict[str, Any]) -> str:
         f"batch {row['global_batch']}, B={row['num_micro_batches']}: published {row['config']} "
         f"({row['source']}: {row['reported_tflops']:g} TFLOPS/GPU reported)"
     )
-    lines = [head, f"  {'method':<10} {'plan s':>7} {'iter s':>9} {'TFLOPS':>7} {'MFU':>6}  note"]
+    lines = [
+        head,
+        f"  {'method':<10} {'plan s':>7} {'cpu s':>7} {'iter s':>9} {'TFLOPS':>7} {'MFU':>6}  note",
+    ]
     for method in ("alpa", "published"):
         r = row.get(method)
         if r is None:
             continue
         note = r.get("error") or r.get("note", "")
+        cpu = f"{r['cpu']:7.1f}" if "cpu" in r else f"{'-':>7}"
         lines.append(
-            f"  {method:<10} {r.get('time', 0.0):7.1f} {r['iteration_time']:9.4g} "
+            f"  {method:<10} {r.get('time', 0.0):7.1f} {cpu} {r['iteration_time']:9.4g} "
             f"{r['tflops_per_gpu']:7.1f} {100 * r['mfu']:5.1f}%  {note}"[:300]
         )
     return "\n".join(lines)
