@@ -264,8 +264,10 @@ def _stage_peak(
         if phase == "apply_grad":
             outputs = _outputs_nbytes(function, shape)
             apply_grad += outputs + temporary_nbytes(function, shape, fusion=fusion)
+            apply_grad += combined_collective_nbytes(function, shape)
             continue
-        temporaries = max(temporaries, temporary_nbytes(function, shape, fusion=fusion))
+        own = temporary_nbytes(function, shape, fusion=fusion)
+        temporaries = max(temporaries, own + combined_collective_nbytes(function, shape))
         for k, result in enumerate(call.results):
             nbytes = returned_nbytes(function, k, shape)
             if id(result) in apply_operands:
