@@ -49,6 +49,9 @@ class FactorRule:
     ``partial_operands`` lists operands that may arrive as partial sums over
     the axes of sharded reduction factors (a scatter-add's operand: adding it
     on one device only and summing later is exact).
+    ``linear_operands`` lists operands the op is linear in (an addition, a
+    transpose): a pending sum may pass through them, the result then pending
+    over the same axes (see :func:`deferred_strategies`).
     """
 
     sizes: tuple[int, ...]
@@ -59,6 +62,7 @@ class FactorRule:
     heavy: bool = False
     partial_operands: tuple[int, ...] = ()
     names: tuple[str, ...] = field(default=())
+    linear_operands: tuple[int, ...] = ()
 
     def factor_name(self, f: int) -> str:
         return self.names[f] if f < len(self.names) else f"f{f}"
@@ -162,9 +166,61 @@ def enumerate_strategies(rule: FactorRule, mesh_shape: Sequence[int]) -> list[St
                 False,
                 rule.partial_operands,
                 rule.names,
+                rule.linear_operands,
             ),
             mesh_shape,
         )
+    return out
+
+
+def deferred_strategies(
+    rule: FactorRule,
+    strategies: Sequence[Strategy],
+    mesh_shape: Sequence[int],
+    keep: bool = True,
+) -> list[Strategy]:
+    """The strategies of an op on the way of a pending sum to an addition.
+
+    Partial sums added before they are reduced need one all-reduce, not one
+    per addend (the gradient of a weight used twice, a tied embedding, is the
+    sum of two partial gradients). An op linear in some operands takes them
+    partial over free mesh axes ``P``, its results partial over ``P``; and
+    with ``keep`` (the op's value has one use, which completes it: a reshard
+    priced on more than one use would be counted once per use but run
+    once), every strategy with partial sums has a twin that leaves them
+    pending for that use. The graph builder asks for these only where a
+    pending sum can reach an addition.
+    """
+    out: list[Strategy] = []
+    axes = [a for a, n in enumerate(mesh_shape) if n > 1]
+    if rule.linear_operands:
+        for s in strategies:
+            if s.partial_axes:
+                continue
+            used = {a for spec in (*s.operand_specs, *s.result_specs) for a in spec.used_axes()}
+            free = [a for a in axes if a not in used]
+            for k in range(1, len(free) + 1):
+                for pending in itertools.combinations(free, k):
+                    operands = tuple(
+                        ShardingSpec(spec.dims, pending) if i in rule.linear_operands else spec
+                        for i, spec in enumerate(s.operand_specs)
+                    )
+                    results = tuple(ShardingSpec(spec.dims, pending) for spec in s.result_specs)
+                    name = f"{s.name} pending{''.join(map(str, pending))}"
+                    out.append(Strategy(name, operands, results, pending, "sum"))
+    if keep:
+        out += [
+            Strategy(
+                f"{s.name} deferred",
+                s.operand_specs,
+                s.result_specs,
+                s.partial_axes,
+                "sum",
+                s.result_specs,
+            )
+            for s in (*strategies, *out)
+            if s.partial_axes and s.reduce == "sum"
+        ]
     return out
 
 

@@ -24,7 +24,12 @@ import numpy as np
 from xdsl.dialects import func
 from xdsl.ir import Block, Operation, SSAValue
 
-from alpa_ir.autosharding.factors import Strategy, enumerate_strategies, replicated_strategy
+from alpa_ir.autosharding.factors import (
+    Strategy,
+    deferred_strategies,
+    enumerate_strategies,
+    replicated_strategy,
+)
 from alpa_ir.autosharding.node_strategy import (
     GroupRenaming,
     NodeStrategy,
@@ -33,7 +38,7 @@ from alpa_ir.autosharding.node_strategy import (
     value_column,
 )
 from alpa_ir.autosharding.resharding import INF, ReshardCoster, local_nbytes
-from alpa_ir.autosharding.rules import RULES, TRANSPARENT_PRIMITIVES
+from alpa_ir.autosharding.rules import LINEAR_PRIMITIVES, RULES, TRANSPARENT_PRIMITIVES
 from alpa_ir.dialects.lax import ConstantOp, LaxOp, PrimitiveOp
 from alpa_ir.dialects.sharding import ShardingSpec
 from alpa_ir.dialects.types import dtype_of, is_key_type, shape_of
@@ -107,6 +112,48 @@ def _keys_replicated(op: Operation, strategies: list[Strategy]) -> list[Strategy
     ]
 
 
+def pending_sum_ops(block: Block) -> dict[Operation, bool]:
+    """The ops through which a partial sum can reach an addition of partial
+    sums (``add_any``: JAX's sum of the gradients of a value used twice):
+    backwards from its operands through linear ops (additions, transposes,
+    reshapes, float conversions) to the ops that make partial sums. Only
+    these get :func:`deferred_strategies`, which keeps the strategy space
+    as it was everywhere else. The value says whether the op may leave its
+    sum pending: its value has one use (on the way to the addition)."""
+
+    def uses(value: SSAValue) -> int:  # through transparent ops
+        n = 0
+        for use in value.uses:
+            if _primitive(use.operation) in TRANSPARENT_PRIMITIVES:
+                n += uses(use.operation.results[use.index])
+            else:
+                n += 1
+        return n
+
+    def single_use(op: Operation) -> bool:
+        return len(op.results) == 1 and uses(op.results[0]) == 1
+
+    adds = [op for op in block.ops if _primitive(op) == "add_any"]
+    found = {op: single_use(op) for op in adds}
+    work = [v for op in adds for v in op.operands]
+    while work:
+        value = work.pop()
+        op = value.owner
+        if not isinstance(op, Operation) or op in found:
+            continue
+        name = _primitive(op)
+        if name in TRANSPARENT_PRIMITIVES or name in LINEAR_PRIMITIVES:
+            work.extend(op.operands)
+        elif name == "scatter-add":  # adds into its operand: that may be pending too
+            work.append(op.operands[0])
+        found[op] = single_use(op)
+    return {op: keep for op, keep in found.items() if _primitive(op) not in TRANSPARENT_PRIMITIVES}
+
+
+def _primitive(op: Operation) -> str | None:
+    return op.primitive_name if isinstance(op, LaxOp) else None
+
+
 def spec_options(shape: tuple[int, ...], mesh_shape: Sequence[int]) -> list[ShardingSpec]:
     """Every spec a tensor of ``shape`` can take on the mesh."""
     from alpa_ir.autosharding.factors import FactorKind, FactorRule
@@ -172,6 +219,7 @@ class GraphBuilder:
         """(batch dimension of each value, mesh axis): every op must split its
         batch dimension over that axis where it can (force-batch-dim-to-mesh-dim)."""
         self.warned: set[str] = set()
+        self.pending = pending_sum_ops(function.body.block)
         if cache is None:
             cache = StrategyCache(self.mesh_shape, coster)
         elif cache.mesh_shape != self.mesh_shape or cache.coster is not coster:
@@ -190,10 +238,11 @@ class GraphBuilder:
         if hinted is not None:
             return [Strategy(f"hint {s}", (s,), (s,)) for s in hinted]
         batch = self._batch_positions(op)
-        key = (*_op_key(op), batch) if batch else _op_key(op)
+        pending = self.pending.get(op)
+        key = (*_op_key(op), batch, pending) if batch or pending is not None else _op_key(op)
         cached = self._strategy_cache.get(key)
         if cached is None:
-            cached = self._op_strategies(op)
+            cached = self._op_strategies(op, pending)
             if batch:
                 cached = _batch_split(cached, batch, self.batch_axis[1]) or cached  # type: ignore[index]
             if not self.allow_mixed_mesh_shape:
@@ -210,16 +259,17 @@ class GraphBuilder:
         out += [("r", k, dims[v]) for k, v in enumerate(op.results) if v in dims]
         return tuple(out)
 
-    def _op_strategies(self, op: Operation) -> list[Strategy]:
+    def _op_strategies(self, op: Operation, pending: bool | None = None) -> list[Strategy]:
         operand_ranks = [len(shape_of(t)) for t in op.operand_types]
         result_ranks = [len(shape_of(t)) for t in op.result_types]
         if isinstance(op, LaxOp | PrimitiveOp):  # a plugin may give rules to any primitive
             rule_fn = self.rule_lookup(op.primitive_name)
             if rule_fn is not None:
-                strategies = _keys_replicated(
-                    op,
-                    enumerate_strategies(rule_fn(op), self.mesh_shape),  # type: ignore[arg-type]
-                )
+                rule = rule_fn(op)
+                strategies = enumerate_strategies(rule, self.mesh_shape)  # type: ignore[arg-type]
+                if pending is not None:
+                    strategies += deferred_strategies(rule, strategies, self.mesh_shape, pending)  # type: ignore[arg-type]
+                strategies = _keys_replicated(op, strategies)
                 if strategies:
                     return strategies
         name = getattr(op, "primitive_name", op.name)
@@ -303,7 +353,9 @@ class GraphBuilder:
     ) -> list[NodeStrategy]:
         """The group's strategies; a group with the same ops wired the same way
         (the same layer repeated) reuses the strategies of the first one."""
-        key = _group_key(ops, alias, self._batch_positions if self.batch_axis else None)
+        key = _group_key(
+            ops, alias, self._batch_positions if self.batch_axis else None, self.pending
+        )
         cached = self._group_cache.get(key)
         if cached is None:
             strategies = self._new_group_strategies(ops, alias)
@@ -335,8 +387,15 @@ class GraphBuilder:
         # (e.g. a broadcast of a replicated value follows the leader's batch
         # split, which a plan without all-gathers may need); equal variants
         # are merged below.
-        variants = [(lead, keep) for lead in self.op_strategies(leader) for keep in (False, True)]
-        for lead, keep in variants:
+        # A group on the way of a pending sum (see pending_sum_ops) also tries
+        # its followers taking pending sums as they arrive: greedy followers
+        # would complete them before they meet the addend from outside.
+        modes = ["cheapest", "keep"]
+        if any(f in self.pending for f in followers):
+            modes.append("pass")
+        variants = [(lead, mode) for lead in self.op_strategies(leader) for mode in modes]
+        for lead, mode in variants:
+            keep = mode == "keep"
             specs: dict[SSAValue, ShardingSpec] = dict(
                 zip(leader.results, lead.final_result_specs, strict=True)
             )
@@ -356,9 +415,13 @@ class GraphBuilder:
                 if keep:
                     shapes = [*result_shapes[f], *(shape for _, shape, _ in operand_info[f])]
                     preferred = tuple(usual.get(shape) for shape in shapes)
-                key = (f, arriving, preferred)
+                key = (f, arriving, preferred, mode == "pass")
                 if key not in best_for:
-                    best_for[key] = self._best_follower(
+                    best_for[key] = (
+                        _passing_follower(options[f], own_cost[f], arriving)
+                        if mode == "pass"
+                        else None
+                    ) or self._best_follower(
                         options[f], own_cost[f], operand_info[f], arriving, preferred
                     )
                 index, best_cost = best_for[key]
@@ -479,6 +542,24 @@ class GraphBuilder:
         return matrix
 
 
+def _passing_follower(
+    options: list[Strategy], own_cost: list[float], arriving: tuple[ShardingSpec | None, ...]
+) -> tuple[int, float] | None:
+    """The cheapest strategy that takes a pending sum exactly as it arrives (None
+    when no operand arrives pending, or no strategy takes it so)."""
+    if not any(spec is not None and spec.partial for spec in arriving):
+        return None
+    exact = [
+        i
+        for i, cand in enumerate(options)
+        if all(src is None or cand.operand_specs[k] == src for k, src in enumerate(arriving))
+    ]
+    if not exact:
+        return None
+    best = min(exact, key=lambda i: own_cost[i])
+    return best, own_cost[best]
+
+
 def _op_key(op: Operation) -> tuple[object, ...]:
     """What an op's strategies depend on: its kind, parameters and types."""
     return (op.name, tuple(op.properties.items()), tuple(op.operand_types), tuple(op.result_types))
@@ -488,6 +569,7 @@ def _group_key(
     ops: list[Operation],
     alias: dict[SSAValue, SSAValue],
     batch_key: Callable[[Operation], object] | None = None,
+    pending: dict[Operation, bool] | None = None,
 ) -> tuple[object, ...]:
     """What a group's strategies depend on: its ops and how they feed each other
     (per operand: the member and result it comes from, or outside)."""
@@ -495,7 +577,8 @@ def _group_key(
     key: list[object] = []
     for i, op in enumerate(ops):
         sources = tuple(position.get(alias.get(v, v)) for v in op.operands)
-        key.append((_op_key(op), sources, batch_key(op) if batch_key else ()))
+        deferring = pending.get(op) if pending else None
+        key.append((_op_key(op), sources, batch_key(op) if batch_key else (), deferring))
         for j, r in enumerate(op.results):
             position[r] = (i, j)
     return tuple(key)

@@ -9,12 +9,15 @@ contribute rules for their own primitives through ``alpa_ir_sharding_rules``.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from types import MappingProxyType
+
+import jax.numpy as jnp
 
 from alpa_ir.autosharding.factors import Dims, FactorKind, FactorRule
 from alpa_ir.dialects.lax import LaxOp
 from alpa_ir.dialects.lax_primitives import PRIMITIVES, OpKind
-from alpa_ir.dialects.types import shape_of
+from alpa_ir.dialects.types import dtype_of, shape_of
 
 P, R, N = FactorKind.PASS_THROUGH, FactorKind.REDUCTION, FactorKind.NEED_REPLICATION
 
@@ -450,6 +453,37 @@ def scatter(op: LaxOp) -> FactorRule:
     )
 
 
+def linear(rule_fn: RuleFn) -> RuleFn:
+    """``rule_fn`` for an op linear in every operand (an addition, a transpose, a
+    float conversion): a pending sum may pass through it."""
+
+    def rule(op: LaxOp) -> FactorRule:
+        base = rule_fn(op)
+        if op.primitive_name == "convert_element_type" and not all(
+            jnp.issubdtype(dtype_of(t), jnp.floating) for t in (*op.operand_types, *op.result_types)
+        ):
+            return base
+        return replace(base, linear_operands=tuple(range(len(base.operands))))
+
+    return rule
+
+
+LINEAR_PRIMITIVES = frozenset(
+    {
+        "add_any",
+        "add",
+        "sub",
+        "neg",
+        "copy",
+        "convert_element_type",
+        "transpose",
+        "reshape",
+        "broadcast_in_dim",
+    }
+)
+"""Primitives whose rule lets a pending sum pass (see :func:`linear`)."""
+
+
 def _default_rules() -> dict[str, RuleFn]:
     rules: dict[str, RuleFn] = {}
     for name, spec in PRIMITIVES.items():
@@ -530,6 +564,8 @@ def _default_rules() -> dict[str, RuleFn]:
             },
         }
     )
+    for name in LINEAR_PRIMITIVES:
+        rules[name] = linear(rules[name])
     return rules
 
 
