@@ -209,7 +209,7 @@ def add_views(a: ViewCost, b: ViewCost) -> ViewCost:
 
 
 def one_device(cluster: Cluster) -> Cluster:
-    """One device of ``cluster`` (its figures, no links to price)."""
+    """One device of ``cluster`` (its figures and its device profile, no links to price)."""
     from alpa_ir.hardware.clusters import Cluster, ClusterLevel
 
     inner = cluster.levels[-1]
@@ -220,6 +220,7 @@ def one_device(cluster: Cluster) -> Cluster:
         cluster.peak_flops,
         cluster.hbm_bandwidth,
         cluster.device_name,
+        profile=cluster.profile,
     )
 
 

@@ -107,3 +107,14 @@ def test_inter_op_takes_equal_layers_on_a_1x1_mesh_per_device() -> None:
     stages = out["stages"]
     assert [s["submesh"] for s in stages] == [[1, 1]] * 4  # type: ignore[attr-defined]
     assert [s["layers"] for s in stages] == [[k, k] for k in range(4)]  # type: ignore[attr-defined]
+
+
+def test_one_device_keeps_the_clusters_device_profile() -> None:
+    """The inter-op baseline prices its 1x1 stages on one device of the
+    cluster: with the cluster's own prices (a V100's fp32 GEMMs, not a default)."""
+    from alpa_ir.tools.bench_baselines import one_device
+
+    cluster = bench_cluster("alpa-testbed", 8)
+    single = one_device(cluster)
+    assert single.num_devices == 1
+    assert cluster.profile is not None and single.profile == cluster.profile
