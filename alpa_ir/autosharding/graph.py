@@ -82,15 +82,22 @@ def _mixed(strategy: Strategy, mesh_shape: Sequence[int]) -> bool:
 
 
 def _batch_split(
-    strategies: list[Strategy], batch: tuple[tuple[str, int, int], ...], axis: int
+    strategies: list[Strategy],
+    batch: tuple[tuple[str, int, int], ...],
+    axis: int,
+    whole: bool = False,
 ) -> list[Strategy]:
-    """The strategies that split every batch dimension of the op over ``axis``
-    (none when no strategy can: the caller then keeps them all)."""
+    """The strategies that split every batch dimension of the op over ``axis``,
+    or with ``whole`` (the axis has size 1, as Alpa's forced batch axis of a
+    model-parallel mesh) split none of them (none when no strategy can: the
+    caller then keeps them all)."""
 
     def splits(s: Strategy) -> bool:
         for where, k, dim in batch:
             spec = s.operand_specs[k] if where == "o" else s.result_specs[k]
-            if dim >= spec.rank or axis not in spec.dims[dim]:
+            if dim >= spec.rank:
+                return False
+            if (spec.dims[dim] != ()) if whole else (axis not in spec.dims[dim]):
                 return False
         return True
 
@@ -244,7 +251,9 @@ class GraphBuilder:
         if cached is None:
             cached = self._op_strategies(op, pending)
             if batch:
-                cached = _batch_split(cached, batch, self.batch_axis[1]) or cached  # type: ignore[index]
+                axis = self.batch_axis[1]  # type: ignore[index]
+                whole = self.mesh_shape[axis] == 1
+                cached = _batch_split(cached, batch, axis, whole) or cached
             if not self.allow_mixed_mesh_shape:
                 cached = [s for s in cached if not _mixed(s, self.mesh_shape)] or cached
             self._strategy_cache[key] = cached

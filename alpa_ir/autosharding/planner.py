@@ -250,11 +250,11 @@ class ShardingPlanner:
                     f"auto-sharding: force-batch-dim-to-mesh-dim={self.options.force_batch_dim_to_mesh_dim} "
                     f"but the mesh {list(mesh.shape)} has {len(mesh.shape)} axes"
                 )
-            if mesh.shape[self.options.force_batch_dim_to_mesh_dim] > 1:
-                batch_axis = (
-                    batch_dims(function, sorted(batch), registry.sharding_rules.get),
-                    self.options.force_batch_dim_to_mesh_dim,
-                )
+            # (on an axis of size 1, as Alpa: the batch dimensions stay whole)
+            batch_axis = (
+                batch_dims(function, sorted(batch), registry.sharding_rules.get),
+                self.options.force_batch_dim_to_mesh_dim,
+            )
         hints = hint_specs(function, mesh)
 
         def build(hinted: bool) -> tuple[StrategyGraph, ILPProblem]:
@@ -408,9 +408,10 @@ class ShardingPlanner:
             if self._data_parallel:  # rows divide: checked in apply
                 return 0.0 if spec == data_parallel_spec(arg, mesh, is_batch) else INF
             forced = self.options.force_batch_dim_to_mesh_dim
-            if is_batch and forced >= 0 and spec.rank and mesh.shape[forced] > 1:
-                # (an axis of size 1 splits nothing: the batch is whole along it)
-                return 0.0 if forced in spec.dims[0] else INF
+            if is_batch and forced >= 0 and spec.rank:
+                # on an axis of size 1 (a model-parallel mesh), Alpa keeps the batch whole
+                split = forced in spec.dims[0] if mesh.shape[forced] > 1 else not spec.dims[0]
+                return 0.0 if split else INF
             if not is_batch and spec.is_replicated() and spec.rank:
                 if not self.options.allow_replicated_parameters:
                     return INF
