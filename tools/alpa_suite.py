@@ -375,22 +375,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per test file")
     args = parser.parse_args(argv)
     build(args.alpa, args.work)
-    wanted = the_set(args.work, args.files)
-    rows = run(args.work, args.files, args.timeout)
-    results = {test: (outcome, why) for outcome, test, why in rows}
     passed: dict[str, list[int]] = {}
-    for test in wanted:
-        name = test.split("::")[0]
-        # a file that timed out reports one row under its own name
-        outcome, why = results.get(test) or results.get(name) or ("ERROR", "no result")
-        print(f"{outcome:6s} {test}" + (f"  {why[:160]}" if outcome != "PASSED" else ""))
+    for name in args.files:  # each file's lines as soon as it has run
+        rows = run(args.work, [name], args.timeout)
+        results = {test: (outcome, why) for outcome, test, why in rows}
         counts = passed.setdefault(name, [0, 0])
-        counts[0] += outcome == "PASSED"
-        counts[1] += 1
+        for test in the_set(args.work, [name]):
+            # a file that timed out reports one row under its own name
+            outcome, why = results.get(test) or results.get(name) or ("ERROR", "no result")
+            print(f"{outcome:6s} {test}" + (f"  {why[:160]}" if outcome != "PASSED" else ""))
+            counts[0] += outcome == "PASSED"
+            counts[1] += 1
+        sys.stdout.flush()
     for name, (n, m) in passed.items():
         print(f"{n:3d} of {m:3d}  {name}")
-    total = sum(n for n, _ in passed.values())
-    print(f"{total} of {len(wanted)} passed")
+    total, size = (sum(c[k] for c in passed.values()) for k in (0, 1))
+    print(f"{total} of {size} passed")
     return 0
 
 

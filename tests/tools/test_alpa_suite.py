@@ -8,8 +8,9 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
-from alpa_ir.tools.alpa_suite import OUT_OF_SET, SUITE, build, run, the_set
+from alpa_ir.tools.alpa_suite import OUT_OF_SET, SUITE, build, main, run, the_set
 
 _UTIL = """
 def count_communication_primitives(hlo_ir, ignore_scalar_all_reduce=False):
@@ -147,3 +148,14 @@ def test_a_gpu_skip_condition_imports_on_cpu(tmp_path: Path) -> None:
         ("test_kept", "PASSED"),
         ("test_kept", "PASSED"),
     ], rows
+
+
+def test_the_tool_counts_over_the_set(tmp_path: Path, capsys: Any) -> None:
+    alpa = _checkout(tmp_path / "alpa")
+    args = ["--alpa", str(alpa), "--work", str(tmp_path / "work")]
+    assert main([*args, "--files", "tests/shard_parallel/test_x.py"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert any(
+        line.startswith("FAILED tests/shard_parallel/test_x.py::T::test_fails ") for line in out
+    )
+    assert out[-2:] == ["  2 of   3  tests/shard_parallel/test_x.py", "2 of 3 passed"]
