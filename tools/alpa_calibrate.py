@@ -5,7 +5,9 @@ device of JAX's default backend (the 8 CPU devices of
 ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` here; the GPUs on a
 GPU host): GEMMs from square to thin in the platform's dtypes, a streaming
 kernel for memory bandwidth, a chain of tiny kernels for the launch floor,
-and every collective over groups of 2, 4, ... devices at several sizes. The
+a kernel reading arrays through a transpose at several sizes, one device's
+GEMM alone against every device's at once (how much the devices share the
+host's cores), and every collective over groups of 2, 4, ... devices at several sizes. The
 profile is written as JSON (``--out``), loadable with
 :func:`alpa_ir.hardware.device_profile.load_profile`; ``tools/bench_local_clock.py``
 holds the planner's predictions made with it against measured step times.
@@ -32,7 +34,8 @@ def build_parser() -> OneLineParser:
     parser = OneLineParser(
         prog=PROG,
         description="Measure the local devices (GEMMs, memory bandwidth, launch floor, "
-        "collectives) and write a device profile (JSON) the planner reads.",
+        "transposed reads, shared cores, collectives) and write a device profile (JSON) "
+        "the planner reads.",
     )
     parser.add_argument(
         "--out", default="device_profile.json", help="where to write the profile (JSON)"
@@ -120,6 +123,15 @@ def summary(profile: object, seconds: float, out: Path) -> str:
         f"per device ({best.m}x{best.n}x{best.k} {best.dtype})",
         f"  memory bandwidth {profile.memory_bandwidth / 1e9:.2f} GB/s per device, "
         f"launch floor {profile.launch_overhead * 1e6:.1f} us",
+        f"  one device alone {profile.solo_speedup:.2f}x faster than all at once; "
+        + (
+            "transposed reads "
+            + ", ".join(
+                f"{r / 1e9:.2f} GB/s at {b / 2**20:g} MiB" for b, r in profile.transpose_bandwidth
+            )
+            if profile.transpose_bandwidth
+            else "no transposed reads measured"
+        ),
     ]
     for c in profile.collectives:
         lines.append(
