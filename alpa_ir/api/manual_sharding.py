@@ -37,6 +37,15 @@ class ManualShardingOption:
     out_axis_resources: Any = None
 
 
+@dataclass(frozen=True)
+class LeafSpecs:
+    """One spec (or None) per input array, in the order of the flattened
+    arguments: specs without the arguments' tree (whose static fields, e.g.
+    an optimizer, need not pickle), as a saved plan keeps them."""
+
+    specs: tuple[Any, ...]
+
+
 def _is_spec(x: object) -> bool:
     return x is None or isinstance(x, PartitionSpec | NamedSharding)
 
@@ -177,12 +186,19 @@ def annotate_inputs(
     what: str = "in_axis_resources",
     none_subtrees: bool = True,
 ) -> None:
-    """User PartitionSpecs of the arguments become argument specs the planner keeps."""
+    """User PartitionSpecs of the arguments become argument specs the planner
+    keeps; ``in_specs`` may also be :class:`LeafSpecs` (one per input array)."""
+    shapes = [tuple(np.shape(x)) for x in jax.tree.leaves(args)]
+    if isinstance(in_specs, LeafSpecs):
+        if len(in_specs.specs) != len(shapes):
+            raise AlpaError(
+                f"{what} gives {len(in_specs.specs)} specs for the {len(shapes)} input arrays"
+            )
+        in_specs = jax.tree.unflatten(jax.tree.structure(args), list(in_specs.specs))
     specs = [
         as_partition_spec(s, names)
         for s in expand_prefix(in_specs, args, what, none_subtrees=none_subtrees)
     ]
-    shapes = [tuple(np.shape(x)) for x in jax.tree.leaves(args)]
     function.arg_attrs = spec_entries(specs, shapes, names, mesh_shape)
 
 

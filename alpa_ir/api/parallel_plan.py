@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
+from jax.sharding import PartitionSpec
 
 from alpa_ir.errors import AlpaError
 
@@ -32,7 +33,8 @@ class PlacementSpec:
 @dataclass(frozen=True)
 class ParallelPlan:
     """A compiled step's method with its choices fixed, and where the step
-    reads its inputs (``input_placement_specs``)."""
+    reads its inputs (``input_placement_specs``, one per input array, as
+    Alpa's: without the arguments' tree, whose static fields need not pickle)."""
 
     method: Any
     input_placement_specs: Any
@@ -40,7 +42,7 @@ class ParallelPlan:
 
 def parallel_plan(executable: Any) -> ParallelPlan:
     """The plan of ``executable`` (a step ``parallelize`` compiled)."""
-    from alpa_ir.api.manual_sharding import ManualShardingOption
+    from alpa_ir.api.manual_sharding import LeafSpecs, ManualShardingOption
     from alpa_ir.api.pipeshard import ManualStageOption
 
     method = getattr(executable, "method", None)
@@ -56,15 +58,22 @@ def parallel_plan(executable: Any) -> ParallelPlan:
             [tuple(p.mesh.shape) for p in placements],
         )
         fixed = dataclasses.replace(method, stage_option=stages)
-        placed = jax.tree.map(
-            lambda s: PlacementSpec(tuple(int(d.id) for d in s.mesh.devices.flat), s.spec),
-            executable.get_input_shardings(),
-            is_leaf=lambda x: isinstance(x, jax.sharding.Sharding),
+        placed = tuple(
+            PlacementSpec(tuple(int(d.id) for d in s.mesh.devices.flat), s.spec)
+            for s in jax.tree.leaves(
+                executable.get_input_shardings(),
+                is_leaf=lambda x: isinstance(x, jax.sharding.Sharding),
+            )
         )
         return ParallelPlan(fixed, placed)
-    specs = executable.get_input_placement_specs()
+    specs = tuple(
+        jax.tree.leaves(
+            executable.get_input_placement_specs(),
+            is_leaf=lambda x: isinstance(x, PartitionSpec) or x is None,
+        )
+    )
     mesh = executable.mesh
-    manual = ManualShardingOption(mesh.axis_names, in_axis_resources=specs)
+    manual = ManualShardingOption(mesh.axis_names, in_axis_resources=LeafSpecs(specs))
     fixed = dataclasses.replace(method, devices=mesh, manual_sharding_option=manual)
     return ParallelPlan(fixed, specs)
 
