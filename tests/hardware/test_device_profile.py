@@ -47,9 +47,7 @@ def test_a_profile_round_trips_through_json(tmp_path: Path) -> None:
 
 
 def test_a_profiles_transposed_read_rates_round_trip(tmp_path: Path) -> None:
-    profile = _profile(
-        transpose_bandwidth=((262144.0, 5e9), (16777216.0, 1e9)), solo_speedup=7.5
-    )
+    profile = _profile(transpose_bandwidth=((262144.0, 5e9), (16777216.0, 1e9)), solo_speedup=7.5)
     assert load_profile(profile.save(tmp_path / "t.json")) == profile
 
 
