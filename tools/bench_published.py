@@ -42,10 +42,11 @@ recomputation: ``train_step_flops``) over the simulated iteration time;
 Megatron's own Table 1 counts the recomputed forward too (its
 ``96·B·s·l·h²`` formula), so its published TFLOPS are 4/3 of an MFU figure.
 
-**The planner at these sizes.** Where the cluster has more logical mesh
-views than :data:`alpa_ir.tools.alpa_bench.MAX_VIEWS` (today's stage DP
-prices every layer on each), the ``alpa`` row is not planned and says so;
-the scalable search (issue 42, scope 4) lifts that limit.
+**The planner at these sizes.** ``alpa-bench`` plans the ``alpa`` row with
+today's stage DP where the cluster has at most 256 logical mesh views, and
+beyond that with the search that scales (:mod:`alpa_ir.tools.bench_scaled`:
+data-parallel replicas of one pipeline), at micro-batches of the published
+per-replica size.
 """
 
 from __future__ import annotations
