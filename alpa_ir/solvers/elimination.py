@@ -97,9 +97,15 @@ def _compress(table: np.ndarray, maps: list[np.ndarray]) -> np.ndarray:
 
 class _Eliminator:
     def __init__(
-        self, core: CoreProblem, max_table: int, max_work: float, deadline: float | None = None
+        self,
+        core: CoreProblem,
+        max_table: int,
+        max_work: float,
+        deadline: float | None = None,
+        cpu_deadline: float | None = None,
     ) -> None:
         self.deadline = deadline
+        self.cpu_deadline = cpu_deadline
         self.unary = [np.asarray(c, dtype=np.float64).copy() for c in core.node_costs]
         self.factors: dict[int, _Factor] = {}
         self.incident: list[set[int]] = [set() for _ in self.unary]
@@ -245,6 +251,8 @@ class _Eliminator:
                 return None
             if self.deadline is not None and time.perf_counter() > self.deadline:
                 return None
+            if self.cpu_deadline is not None and time.thread_time() > self.cpu_deadline:
+                return None
             neighbours = plan[2]
             self.eliminate(u, plan)
             done[u] = True
@@ -302,12 +310,17 @@ def eliminate(
     max_table: int = MAX_TABLE,
     max_work: float = MAX_WORK,
     deadline: float | None = None,
+    cpu_budget: float | None = None,
 ) -> tuple[tuple[int, ...], float] | None:
     """The optimal choice of the core's strategies and its objective (``inf`` if
     every choice is forbidden), or None if the tables grow too large or the
-    clock (``time.perf_counter()``) passes ``deadline``. The core must have no
+    clock (``time.perf_counter()``) passes ``deadline``, or the calling thread
+    has spent ``cpu_budget`` seconds of CPU time in it (a budget that, unlike
+    the clock, does not shrink when other processes load the machine, so the
+    same problem takes the same path and gets the same answer under any load). The core must have no
     live sets."""
     assert not core.live_sets
     if estimated_work(core, HOPELESS * max_work) > HOPELESS * max_work:
         return None
-    return _Eliminator(core, max_table, max_work, deadline).run()
+    cpu_deadline = None if cpu_budget is None else time.thread_time() + cpu_budget
+    return _Eliminator(core, max_table, max_work, deadline, cpu_deadline).run()

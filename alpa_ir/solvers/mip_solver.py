@@ -64,12 +64,14 @@ is at most this (well under a second then); larger cores (2-D
 meshes of many strategies) go to the LP first, elimination after it only if
 the LP is not integral."""
 ELIMINATION_AFTER_LP = 2.0
-"""Seconds the exact elimination may take after a fractional LP before the MIP
-takes over: such cores are large (2-D meshes, memory-fallback plans without
-replicated parameters), elimination there either ends quickly or spends ten
-seconds and more on tables that CBC's branch and bound never needs (a 99-node
-core of GPT-3 39B on a (2, 16) mesh: 10 s of elimination that gave up, then
-4 s of CBC)."""
+"""Seconds of CPU time the exact elimination may take after a fractional LP
+before the MIP takes over (the solving thread's CPU time, not the clock's: a
+loaded machine must not change which path a problem takes, nor its plan):
+such cores are large (2-D meshes, memory-fallback plans without replicated
+parameters), elimination there either ends quickly or spends ten seconds and
+more on tables that CBC's branch and bound never needs (a 99-node core of
+GPT-3 39B on a (2, 16) mesh: 10 s of elimination that gave up, then 4 s of
+CBC)."""
 LP_OPTIMAL_RTOL = 1e-9
 """The rounded LP plan is optimal when its objective exceeds the LP bound by at
 most this relative amount (or ``mip_gap`` if larger)."""
@@ -220,14 +222,14 @@ class MipSolver:
         at_most: float | None = None,
     ) -> ILPSolution | None:
         # within a time limit, elimination may take half of what is left (the
-        # MIP after it needs the rest), and at most ``at_most`` seconds
+        # MIP after it needs the rest), and at most ``at_most`` seconds of CPU
         now = time.perf_counter()
         deadline = None
         if time_limit is not None:
             deadline = start + time_limit - 0.5 * (time_limit - (now - start))
-        if at_most is not None:
-            deadline = min(deadline, now + at_most) if deadline is not None else now + at_most
-        eliminated = eliminate(reduced.core, self.elimination_max_table, deadline=deadline)
+        eliminated = eliminate(
+            reduced.core, self.elimination_max_table, deadline=deadline, cpu_budget=at_most
+        )
         if eliminated is None:
             return None
         core_choice, value = eliminated

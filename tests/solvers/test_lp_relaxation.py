@@ -132,15 +132,15 @@ def test_elimination_after_a_fractional_lp_gets_a_few_seconds(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """After a fractional LP whose dive is not within the gap, exact elimination
-    may run for at most ELIMINATION_AFTER_LP seconds, with or without a time
-    limit; then the MIP answers (GPT-3 39B's memory-fallback plans spent 10 s
-    in eliminations that gave up)."""
-    import time
+    may run for at most ELIMINATION_AFTER_LP seconds of CPU time, with or
+    without a time limit; then the MIP answers (GPT-3 39B's memory-fallback
+    plans spent 10 s in eliminations that gave up)."""
+    budgets: list[float | None] = []
 
-    deadlines: list[tuple[float, float | None]] = []
-
-    def recorded(core: object, max_table: int, deadline: float | None = None) -> None:
-        deadlines.append((time.perf_counter(), deadline))
+    def recorded(
+        core: object, max_table: int, deadline: float | None = None, cpu_budget: float | None = None
+    ) -> None:
+        budgets.append(cpu_budget)
         return None  # gave up
 
     with monkeypatch.context() as m:
@@ -149,7 +149,25 @@ def test_elimination_after_a_fractional_lp_gets_a_few_seconds(
         for limit in (None, 600.0):
             solution = MipSolver("cbc").solve(_frustrated_k4(), time_limit=limit)
             assert solution.optimal and solution.objective == pytest.approx(2.0)
-    assert len(deadlines) == 2
-    for called, deadline in deadlines:
-        assert deadline is not None
-        assert deadline - called <= mip_solver.ELIMINATION_AFTER_LP + 1e-3
+    assert budgets == [mip_solver.ELIMINATION_AFTER_LP] * 2
+
+
+def test_elimination_budget_counts_cpu_time_not_the_clock(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The after-LP budget is the solving thread's CPU time: on a loaded machine
+    the clock runs ahead of this thread's work, and must not make elimination
+    give up where it would finish on a quiet one (the plan would depend on the
+    load)."""
+    import time
+
+    import alpa_ir.solvers.elimination as elimination
+
+    core = presolve(_frustrated_k4(), reduce=False).core
+    assert eliminate(core, cpu_budget=-1.0) is None  # spent before it starts
+    ticks = iter(range(0, 10**9, 1000))  # every look at the clock: 1000 s later
+    with monkeypatch.context() as m:
+        m.setattr(elimination.time, "perf_counter", lambda: float(next(ticks)))
+        answer = eliminate(core, cpu_budget=mip_solver.ELIMINATION_AFTER_LP)
+    assert answer is not None and answer[1] == pytest.approx(2.0)
+    assert time.thread_time() > 0
