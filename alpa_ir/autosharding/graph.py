@@ -126,12 +126,17 @@ def pending_sum_ops(block: Block) -> dict[Operation, bool]:
     reshapes, float conversions) to the ops that make partial sums. Only
     these get :func:`deferred_strategies`, which keeps the strategy space
     as it was everywhere else. The value says whether the op may leave its
-    sum pending: its value has one use (on the way to the addition)."""
+    sum pending: its value has one use (on the way to the addition), and
+    that use is not the function's return (a result leaves the function
+    complete: the next stage of a pipeline, its apply-grad function, takes
+    its arguments whole)."""
 
     def uses(value: SSAValue) -> int:  # through transparent ops
         n = 0
         for use in value.uses:
-            if _primitive(use.operation) in TRANSPARENT_PRIMITIVES:
+            if isinstance(use.operation, func.ReturnOp):
+                n += 2  # never pending out of the function
+            elif _primitive(use.operation) in TRANSPARENT_PRIMITIVES:
                 n += uses(use.operation.results[use.index])
             else:
                 n += 1
