@@ -21,7 +21,8 @@ Semantics:
   per step (accumulated) is added to its per-step buffer instead (kept at m
   too only when read per micro-batch); reading that per-step buffer gives
   the mean over the micro-batches for a result that depends on the batch,
-  else the first micro-batch's value.
+  else the first micro-batch's value; a batch-shaped result that ``@main``
+  returns (``StepProgram.concatenated``) is concatenated instead.
 - SEND t at m hands the buffer of t's value at m to the transport.
 - RECV t at m takes it from the transport and places it on this mesh with
   the spec t arrives in (the receive spec of the local all-gather rewrite
@@ -43,6 +44,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from xdsl.dialects.builtin import ModuleOp
@@ -235,7 +237,9 @@ class MeshInterpreter:
 
     def _accumulate(self, value: str, result: Any, varies: bool) -> None:
         count = self.counts.get(value, 0)
-        if count == 0:
+        if value in self.program.concatenated:  # the micro-batches' slices, in order
+            self.sums[value] = [result] if count == 0 else [*self.sums[value], result]
+        elif count == 0:
             self.sums[value] = result
         elif varies:
             self.sums[value] = self.sums[value] + result
@@ -255,7 +259,9 @@ class MeshInterpreter:
             assert producer is not None
             total = self.sums[value]
             index = producer.results.index(value)
-            if b > 1 and index in producer.per_micro_batch:
+            if value in self.program.concatenated:
+                total = jnp.concatenate(total, axis=0)
+            elif b > 1 and index in producer.per_micro_batch:
                 total = (total / b).astype(total.dtype)
             self.buffers[key] = total
             return total

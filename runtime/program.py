@@ -19,12 +19,13 @@ never plans).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from xdsl.dialects import func
 from xdsl.dialects.builtin import DenseArrayBase, IntegerAttr, ModuleOp
 
-from alpa_ir.dialects.attrs import BATCH_ATTR, PER_MICRO_BATCH_ATTR
+from alpa_ir.dialects.attrs import BATCH_ATTR, CONCATENATED_ATTR, PER_MICRO_BATCH_ATTR
 from alpa_ir.dialects.mesh import LogicalMeshOp
 from alpa_ir.dialects.pipeline import (
     BroadcastOp,
@@ -118,6 +119,10 @@ class StepProgram:
     function or as an output): accumulated into their per-step buffer."""
     read_per_micro_batch: frozenset[str] = field(default_factory=frozenset)
     """Accumulated results that are also read or sent per micro-batch."""
+    concatenated: frozenset[str] = field(default_factory=frozenset)
+    """Accumulated results that ``@main`` returns batch-shaped
+    (``pipeline.concatenated_results``): concatenated over the micro-batches
+    along axis 0, not averaged."""
 
     def producer(self, value: str) -> Call | None:
         return self.calls.get(value.rsplit(":", 1)[0])
@@ -273,6 +278,7 @@ def step_program(module: ModuleOp) -> StepProgram:
     per_mb = [c for c in calls.values() if not c.per_step]
     once = {v for c in calls.values() if c.per_step for v in c.operands} | set(outputs)
     accumulated = frozenset(r for c in per_mb for r in c.results if r in once)
+    concatenated = _concatenated(main, outputs, accumulated, calls)
     read_per_mb = {
         v for c in per_mb for v, s in zip(c.operands, c.sources, strict=True) if v == s
     } | {
@@ -292,4 +298,26 @@ def step_program(module: ModuleOp) -> StepProgram:
         b,
         accumulated,
         frozenset(accumulated & read_per_mb),
+        concatenated,
     )
+
+
+def _concatenated(
+    main: func.FuncOp,
+    outputs: Sequence[str],
+    accumulated: frozenset[str],
+    calls: Mapping[str, Call],
+) -> frozenset[str]:
+    """The accumulated values ``@main`` returns at the indices of
+    ``pipeline.concatenated_results``; none may be read by an apply-grad
+    function, which reads a value once per step."""
+    indices = _ints(main.attributes.get(CONCATENATED_ATTR))
+    values = frozenset(outputs[k] for k in indices if outputs[k] in accumulated)
+    for call in calls.values():
+        if call.per_step and values & set(call.operands):
+            (value, *_) = sorted(values & set(call.operands))
+            raise AlpaError(
+                f"{value} is returned batch-shaped (concatenated over the micro-batches) and "
+                f"read once per step by @{call.function}; return a reduction of it instead"
+            )
+    return values

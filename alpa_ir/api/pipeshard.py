@@ -141,10 +141,12 @@ StageOption = UniformStageOption | ManualStageOption | AutoStageOption
 LayerOption = ManualLayerOption | AutoLayerOption
 
 
-PIPESHARD_SCHEDULES = ("auto", "1f1b", "gpipe", "zb-h1", "interleaved-1f1b", "zb-v")
+PIPESHARD_SCHEDULES = ("auto", "1f1b", "gpipe", "zb-h1", "interleaved-1f1b", "zb-v", "inference")
 """The schedules :class:`PipeshardParallel` runs; ``auto``: chosen with automatic
 stages, 1F1B for given ones; ``interleaved-1f1b`` and ``zb-v`` place
-``virtual_stages`` chunks of layers on every stage's mesh."""
+``virtual_stages`` chunks of layers on every stage's mesh; ``inference``: a
+forward-only step (no gradients), its micro-batches' outputs concatenated
+(batch-shaped ones) or averaged (the others, e.g. a mean loss)."""
 VIRTUAL_SCHEDULES = ("interleaved-1f1b", "zb-v")
 
 

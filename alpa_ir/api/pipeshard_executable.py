@@ -394,7 +394,7 @@ def plan_pipeshard(
     registry = registry or default_registry()
     arguments, imported = import_for_plan(
         fn, args, pipeline.num_micro_batches, static_argnums=static_argnums,
-        batch_argnums=batch_argnums, unroll_differentiated_loops=True,
+        batch_argnums=batch_argnums, unroll_differentiated_loops=True, concatenated_outputs=True,
     )  # fmt: skip
     module = imported.module
     # a large step's costing workers import the compiler while the layers are found

@@ -12,6 +12,11 @@ PER_MICRO_BATCH_ATTR = "pipeline.per_micro_batch"
 """On forward/backward functions: the results that depend on the batch. When
 such a result is accumulated, the driver takes its mean over micro-batches;
 the other results are the same for every micro-batch and are taken once."""
+CONCATENATED_ATTR = "pipeline.concatenated_results"
+"""@main attribute: the indices of its results that are batch-shaped (a
+micro-batch's result is a slice of the whole batch's along axis 0, Alpa's
+"concatenated" outputs): the driver concatenates them over the micro-batches
+instead of taking their mean."""
 ACCUMULATED_ATTR = "alpa.accumulated_results"
 """On a layer range's function: the indices of its results accumulated over
 the micro-batches (read only by apply-grad, or returned by the step: the

@@ -40,7 +40,7 @@ from alpa_ir.dialects.sharding import ShardingSpecAttr
 from alpa_ir.dialects.syntax import PropertiesOp, PropertiesSymbolOp
 from alpa_ir.errors import AlpaError
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v")
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v", "inference")
 """The built-in schedules (:mod:`alpa_ir.pipeline.schedule_kinds`); a plugin may
 add more, so the plan accepts any kebab-case name and its readers check it."""
 _SCHEDULE_NAME = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")

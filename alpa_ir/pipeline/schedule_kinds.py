@@ -2,6 +2,8 @@
 
 ``p`` meshes, ``m`` micro-batches, ``v`` stages (chunks) per mesh:
 
+- ``inference`` (Alpa's): a forward-only step (no gradients), each mesh runs
+  its stage's forward of every micro-batch in turn.
 - ``gpipe`` and ``1f1b``: one stage per mesh, the orders of
   :func:`alpa_ir.pipeline.schedule.schedule_clocks` (the backward runs B and W
   together).
@@ -397,12 +399,34 @@ def zb_v(
     return min(built, key=lambda b: b[1])[0]  # the first of the soonest
 
 
+def inference(
+    meshes: int,
+    micro_batches: int,
+    virtual: int,
+    caps: Sequence[int] | None = None,
+    times: PhaseTimes | None = None,
+) -> TaskOrder:
+    """Alpa's inference schedule: a forward-only step, each mesh runs its stage's
+    forward of micro-batch 0, 1, ... in turn (micro-batch ``b`` on stage ``s``
+    at clock ``s + b``, as GPipe's forward half); nothing is held past a forward."""
+    del caps, times  # a fixed order, one activation in flight per stage
+    kind = "inference"
+    _check_counts(kind, meshes, micro_batches, virtual)
+    if virtual != 1:
+        raise AlpaError(f"schedule '{kind}' runs one stage per mesh; got virtual-stages={virtual}")
+    orders = tuple(
+        tuple(Task(k, b, "forward") for b in range(micro_batches)) for k in range(meshes)
+    )
+    return TaskOrder(kind, micro_batches, tuple(range(meshes)), False, orders, forward_only=True)
+
+
 BUILTIN_SCHEDULES: Mapping[str, ScheduleBuilder] = {
     "gpipe": _clock_order("gpipe"),
     "1f1b": _clock_order("1f1b"),
     "interleaved-1f1b": interleaved_1f1b,
     "zb-h1": zb_h1,
     "zb-v": zb_v,
+    "inference": inference,
 }
 SPLIT_SCHEDULES = frozenset({"zb-h1", "zb-v"})
 """Schedules that need the backward split into B and W (``split-backward``)."""
@@ -473,6 +497,7 @@ __all__ = [
     "PhaseTimes",
     "ScheduleBuilder",
     "build_schedule",
+    "inference",
     "interleaved_1f1b",
     "order_of_plan",
     "zb_h1",

@@ -55,9 +55,20 @@ def is_layer_marker(op: Operation) -> bool:
     )
 
 
+def is_forward_only(function: func.FuncOp) -> bool:
+    """Whether ``@main`` computes no gradients (an inference step): it has no
+    gradient marker, which every differentiated step has (``alpa_ir.grad``'s,
+    or the one the importer puts after JAX's backward pass)."""
+    return not any(is_grad_marker(op) for op in function.body.block.ops)
+
+
 def count_layers(function: func.FuncOp) -> int:
-    """``L``: the layers that the step's markers delimit (1 without markers)."""
+    """``L``: the layers that the step's markers delimit (1 without markers):
+    ``L - 1`` markers in a forward-only step, ``2(L - 1)`` in a differentiated
+    one (each forward marker mirrored in the backward pass)."""
     markers = [op for op in function.body.block.ops if is_layer_marker(op)]
+    if is_forward_only(function):
+        return len(markers) + 1
     if len(markers) % 2:
         raise AlpaError(
             f"@{function.sym_name.data} has {len(markers)} layer markers; a differentiated "
@@ -121,17 +132,21 @@ class Assignment:
 
     def __init__(self, function: func.FuncOp, slices: Sequence[StageSlice]) -> None:
         block = function.body.block
+        self.function = function
         self.ops = [op for op in block.ops if op is not block.last_op]
         num_layers = count_layers(function)
         _check_slices(slices, num_layers)
         stage_of_layer = [k for k, s in enumerate(slices) for _ in range(s.first, s.last + 1)]
-        partition = partition_step(function, batch_args(function))
-        grad_dependent = set(partition.apply)
-        self.batch_dependent = set(partition.compute)
         self.alias: dict[SSAValue, SSAValue] = {}
         self.floating: set[Operation] = set()
         self.shared: set[Operation] = set()
         self.group: dict[Operation, tuple[int, str]] = {}
+        if is_forward_only(function):
+            self._assign_forward_only(stage_of_layer)
+            return
+        partition = partition_step(function, batch_args(function))
+        grad_dependent = set(partition.apply)
+        self.batch_dependent = set(partition.compute)
         segments: dict[Operation, int] = {}
         after_grad: set[Operation] = set()
         segment = 0
@@ -157,6 +172,29 @@ class Assignment:
                 phase = "forward" if s <= last else "backward"
                 self.group[op] = (stage_of_layer[layer], phase)
         self._assign_apply([op for op in self.ops if op in apply_ops])
+
+    def _assign_forward_only(self, stage_of_layer: Sequence[int]) -> None:
+        """An inference step: every op runs in the forward function of its
+        layer's stage, once per micro-batch (no backward, no apply-grad)."""
+        segment = 0
+        self.batch_dependent = set()
+        block = self.ops[0].parent_block() if self.ops else None
+        batch: set[SSAValue] = (
+            {block.args[k] for k in batch_args(self.function)} if block is not None else set()
+        )
+        for op in self.ops:
+            if any(v in batch for v in op.operands):
+                batch.update(op.results)
+            if is_layer_marker(op):
+                for result, operand in zip(op.results, op.operands, strict=True):
+                    self.alias[result] = operand
+                segment += 1
+            elif not op.operands and not op.regions:
+                self.floating.add(op)
+            else:
+                self.group[op] = (stage_of_layer[segment], "forward")
+                if any(v in batch for v in op.results):
+                    self.batch_dependent.add(op)
 
     def resolve(self, value: SSAValue) -> SSAValue:
         while value in self.alias:

@@ -69,6 +69,7 @@ from alpa_ir.pipeline.stage_assignment import (
     batch_args,
     function_name,
     is_apply_phase,
+    is_forward_only,
 )
 from alpa_ir.pipeline.stage_functions import build_function, collect_groups, order_groups
 
@@ -94,6 +95,11 @@ def outline_stages(
     if num_micro_batches < 1:
         raise AlpaError(f"num_micro_batches must be at least 1, got {num_micro_batches}")
     main = main_function(module)
+    if schedule == "inference" and not is_forward_only(main):
+        raise AlpaError(
+            "schedule 'inference' runs a forward-only step, but @main computes gradients; "
+            "use a training schedule (1f1b, gpipe, ...)"
+        )
     returned = list(main.body.block.last_op.operands)  # type: ignore[union-attr]
     assignment = Assignment(main, slices)
     groups = order_groups(collect_groups(assignment, returned, remat), len(slices))

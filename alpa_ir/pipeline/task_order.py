@@ -51,6 +51,9 @@ class TaskOrder:
     mesh_of: tuple[int, ...]
     split_backward: bool
     orders: tuple[tuple[Task, ...], ...]
+    forward_only: bool = False
+    """An inference schedule: forward tasks only (no backward, no apply-grad);
+    a micro-batch's activations on a stage live only during its forward."""
 
     @property
     def num_stages(self) -> int:
@@ -75,6 +78,12 @@ class TaskOrder:
 
 def expected_tasks(order: TaskOrder) -> set[Task]:
     """Every task the schedule must run exactly once."""
+    if order.forward_only:
+        return {
+            Task(s, b, "forward")
+            for s in range(order.num_stages)
+            for b in range(order.num_micro_batches)
+        }
     phases = (
         ("forward", "backward", "backward_weight")
         if order.split_backward
@@ -176,6 +185,8 @@ def peak_stage_in_flight(order: TaskOrder) -> list[int]:
             if task.phase == "forward":
                 counts[task.stage] = counts.get(task.stage, 0) + 1
                 peaks[task.stage] = max(peaks[task.stage], counts[task.stage])
+                if order.forward_only:  # released when the forward ends
+                    counts[task.stage] -= 1
             elif task.phase == release:
                 counts[task.stage] -= 1
     return peaks
@@ -198,6 +209,8 @@ def peak_mesh_activations(order: TaskOrder, activations: Sequence[float]) -> lis
             if task.phase == "forward":
                 held += activations[task.stage]
                 peak = max(peak, held)
+                if order.forward_only:  # released when the forward ends
+                    held -= activations[task.stage]
             elif task.phase == release:
                 held -= activations[task.stage]
         peaks.append(peak)

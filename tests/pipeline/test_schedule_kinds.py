@@ -151,7 +151,9 @@ def test_checker_rejects_broken_orders() -> None:
     ("args", "message"),
     [
         (("zigzag", 2, 4), "unknown schedule 'zigzag'; known: gpipe, 1f1b, interleaved-1f1b, "
-                           "zb-h1, zb-v"),
+                           "zb-h1, zb-v, inference"),
+        (("inference", 2, 4, 2), "schedule 'inference' runs one stage per mesh; got "
+                                 "virtual-stages=2"),
         (("1f1b", 2, 4, 2), "schedule '1f1b' runs one stage per mesh; virtual-stages=2 needs "
                             "interleaved-1f1b or zb-v"),
         (("zb-v", 2, 4, 3), "schedule 'zb-v' places 2 stages per mesh; got virtual-stages=3"),
@@ -163,6 +165,21 @@ def test_bad_sizes_are_one_line_errors(args: tuple, message: str) -> None:
     with pytest.raises(AlpaError) as info:
         build_schedule(*args)
     assert str(info.value) == message
+
+
+def test_inference_runs_forwards_only() -> None:
+    """Alpa's inference schedule: each mesh runs its stage's forwards in
+    micro-batch order, nothing else; one micro-batch in flight per stage."""
+    order = build_schedule("inference", 3, 4)
+    assert order.forward_only
+    assert order.orders[1] == tuple(Task(1, b, "forward") for b in range(4))
+    assert expected_tasks(order) == {Task(s, b, "forward") for s in range(3) for b in range(4)}
+    assert peak_stage_in_flight(order) == [1, 1, 1]
+    with_backward = replace(
+        order, orders=(*order.orders[:2], (*order.orders[2], Task(2, 0, "backward")))
+    )
+    with pytest.raises(AlpaError, match=r"has extra \['backward\[0\]@stage2'\]"):
+        check_task_order(with_backward)
 
 
 def test_a_plugin_schedule_is_built_and_checked() -> None:
