@@ -361,6 +361,28 @@ def test_saturating_stage_counter_with_many_stages() -> None:
         check_against(expected, costs, sizes, devices, micro_batches, limits)
 
 
+def test_memory_relaxation_equals_the_full_counter() -> None:
+    """The DP first solves with the memory check relaxed (a counter capped
+    low) and grows the cap only while the plan it finds breaks a limit. On
+    instances whose unlimited optimum breaks the limits (so the relaxation
+    alone would be wrong), the cost equals the unpruned DP's."""
+    checked = 0
+    for seed in range(60):
+        rng = np.random.default_rng(seed)
+        costs, sizes, devices, micro_batches, _ = medium_pipeline(seed)
+        limits = rng.integers(0, 4, size=costs.shape)
+        try:
+            unlimited = stage_dp(costs, sizes, devices, micro_batches)
+        except PlanError:
+            continue
+        if plan_is_valid(costs, sizes, devices, list(unlimited.stages), limits):
+            continue
+        expected = reference_dp_over_devices(costs, sizes, devices, micro_batches, limits)
+        check_against(expected, costs, sizes, devices, micro_batches, limits)
+        checked += 1
+    assert checked >= 30
+
+
 def test_infinite_limits_mean_unlimited() -> None:
     rng = np.random.default_rng(5)
     costs = rng.uniform(1.0, 4.0, size=(4, 4, 2))
