@@ -3,9 +3,10 @@
 ``RayHostsPipelineExecutable(module)`` reads the module's step
 (:func:`~alpa_ir.runtime.program.step_program`), takes enough hosts of the
 connected Ray cluster for the plan's devices (device ids counted host by
-host, so a mesh may span hosts, as Alpa's ``(n, M)`` submeshes do), starts
-one :class:`~alpa_ir.runtime.host_worker.HostWorker` per host in one JAX
-world and sends each, once, the module, the instruction lists and their
+host, so a mesh may span hosts, as Alpa's ``(n, M)`` submeshes do), on the
+cluster's :class:`~alpa_ir.runtime.host_worker.HostWorker` per host, one JAX
+world shared with the cluster's other executables
+(:mod:`alpa_ir.backends.ray_host_pool`), and sends each, once, the module, the instruction lists and their
 global order (:func:`~alpa_ir.runtime.host_pipeline.global_order`). Each
 worker compiles the stage functions and transfers that touch its devices;
 a step then runs as XLA programs only: stage programs over each mesh's
@@ -87,7 +88,9 @@ class RayHostsPipelineExecutable(RayHostGroup):
 
         text = str(self.module)
         loads = {
-            name: w.load_pipeline.remote(text, self.program, self.order, compile_mesh_functions)
+            name: w.load_pipeline.remote(
+                self.key, text, self.program, self.order, compile_mesh_functions
+            )
             for name, w in self.workers.items()
         }
         return self.wait(loads, timeout_s, "compile its stages")
@@ -107,6 +110,8 @@ class RayHostsPipelineExecutable(RayHostGroup):
     def run_flat(self, flat: list[Any]) -> list[Any]:
         """Run one step on the flat inputs of ``@main``; returns its flat outputs."""
         self.check_usable()
+        if not self.workers:
+            raise AlpaError("this executable is closed")
         if len(flat) != self.program.num_inputs:
             raise AlpaError(f"the step takes {self.program.num_inputs} arrays, got {len(flat)}")
         host = [KeyData.of(x) for x in flat]
@@ -114,7 +119,7 @@ class RayHostsPipelineExecutable(RayHostGroup):
         inputs = {m: split_inputs(self.program, host, m) for m in self.program.meshes}
         refs = {
             name: worker.run_pipeline_step.remote(
-                {m: inputs[m] for m in self.meshes_of[name]}, self.record_events
+                self.key, {m: inputs[m] for m in self.meshes_of[name]}, self.record_events
             )
             for name, worker in self.workers.items()
         }

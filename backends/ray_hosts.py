@@ -1,15 +1,17 @@
 """The ``ray`` backend for a single-mesh (``ShardParallel``) module: one actor per host.
 
-``RayHostsExecutable(module)`` takes the hosts of the connected Ray cluster in
-order (each Ray node that offers devices: ``alpa_cpu_device`` or ``GPU``; in a
-cluster that declares neither, its CPUs),
-enough of them to hold the module's mesh, and starts one
+``RayHostsExecutable(module)`` runs on the hosts of the connected Ray cluster
+(each Ray node that offers devices: ``alpa_cpu_device`` or ``GPU``; in a
+cluster that declares neither, its CPUs), one
 :class:`~alpa_ir.runtime.host_worker.HostWorker` on each, owning all of that
-node's devices. The workers join one JAX world (the coordinator on the first
-host), compile the planned step as one SPMD program over the mesh's global
+node's devices; the workers form one JAX world (the coordinator on the first
+host) and are shared with the cluster's other executables
+(:mod:`alpa_ir.backends.ray_host_pool`). The workers owning the mesh's
+devices compile the planned step as one SPMD program over the mesh's global
 devices (device ids counted host by host) and run it together: XLA's
 collectives cross hosts (gloo on CPU, NCCL on GPU). A mesh may thus span
-hosts, as Alpa's ``(n, M)`` meshes do.
+hosts, as Alpa's ``(n, M)`` meshes do; each returns its shards of the
+outputs.
 
 Failures never hang the driver: it waits in short slices, and a worker that
 dies or fails stops all of them with an error naming the host.
@@ -17,17 +19,20 @@ dies or fails stops all of them with an error naming the host.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 from xdsl.dialects.builtin import ModuleOp
 
+from alpa_ir.backends.ray_host_pool import find_world, stop_world, worker_name
 from alpa_ir.backends.ray_workers import RayWorkerGroup
 from alpa_ir.errors import AlpaError
 from alpa_ir.frontend.module_trees import tree_texts
 from alpa_ir.hardware.device_mesh import function_mesh
 from alpa_ir.ir.module_utils import main_function
+from alpa_ir.runtime.host_pipeline import assemble_shards
 from alpa_ir.runtime.host_worker import HostProgram, HostWorker
 from alpa_ir.runtime.ray_cluster import Host, cluster_hosts, require_ray
 
@@ -66,18 +71,37 @@ def compile_host_program(
 
 
 class RayHostGroup(RayWorkerGroup):
-    """One :class:`HostWorker` per Ray host, enough hosts for ``num_devices``
-    devices, joined in one JAX world (what both host runtimes share)."""
+    """The cluster's host workers (one per Ray host, joined in one JAX world,
+    shared by every executable: :mod:`alpa_ir.backends.ray_host_pool`), as
+    one executable uses them: its programs are loaded under :attr:`key`;
+    closing unloads them; a failure stops the whole world (a peer may be
+    blocked in a collective), and the next executable starts it again."""
 
     group_name = "host workers"
 
+    def __init__(self, ray: Any) -> None:
+        super().__init__(ray)
+        self.key = uuid.uuid4().hex
+        """This executable's name on the workers."""
+        self.hosts: list[Host] = []
+
     def start_hosts(self, num_devices: int, timeout_s: float) -> None:
-        """Start the workers and join them; the hosts are in :attr:`hosts`."""
+        """The world's workers (all the cluster's hosts; started when no
+        usable world runs), checked to hold ``num_devices`` devices; the
+        hosts are in :attr:`hosts`, by process."""
+        hosts_for(num_devices)  # a plan too big for the cluster names both numbers
+        hosts = cluster_hosts()
+        found = find_world(self.ray, hosts, timeout_s)
+        if found is None:
+            stop_world(self.ray, hosts)
+            found = self._start_world(hosts, timeout_s)
+        self.hosts, self.workers = hosts, found
+
+    def _start_world(self, hosts: Sequence[Host], timeout_s: float) -> dict[str, Any]:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        self.hosts = hosts_for(num_devices)
         actor = self.ray.remote(HostWorker)
-        for host in self.hosts:
+        for host in hosts:
             env = {"JAX_PLATFORMS": "cuda" if host.resource == "GPU" else "cpu"}
             if host.resource != "GPU":
                 env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={host.num_devices}"
@@ -89,19 +113,34 @@ class RayHostGroup(RayWorkerGroup):
             else:
                 needs["resources"] = {host.resource: host.num_devices}
             self.workers[host.name] = actor.options(
+                name=worker_name(host),
                 runtime_env={"env_vars": env},
                 scheduling_strategy=NodeAffinitySchedulingStrategy(host.node_id, soft=False),
                 **needs,
             ).remote(host.name, host.num_devices)
+        kept = {name: worker.keep.remote(worker) for name, worker in self.workers.items()}
         first = next(iter(self.workers.values()))
-        coordinator = self.wait({self.hosts[0].name: first.coordinator_address.remote()},
-                                 timeout_s, "start (are its node's devices held by another "
-                                 "executable? close it first)")[self.hosts[0].name]  # fmt: skip
+        self.wait(kept, timeout_s, "start (are its node's devices held by another driver?)")
+        coordinator = self.wait({hosts[0].name: first.coordinator_address.remote()},
+                                 timeout_s, "start")[hosts[0].name]  # fmt: skip
+        world = [h.node_id for h in hosts]
         joins = {
-            name: worker.connect.remote(coordinator, len(self.workers), k)
+            name: worker.connect.remote(coordinator, len(self.workers), k, world)
             for k, (name, worker) in enumerate(self.workers.items())
         }
         self.wait(joins, timeout_s, "join the JAX world")
+        return dict(self.workers)
+
+    def close(self) -> None:
+        """Done: the workers forget this executable's programs; they stay
+        for the others (idempotent)."""
+        if not self.broken:
+            for worker in self.workers.values():
+                try:
+                    worker.unload.remote(self.key)
+                except Exception:  # the world stopped meanwhile
+                    pass
+        self.workers = {}
 
     def host_devices(self) -> dict[str, range]:
         """The plan's device ids each host owns (ids counted host by host)."""
@@ -157,10 +196,13 @@ class RayHostsExecutable(RayHostGroup):
             text = str(self.module)
             options = {"num_micro_batches": self.num_micro_batches, "batch_args": self.batch_args}
             loads = {
-                name: w.load.remote(text, self.mesh.devices, options, compile_host_program)
+                name: w.load.remote(self.key, text, self.mesh.devices, options,
+                                    compile_host_program)
                 for name, w in self.workers.items()
-            }
-            self.wait(loads, start_timeout_s, "compile the step")
+            }  # fmt: skip
+            here = self.wait(loads, start_timeout_s, "compile the step")
+            self.mesh_workers = {name: w for name, w in self.workers.items() if here[name]}
+            """The workers that own devices of the mesh: they run its steps."""
         except BaseException:
             self.close()
             raise
@@ -173,7 +215,10 @@ class RayHostsExecutable(RayHostGroup):
         """One step on the flat inputs of ``@main`` (batch inputs as
         ``[micro-batches, ...]`` when accumulating); its flat outputs."""
         self.check_usable()
+        if not self.workers:
+            raise AlpaError("this executable is closed")
         host = [np.asarray(x) for x in flat]
-        refs = {name: w.run_step.remote(host) for name, w in self.workers.items()}
+        refs = {name: w.run_step.remote(self.key, host) for name, w in self.mesh_workers.items()}
         results = self.wait(refs, self.step_timeout_s, "finish the step")
-        return list(results[self.hosts[0].name])
+        per_output = zip(*(results[name] for name in self.mesh_workers), strict=True)
+        return [assemble_shards(list(parts)) for parts in per_output]

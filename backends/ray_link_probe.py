@@ -1,7 +1,7 @@
 """α/β of the link between Ray hosts, measured: ``alpa_ir.init(cluster="ray", probe=True)``.
 
-Starts the host workers of the first two hosts in one JAX world (as an
-executable does), runs the pipeline runtime's transfer program
+On the cluster's host workers in one JAX world (those every executable
+shares: :mod:`alpa_ir.backends.ray_host_pool`), runs the pipeline runtime's transfer program
 (:mod:`alpa_ir.runtime.collective_transfers`) from a device of host0 to a
 device of host1 for a small and a large tensor, and fits ``time = α +
 bytes/bandwidth`` to the receiver's median times. The result is kept in

@@ -71,7 +71,7 @@ class RayWorkerGroup:
 
     def fail(self, reason: str) -> None:
         self.broken = reason
-        self.close()
+        self.stop()
         raise AlpaError(reason)
 
     def check_usable(self) -> None:
@@ -79,7 +79,11 @@ class RayWorkerGroup:
             raise AlpaError(f"this executable's workers are stopped after an error: {self.broken}")
 
     def close(self) -> None:
-        """Stop the workers (idempotent)."""
+        """Done with the workers: stop them (idempotent)."""
+        self.stop()
+
+    def stop(self) -> None:
+        """Kill the workers (idempotent)."""
         for worker in self.workers.values():
             try:
                 self.ray.kill(worker, no_restart=True)

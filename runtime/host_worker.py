@@ -11,8 +11,14 @@ here moves tensors by hand.
 
 The program is compiled on the worker by the backend's compiler (passed in
 ``load``: the runtime never compiles by itself). Inputs arrive whole (numpy)
-and each worker places its shards; outputs are gathered across processes
-and returned by worker 0.
+and each worker places its shards; each worker returns its shards of the
+outputs, put together by the driver.
+
+The workers of a cluster are shared by every executable (a train step, an
+eval step, ``create_state``: :mod:`alpa_ir.backends.ray_host_pool`): each
+loads its programs under a key of its own and unloads them when it closes.
+A mesh may cover only some hosts of the world; the other workers take no
+part in its programs.
 """
 
 from __future__ import annotations
@@ -40,8 +46,14 @@ class HostWorker:
         self.host = host
         self.num_devices = num_devices
         self.process_id = -1
-        self.program: HostProgram | None = None
-        self.pipeline: Any = None
+        self.world: tuple[str, ...] = ()
+        """The Ray node ids of the world's processes, in process order."""
+        self.programs: dict[str, HostProgram | None] = {}
+        """Each executable's single-mesh program; None where its mesh has no
+        device of this host."""
+        self.pipelines: dict[str, Any] = {}
+        """Each executable's pipeline step."""
+        self.handle: Any = None
 
     def coordinator_address(self) -> str:
         """``ip:port`` of a free port on this host, for the JAX coordinator."""
@@ -52,8 +64,11 @@ class HostWorker:
             s.bind((ip, 0))
             return f"{ip}:{s.getsockname()[1]}"
 
-    def connect(self, coordinator: str, num_processes: int, process_id: int) -> int:
-        """Join the JAX world as process ``process_id``; returns its local devices."""
+    def connect(
+        self, coordinator: str, num_processes: int, process_id: int, world: Sequence[str] = ()
+    ) -> int:
+        """Join the JAX world as process ``process_id`` (of the Ray nodes
+        ``world``, in process order); returns this worker's process id."""
         import jax
 
         # between processes on CPU, XLA's collectives need gloo; inside one
@@ -62,6 +77,7 @@ class HostWorker:
             jax.config.update("jax_cpu_collectives_implementation", "gloo")
         jax.distributed.initialize(coordinator, num_processes=num_processes, process_id=process_id)
         self.process_id = process_id
+        self.world = tuple(world)
         try:
             local = len(jax.local_devices())
         except Exception as err:  # no devices of JAX_PLATFORMS here (an AssertionError on 0.10)
@@ -74,15 +90,33 @@ class HostWorker:
             raise AlpaError(f"host {self.host} sees {local} devices, expected {self.num_devices}")
         return os.getpid()
 
+    def keep(self, handle: Any) -> None:
+        """Hold a handle to this actor, so that it lives as long as the driver
+        that started it (Ray collects an actor when its creator's handles are
+        gone; the handles the cluster's other executables find by name do not
+        count); it ends with the driver, or when killed."""
+        self.handle = handle
+
+    def world_nodes(self) -> tuple[str, ...]:
+        """The Ray node ids of the world this worker joined (empty before)."""
+        return self.world
+
+    def unload(self, key: str) -> None:
+        """Forget the programs of the executable ``key`` (it closed)."""
+        self.programs.pop(key, None)
+        self.pipelines.pop(key, None)
+
     def load(
         self,
+        key: str,
         module_text: str,
         device_ids: Sequence[int],
         options: dict[str, Any],
         compile_program: CompileHostProgram,
     ) -> int:
-        """Compile the step for the mesh of global devices ``device_ids`` (ids
-        counted process by process); returns how many of them are on this host."""
+        """Compile the step of the executable ``key`` for the mesh of global
+        devices ``device_ids`` (ids counted process by process); returns how
+        many of them are on this host (none: nothing is compiled here)."""
         import jax
 
         devices = world_devices()
@@ -91,34 +125,39 @@ class HostWorker:
                 f"the mesh needs device {max(device_ids)}; the world has {len(devices)}"
             )
         mesh_devices = [devices[k] for k in device_ids]
-        self.program = compile_program(module_text, mesh_devices, options)
-        return sum(d.process_index == jax.process_index() for d in mesh_devices)
+        here = sum(d.process_index == jax.process_index() for d in mesh_devices)
+        self.programs[key] = compile_program(module_text, mesh_devices, options) if here else None
+        return here
 
     def load_pipeline(
         self,
+        key: str,
         module_text: str,
         program: Any,
         order: Sequence[tuple[str, int]],
         compile_functions: Any,
     ) -> list[str]:
-        """Take a pipeline step (a :class:`~alpa_ir.runtime.program.StepProgram`
-        and the global instruction order) and compile the stage functions
-        and transfers that touch this host; returns the meshes it runs."""
+        """Take the pipeline step of the executable ``key`` (a
+        :class:`~alpa_ir.runtime.program.StepProgram` and the global
+        instruction order) and compile the stage functions and transfers that
+        touch this host; returns the meshes it runs."""
         from alpa_ir.ir.text import parse_module
         from alpa_ir.runtime.host_pipeline import HostPipeline
 
         devices = dict(enumerate(world_devices()))
-        self.pipeline = HostPipeline(
+        pipeline = HostPipeline(
             parse_module(module_text), program, order, devices, compile_functions
         )
-        return list(self.pipeline.interpreters)
+        self.pipelines[key] = pipeline
+        return list(pipeline.interpreters)
 
-    def run_pipeline_step(self, inputs: dict[str, Any], record: bool = False) -> Any:
-        """One pipeline step: the shards of the outputs this host holds and,
-        with ``record``, when each of its instructions ran."""
-        if self.pipeline is None:
-            raise AlpaError(f"host worker {self.host} has no pipeline; load one first")
-        return self.pipeline.run(inputs, record)
+    def run_pipeline_step(self, key: str, inputs: dict[str, Any], record: bool = False) -> Any:
+        """One pipeline step of the executable ``key``: the shards of the
+        outputs this host holds and, with ``record``, when each of its
+        instructions ran."""
+        if key not in self.pipelines:
+            raise AlpaError(f"host worker {self.host} has no pipeline {key}; load it first")
+        return self.pipelines[key].run(inputs, record)
 
     def write_checkpoint(
         self,
@@ -134,22 +173,24 @@ class HostWorker:
         process writes its own shards)."""
         write(path, number, {k: world_placed(v) for k, v in arrays.items()}, manifest)
 
-    def run_step(self, flat: Sequence[np.ndarray]) -> list[np.ndarray] | None:
-        """One call of the program on the whole inputs; the whole outputs on
-        worker 0, None on the others."""
+    def run_step(self, key: str, flat: Sequence[np.ndarray]) -> list[Any]:
+        """One call of the executable ``key``'s program on the whole inputs;
+        this host's shards of each output (:class:`~alpa_ir.runtime.host_pipeline.Shards`)."""
         import jax
-        from jax.experimental import multihost_utils
 
-        if self.program is None:
-            raise AlpaError(f"host worker {self.host} has no program; load one first")
-        run, in_shardings = self.program
+        from alpa_ir.runtime.host_pipeline import local_shards
+
+        if key not in self.programs:
+            raise AlpaError(f"host worker {self.host} has no program {key}; load it first")
+        program = self.programs[key]
+        if program is None:  # its mesh has no device here
+            return []
+        run, in_shardings = program
         arrays = [
             jax.make_array_from_callback(np.shape(x), s, lambda index, x=x: x[index])
             for x, s in zip(flat, in_shardings, strict=True)
         ]
-        outputs = run(*arrays)
-        whole = [np.asarray(multihost_utils.process_allgather(y, tiled=True)) for y in outputs]
-        return whole if self.process_id == 0 else None
+        return [local_shards(y) for y in run(*arrays)]
 
     def pid(self) -> int:
         return os.getpid()

@@ -40,7 +40,7 @@ def two_hosts() -> Iterator[Any]:
 
 
 def test_the_probe_measures_the_link_between_hosts(two_hosts: Any) -> None:
-    """Runs first: the probe's workers hold both hosts' devices while it runs."""
+    """The probe runs on the host workers every executable shares."""
     from alpa_ir.backends.ray_link_probe import probe_hosts
     from alpa_ir.runtime.ray_cluster import host_link
 
@@ -85,8 +85,7 @@ def test_a_pipeline_stage_spanning_two_hosts_equals_one_device(
     """Stage 0 on devices 0-1 (host0), stage 1 on a (2, 2) mesh of devices
     2-5 (two on each host), stage 2 on devices 6-7 (host1); 2 micro-batches
     (gradients accumulated), 1F1B, GPipe or ZB-H1 (split backward), 3 steps; then (1F1B) checkpoints
-    across hosts. (Runs before the ShardParallel tests, whose executable
-    holds both hosts' devices until the module ends.)"""
+    across hosts."""
     from pipeshard_fixtures import _example, _step
 
     state, batch = _example()
@@ -109,7 +108,11 @@ def test_a_pipeline_stage_spanning_two_hosts_equals_one_device(
         # every transfer crosses hosts: a collective program on the hosts of both meshes
         hosts_of = runner.mesh_hosts()
         for host, worker in runner.workers.items():
-            got = ray.get(worker.__ray_call__.remote(lambda w: sorted(w.pipeline.transport.moves)))
+            got = ray.get(
+                worker.__ray_call__.remote(
+                    lambda w, key: sorted(w.pipelines[key].transport.moves), runner.key
+                )
+            )
             want = [
                 n for n, t in sorted(transfers.items())
                 if host in hosts_of[t.src_mesh] + hosts_of[t.dst_mesh]
@@ -206,6 +209,24 @@ def test_a_mesh_spanning_two_hosts_equals_one_device(shard_on_two_hosts: Any) ->
     pids = ray.get([w.pid.remote() for w in executable.remote.workers.values()])
     assert len(set(pids)) == 2 and os.getpid() not in pids
     check_tiny_steps(executable, "mlp-tiny", STEPS)
+
+
+def test_a_step_on_one_host_runs_beside_a_step_on_both(shard_on_two_hosts: Any) -> None:
+    """The hosts' workers are shared: a step on host0's 4 devices compiles and
+    runs while the (2, 4) step over both hosts holds them (host1 takes no part
+    in it), and both equal one device."""
+    fn, (state, batch) = tiny_step("mlp-tiny")
+    method = alpa_ir.ShardParallel(alpa_ir.LogicalDeviceMesh((1, 4)), backend="ray")
+    parallel = alpa_ir.parallelize(fn, method=method, donate_argnums=())
+    executable = parallel.get_executable(state, batch)
+    try:
+        host0 = executable.remote.hosts[0].name
+        assert list(executable.remote.mesh_workers) == [host0]
+        assert executable.remote.workers == shard_on_two_hosts.remote.workers
+        assert max_abs_diff(parallel(state, batch), jax.jit(fn)(state, batch)) <= 1e-5
+        check_tiny_steps(shard_on_two_hosts, "mlp-tiny", 1)
+    finally:
+        executable.close()
 
 
 def test_a_killed_host_fails_the_step_naming_the_host(shard_on_two_hosts: Any) -> None:

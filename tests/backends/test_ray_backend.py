@@ -46,12 +46,12 @@ def _compile(module: Any) -> Any:
     return alpa_ir.compile_module(module, backend="ray")
 
 
-def _transports(worker: Any) -> tuple[list[str], int]:
-    """A host worker's transfers that run as collective programs, and the
-    bytes its local transport moved."""
+def _transports(worker: Any, key: str) -> tuple[list[str], int]:
+    """A host worker's transfers of the executable ``key`` that run as
+    collective programs, and the bytes its local transport moved."""
 
     def read(self: Any) -> tuple[list[str], int]:
-        transport = self.pipeline.transport
+        transport = self.pipelines[key].transport
         return sorted(transport.moves), transport.local.bytes_moved
 
     return ray.get(worker.__ray_call__.remote(read))
@@ -67,7 +67,7 @@ def test_two_meshes_on_ray_equal_one_device(cluster: None) -> None:
         assert executable.mesh_hosts() == {"mesh0": [host], "mesh1": [host]}
         pid = ray.get(executable.workers[host].pid.remote())
         assert pid != os.getpid()
-        assert _transports(executable.workers[host]) == ([], 0)
+        assert _transports(executable.workers[host], executable.key) == ([], 0)
         for seed in (0, 1):  # the program is loaded once; steps repeat
             x, w = example_inputs(seed=seed)
             new_w, y = executable(x, jax.numpy.asarray(w))
@@ -75,7 +75,7 @@ def test_two_meshes_on_ray_equal_one_device(cluster: None) -> None:
             want_w, want_y = reference(x, w)
             np.testing.assert_allclose(y, want_y, rtol=1e-5, atol=1e-6)
             np.testing.assert_allclose(new_w, want_w, rtol=1e-5, atol=1e-6)
-        programs, moved = _transports(executable.workers[host])
+        programs, moved = _transports(executable.workers[host], executable.key)
         assert programs == [] and moved > 0  # every transfer a local copy
     finally:
         executable.close()
@@ -192,7 +192,7 @@ def test_killing_a_worker_during_a_step_fails_it_within_30_s(cluster: None, tmp_
             stalled.touch()
             threading.Event().wait(600)
 
-        self.pipeline.transport.send = stall
+        self.pipelines[executable.key].transport.send = stall
 
     ray.get(worker.__ray_call__.remote(patch))
     outcome: list[BaseException | None] = []
@@ -485,3 +485,38 @@ def test_a_join_without_the_clusters_token_says_how_to_give_it() -> None:
         "could not join the Ray cluster at h:1: Failed to connect to Ray cluster at h:1 "
         "(Failed to connect to GCS. Last connection error: Deadline Exceeded)"
     )
+
+
+def test_executables_share_the_host_workers(cluster: None) -> None:
+    """Alpa's users compile several functions on one cluster (a train step, an
+    eval step, ``create_state``): a second executable on the devices the first
+    holds runs on the same host worker, each with its own programs; closing
+    one leaves the other running, and a ShardParallel step joins them."""
+    from zoo_fixtures import max_abs_diff, tiny_step
+
+    first = _compile(two_mesh_module())
+    second = _compile(two_mesh_module(mesh0=(0, 1, 2), mesh1=(3,)))
+    try:
+        pids = {ray.get(e.workers[h].pid.remote()) for e in (first, second) for h in e.workers}
+        assert len(pids) == 1 and first.key != second.key
+        x, w = example_inputs()
+        for executable in (first, second, first):
+            np.testing.assert_allclose(
+                executable(x, w)[0], reference(x, w)[0], rtol=1e-5, atol=1e-6
+            )
+        first.close()
+        with pytest.raises(AlpaError, match="closed"):
+            first(x, w)
+        np.testing.assert_allclose(second(x, w)[0], reference(x, w)[0], rtol=1e-5, atol=1e-6)
+        fn, (state, batch) = tiny_step("mlp-tiny")
+        method = alpa_ir.ShardParallel(alpa_ir.LogicalDeviceMesh((2, 4)), backend="ray")
+        parallel = alpa_ir.parallelize(fn, method=method, donate_argnums=())
+        assert max_abs_diff(parallel(state, batch), jax.jit(fn)(state, batch)) <= 1e-5
+        (host,) = parallel.get_executable(state, batch).remote.workers
+        assert (
+            ray.get(parallel.get_executable(state, batch).remote.workers[host].pid.remote()) in pids
+        )
+        parallel.get_executable(state, batch).close()
+    finally:
+        first.close()
+        second.close()
