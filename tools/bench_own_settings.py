@@ -16,6 +16,12 @@ own count; remat), on the views the method runs on only:
   equal stages (:func:`~alpa_ir.tools.bench_baselines.uniform_grid` on that one view);
 - ``pp-dp``: the stage DP over every submesh with data-parallel-only views.
 
+A row the artifact measured with a manual plan (Wide-ResNet's inter-op-only
+and PP-DP rows: :attr:`MethodSetting.stage_layer_ids`) is that plan,
+simulated as :mod:`alpa_ir.tools.bench_alpa_plans` simulates Alpa's own
+(its stages scaled onto the traced layers, each priced on its own logical
+mesh), not a plan searched again.
+
 Where a method ran several micro-batch counts, each is simulated and the
 fastest kept, as the artifact kept its best run.
 """
@@ -36,6 +42,7 @@ if TYPE_CHECKING:
     from alpa_ir.costs.stage_table import StageCostTable
     from alpa_ir.hardware.clusters import Cluster
     from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
+    from alpa_ir.tools.published_plan import AlpaPlan
 from alpa_ir.tools.bench_outcome import Outcome
 
 TraceStep = Callable[[int, int], "ModuleOp"]
@@ -51,6 +58,8 @@ def describe(setting: MethodSetting, micro_batches: int) -> str:
     if setting.logical_mesh is not None:
         mesh = "x".join(map(str, setting.logical_mesh))
         parts.append(f"(dp, tp) {mesh}, pp {setting.stages}" if setting.stages else f"mesh {mesh}")
+    if setting.stage_layer_ids is not None:
+        parts.append(f"the artifact's manual plan of {len(setting.stage_layer_ids)} stages")
     if setting.data_parallel_only:
         parts.append("dp-only views")
     parts.append("remat" if setting.remat else "no remat")
@@ -65,6 +74,17 @@ def setting_views(
     from alpa_ir.costs.stage_table import submesh_views
 
     views = submesh_views(cluster, space)
+    if setting.stage_layer_ids is not None:  # a manual plan: its stages' meshes only
+        wanted: dict[tuple[int, int], set[tuple[int, ...]]] = {}
+        for physical, logical in zip(setting.submeshes, setting.logical_meshes, strict=True):
+            wanted.setdefault(physical, set()).add(tuple(logical))
+        missing = [p for p in wanted if p not in views]
+        if missing:
+            raise AlpaError(
+                f"{setting.model} {setting.method}: submesh {missing[0]} is not among the "
+                f"submeshes of {cluster.num_devices} devices"
+            )
+        return {p: tuple(v for v in views[p] if tuple(v.shape) in wanted[p]) for p in wanted}
     if setting.method == "pp-dp":
         kept = {s: tuple(v for v in vs if v.shape[-1] == 1) for s, vs in views.items()}
         return {s: vs for s, vs in kept.items() if vs}
@@ -88,6 +108,35 @@ def setting_views(
     )
 
 
+def manual_plan(setting: MethodSetting, micro_batches: int) -> AlpaPlan:
+    """``setting``'s manual plan (:attr:`MethodSetting.stage_layer_ids`) at
+    ``micro_batches``, as :mod:`alpa_ir.tools.bench_alpa_plans` gives Alpa's own."""
+    from alpa_ir.api.pipeshard import ManualStageOption
+    from alpa_ir.tools.published_plan import AlpaPlan
+
+    assert setting.stage_layer_ids is not None
+    stages = ManualStageOption(
+        [list(ids) for ids in setting.stage_layer_ids],
+        [tuple(m) for m in setting.logical_meshes],
+    )
+    return AlpaPlan(
+        setting.artifact_layers,
+        micro_batches,
+        stages,
+        setting.submeshes,
+        (None,) * len(setting.submeshes),
+        setting.source,
+    )
+
+
+def on_one_device(setting: MethodSetting) -> bool:
+    """Whether ``setting``'s method runs on 1x1 meshes only (inter-op), so its
+    layers are priced on one device."""
+    if setting.stage_layer_ids is not None:
+        return all(s == (1, 1) for s in setting.submeshes)
+    return setting.method == "inter-op"
+
+
 def _simulated(
     setting: MethodSetting,
     micro_batches: int,
@@ -95,7 +144,13 @@ def _simulated(
     flops: float,
 ) -> Outcome:
     from alpa_ir.tools.bench_baselines import restricted, uniform_grid
+    from alpa_ir.tools.published_plan import published_outcome
 
+    if setting.stage_layer_ids is not None:
+        return replace(
+            published_outcome(manual_plan(setting, micro_batches), table, flops, setting.remat),
+            method=setting.method,
+        )
     if setting.method == "inter-op" and setting.uniform_layers:
         # equal layers on a 1x1 mesh per device: the grid's one point of op = 1, pp = devices
         return replace(
@@ -152,7 +207,7 @@ def own_setting_outcome(
     if setting.force_batch_dim_to_mesh_dim >= 0:
         options = replace(options, force_batch_dim_to_mesh_dim=setting.force_batch_dim_to_mesh_dim)
     model = AnalyticalStageCostModel(options)
-    inter = setting.method == "inter-op"
+    inter = on_one_device(setting)
     # inter-op: at least a layer per device (remat stays per layer), priced on one device
     count = max(layers, cluster.num_devices) if inter else layers
     module = trace_step(micro_batches, count)

@@ -27,10 +27,18 @@ def test_megatron_runs_on_its_published_view_and_pp_dp_on_dp_only_views() -> Non
     assert setting is not None
     views = setting_views(setting, cluster, "all")
     assert list(views) == [(1, 4)] and [v.shape for v in views[(1, 4)]] == [(1, 4)]
-    pp_dp = method_setting("wresnet-4b", "pp-dp")
-    assert pp_dp is not None
+    pp_dp = MethodSetting("wresnet-4b", "pp-dp", (384,), True, "x.py", data_parallel_only=True)
     dp_only = setting_views(pp_dp, bench_cluster("alpa-testbed", 16), "all")
     assert (2, 8) in dp_only and all(v.shape[-1] == 1 for vs in dp_only.values() for v in vs)
+    # the row the artifact measured: its manual plan's meshes only
+    manual = method_setting("wresnet-2b", "pp-dp")
+    assert manual is not None
+    views = setting_views(manual, bench_cluster("alpa-testbed", 8), "all")
+    assert {p: [v.shape for v in vs] for p, vs in views.items()} == {
+        (1, 4): [(4, 1)],
+        (1, 1): [(1, 1)],
+        (1, 2): [(2, 1)],
+    }
 
 
 def test_a_mesh_that_is_not_the_whole_cluster_is_refused() -> None:
@@ -118,3 +126,28 @@ def test_one_device_keeps_the_clusters_device_profile() -> None:
     single = one_device(cluster)
     assert single.num_devices == 1
     assert cluster.profile is not None and single.profile == cluster.profile
+
+
+def test_a_row_measured_with_a_manual_plan_is_that_plan() -> None:
+    """Wide-ResNet's PP-DP and inter-op rows ran the artifact's manual plans:
+    simulated with exactly their stages, submeshes and logical meshes, not
+    with a plan the stage DP finds (which would balance these stages)."""
+    setting = MethodSetting(
+        "mlp-tiny",
+        "pp-dp",
+        (4,),
+        True,
+        "x.py",
+        data_parallel_only=True,
+        stage_layer_ids=((0,), (1,), (2,)),
+        submeshes=((1, 2), (1, 1), (1, 1)),
+        logical_meshes=((2, 1), (1, 1), (1, 1)),
+        artifact_layers=3,
+    )
+    out = _outcome(setting, 4, "mlp-tiny")
+    assert out["method"] == "pp-dp"
+    stages = out["stages"]
+    assert [s["layers"] for s in stages] == [[0, 0], [1, 1], [2, 2]]  # type: ignore[attr-defined]
+    assert [s["submesh"] for s in stages] == [[1, 2], [1, 1], [1, 1]]  # type: ignore[attr-defined]
+    assert [s["logical_mesh"] for s in stages] == [[2, 1], [1, 1], [1, 1]]  # type: ignore[attr-defined]
+    assert "manual plan of 3 stages" in describe(setting, 4)
