@@ -60,6 +60,8 @@ _EXPORTS: dict[str, str] = {
     "CreateStateParallel": "alpa_ir.api.follow_parallel",
     "FollowParallel": "alpa_ir.api.follow_parallel",
     "plan_to_method": "alpa_ir.api.parallel_plan",
+    "DataLoader": "alpa_ir.api.data_loader",
+    "MeshDriverDataLoader": "alpa_ir.api.data_loader",
     "AutoShardingOption": "alpa_ir.api.sharding_options",
     "get_3d_parallel_method": "alpa_ir.api.three_d",
     "PipeshardParallel": "alpa_ir.api.pipeshard",

@@ -169,6 +169,8 @@ _NAMES = {
         "def __getattr__(name):\n    return getattr(_d, name)\n"
     ),
     "global_env.py": "from alpa_ir import global_config  # noqa\n",
+    "parallel_plan.py": "from alpa_ir.api.parallel_plan import PlacementSpec, plan_to_method  # noqa\n",
+    "data_loader.py": "from alpa_ir import DataLoader, MeshDriverDataLoader  # noqa\n",
     "pipeline_parallel/__init__.py": "",
     "pipeline_parallel/primitive_def.py": "from alpa_ir import mark_pipeline_boundary  # noqa\n",
     "pipeline_parallel/layer_construction.py": (

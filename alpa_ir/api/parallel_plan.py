@@ -21,13 +21,25 @@ from alpa_ir.errors import AlpaError
 
 
 @dataclass(frozen=True)
-class PlacementSpec:
-    """Where an input lives: the ids of its devices (in the mesh's order) and
-    its spec over their mesh (a ``NamedSharding`` without the device objects,
-    so that a plan pickles)."""
+class DevicePlacement:
+    """Where an input of a pipelined plan lives: the ids of its devices (in
+    the mesh's order) and its spec over their mesh (a ``NamedSharding``
+    without the device objects, so that a plan pickles)."""
 
     device_ids: tuple[int, ...]
     spec: Any
+
+
+@dataclass(frozen=True)
+class PlacementSpec:
+    """Alpa's description of where a tensor is stored: its aval (shape and
+    dtype), the ids of the meshes holding it and its ``ShardingSpec`` on
+    each (``jax.interpreters.pxla``'s form). The data loaders take it
+    (:mod:`alpa_ir.api.data_loader`)."""
+
+    aval: Any
+    mesh_ids: tuple[int, ...]
+    sharding_specs: tuple[Any, ...]
 
 
 @dataclass(frozen=True)
@@ -59,7 +71,7 @@ def parallel_plan(executable: Any) -> ParallelPlan:
         )
         fixed = dataclasses.replace(method, stage_option=stages)
         placed = tuple(
-            PlacementSpec(tuple(int(d.id) for d in s.mesh.devices.flat), s.spec)
+            DevicePlacement(tuple(int(d.id) for d in s.mesh.devices.flat), s.spec)
             for s in jax.tree.leaves(
                 executable.get_input_shardings(),
                 is_leaf=lambda x: isinstance(x, jax.sharding.Sharding),
@@ -85,4 +97,4 @@ def plan_to_method(plan: ParallelPlan) -> Any:
     return plan.method
 
 
-__all__ = ["ParallelPlan", "PlacementSpec", "parallel_plan", "plan_to_method"]
+__all__ = ["DevicePlacement", "ParallelPlan", "PlacementSpec", "parallel_plan", "plan_to_method"]

@@ -230,6 +230,12 @@ class PhysicalDeviceMesh:
         return len(self.device_ids)
 
     @property
+    def mesh_id(self) -> int:
+        """Alpa's id of the mesh (placement specs name their meshes by it):
+        the global mesh's, 0."""
+        return 0
+
+    @property
     def shape(self) -> tuple[int, int]:
         """Alpa's (hosts, devices per host): one host here."""
         return (1, self.num_devices)
