@@ -194,11 +194,10 @@ def annotate_inputs(
             raise AlpaError(
                 f"{what} gives {len(in_specs.specs)} specs for the {len(shapes)} input arrays"
             )
-        in_specs = jax.tree.unflatten(jax.tree.structure(args), list(in_specs.specs))
-    specs = [
-        as_partition_spec(s, names)
-        for s in expand_prefix(in_specs, args, what, none_subtrees=none_subtrees)
-    ]
+        leaf_specs = list(in_specs.specs)  # one per array (a None subtree holds none)
+    else:
+        leaf_specs = expand_prefix(in_specs, args, what, none_subtrees=none_subtrees)
+    specs = [as_partition_spec(s, names) for s in leaf_specs]
     function.arg_attrs = spec_entries(specs, shapes, names, mesh_shape)
 
 

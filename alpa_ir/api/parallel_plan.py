@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
-from jax.sharding import PartitionSpec
 
 from alpa_ir.errors import AlpaError
 
@@ -78,12 +77,9 @@ def parallel_plan(executable: Any) -> ParallelPlan:
             )
         )
         return ParallelPlan(fixed, placed)
-    specs = tuple(
-        jax.tree.leaves(
-            executable.get_input_placement_specs(),
-            is_leaf=lambda x: isinstance(x, PartitionSpec) or x is None,
-        )
-    )
+    # one spec per input array: the arguments' own None subtrees (a TrainState's
+    # dynamic_scale=None) are no arrays, and a spec may itself be None
+    specs = tuple(executable.in_tree.flatten_up_to(executable.get_input_placement_specs()))
     mesh = executable.mesh
     manual = ManualShardingOption(mesh.axis_names, in_axis_resources=LeafSpecs(specs))
     fixed = dataclasses.replace(method, devices=mesh, manual_sharding_option=manual)

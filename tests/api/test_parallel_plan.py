@@ -78,6 +78,24 @@ def test_a_shard_parallel_plan_compiles_again_to_the_same_plan() -> None:
     assert after.mesh.shape == before.mesh.shape
 
 
+def test_a_plan_of_a_state_with_a_none_field_keeps_one_spec_per_array() -> None:
+    """Alpa's TrainState holds ``dynamic_scale=None``: a None subtree is no
+    input array, so the plan keeps 6 specs (4 weights, x, y), not 7."""
+    params = {**PARAMS, "scale": None}
+    method = alpa_ir.ShardParallel(
+        num_micro_batches=2,
+        auto_sharding_option=alpa_ir.AutoShardingOption(force_data_parallel=True),
+    )
+    before = alpa_ir.parallelize(_step, method=method, donate_argnums=()).get_executable(
+        params, BATCH
+    )
+    plan = pickle.loads(pickle.dumps(before.get_parallel_plan()))
+    assert len(plan.input_placement_specs) == 6
+    again = alpa_ir.parallelize(_step, method=alpa_ir.plan_to_method(plan), donate_argnums=())
+    after = again.get_executable(params, BATCH)
+    assert after.auto_sharding_objective == before.auto_sharding_objective
+
+
 def test_a_pipeshard_plan_keeps_its_stages() -> None:
     method = alpa_ir.PipeshardParallel(
         num_micro_batches=2, layer_option=alpa_ir.AutoLayerOption(layer_num=2)
