@@ -22,6 +22,7 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 
 from alpa_ir.costs.stage_cost import StageCostOptions
+from alpa_ir.errors import AlpaError
 from alpa_ir.pipeline.stage_construction import construct_stages, module_cluster
 
 
@@ -39,9 +40,19 @@ class ConstructStages(ModulePass):
     """The pipeline schedule: ``1f1b``, ``gpipe``, ``zb-h1`` (the stages are planned
     for it), or ``auto``: the fastest of them that fits, chosen with the stages
     (each candidate's simulated time goes into ``construct_stages.schedules``)."""
-    submesh_space: Literal["all", "single-node-model-parallel", "one-dimensional"] = "all"
-    """Logical meshes costed per submesh: ``all`` 2-d shapes, only the one with the
-    node's devices on the model-parallel axis, or only (1, n)."""
+    submesh_space: str = "all"
+    """Logical meshes costed per submesh (Alpa's ``submesh_logical_shape_space``,
+    :data:`~alpa_ir.costs.stage_table.SUBMESH_SPACES`): ``all`` 2-d shapes,
+    ``single-node-model-parallel`` (the node's devices on the model-parallel
+    axis), ``one-dimensional``, ``same-as-physical``, ``data-parallel-only``,
+    ``model-parallel-only``."""
+    physical_space: str = "all"
+    """The submeshes searched (Alpa's ``submesh_physical_shape_space``,
+    :data:`~alpa_ir.costs.stage_table.PHYSICAL_SPACES`): ``all``,
+    ``power-of-two``, ``small-power-of-two`` or ``manual`` (``submeshes``)."""
+    submeshes: str = ""
+    """With ``physical-space=manual``: the submeshes, e.g. ``1x2,1x4`` (Alpa's
+    ``manually_specified_submeshes``)."""
     epsilon: float = 0.0
     """Alpa's ε: skip stage-mesh pairs whose cost exceeds (1 + ε) times the best
     pair's for the same layers; 0 keeps all."""
@@ -111,6 +122,8 @@ class ConstructStages(ModulePass):
             num_micro_batches=self.num_micro_batches,
             schedule=self.schedule,
             submesh_space=self.submesh_space,
+            physical_space=self.physical_space,
+            submeshes=parse_submeshes(self.submeshes),
             epsilon=self.epsilon,
             cost_mode=self.cost_mode,
             cross_stage_comm=self.cross_stage_comm,
@@ -123,4 +136,15 @@ class ConstructStages(ModulePass):
         )
 
 
-__all__ = ["ConstructStages"]
+def parse_submeshes(text: str) -> tuple[tuple[int, int], ...]:
+    """``1x2,2x8`` as ``((1, 2), (2, 8))``; a malformed entry is named."""
+    out = []
+    for entry in filter(None, text.split(",")):
+        n, sep, m = entry.partition("x")
+        if not sep or not n.isdigit() or not m.isdigit():
+            raise AlpaError(f"construct-stages: submesh '{entry}' is not NxM (e.g. 1x4)")
+        out.append((int(n), int(m)))
+    return tuple(out)
+
+
+__all__ = ["ConstructStages", "parse_submeshes"]

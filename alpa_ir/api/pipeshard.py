@@ -87,7 +87,27 @@ class ManualStageOption:
 class AutoStageOption:
     """Stages, submeshes and logical meshes chosen by ``construct-stages``."""
 
-    submesh_logical_shape_space: Literal["all", "single_node_model_parallel"] = "all"
+    submesh_physical_shape_space: Literal["all", "power_of_two", "small_power_of_two", "manual"] = (
+        "all"
+    )
+    """The submeshes searched (Alpa's field): ``(1, 2^k)`` within a node, then
+    whole nodes ``(n, M)``: ``all`` n, ``power_of_two`` n, ``small_power_of_two``
+    n up to 4; ``manual``: ``manually_specified_submeshes``. Alpa's default is
+    ``power_of_two``; ours is ``all`` (the figures measured so far searched
+    every node count)."""
+    manually_specified_submeshes: Sequence[tuple[int, int]] | None = None
+    """The submeshes of the ``manual`` physical space, e.g. ``[(1, 2), (1, 4)]``."""
+    submesh_logical_shape_space: Literal[
+        "all",
+        "single_node_model_parallel",
+        "same_as_physical",
+        "data_parallel_only",
+        "model_parallel_only",
+    ] = "all"
+    """The logical views of each submesh (Alpa's field): ``all`` ``(dp, mp)``
+    views, ``single_node_model_parallel`` (the node's devices on the
+    model-parallel axis), ``same_as_physical`` (the submesh's shape),
+    ``data_parallel_only`` ``(n, 1)``, ``model_parallel_only`` ``(1, n)``."""
     stage_cost_model: str = "analytical"
     """A registered stage cost model: ``analytical`` (predicted from the
     plan) or ``profile`` (each stage-mesh pair compiled and timed on the
@@ -111,6 +131,42 @@ class AutoStageOption:
     simulator times faster (Alpa's on a tie)."""
 
     def __post_init__(self) -> None:
+        physical = ("all", "power_of_two", "small_power_of_two", "manual")
+        if self.submesh_physical_shape_space not in physical:
+            raise AlpaError(
+                f"AutoStageOption: submesh_physical_shape_space must be one of {physical}, got "
+                f"{self.submesh_physical_shape_space!r}"
+            )
+        logical = (
+            "all",
+            "single_node_model_parallel",
+            "same_as_physical",
+            "data_parallel_only",
+            "model_parallel_only",
+        )
+        if self.submesh_logical_shape_space not in logical:
+            raise AlpaError(
+                f"AutoStageOption: submesh_logical_shape_space must be one of {logical}, got "
+                f"{self.submesh_logical_shape_space!r}"
+            )
+        manual = self.manually_specified_submeshes
+        if (self.submesh_physical_shape_space == "manual") != bool(manual):
+            raise AlpaError(
+                "AutoStageOption: manually_specified_submeshes go with "
+                "submesh_physical_shape_space='manual' (both or neither)"
+            )
+        if manual:
+            shapes = tuple(tuple(s) for s in manual)
+            if not all(
+                len(s) == 2
+                and all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in s)
+                for s in shapes
+            ):
+                raise AlpaError(
+                    f"AutoStageOption: manually_specified_submeshes must be (hosts, devices) "
+                    f"pairs of positive ints, got {list(manual)!r}"
+                )
+            object.__setattr__(self, "manually_specified_submeshes", shapes)
         if self.cost_mode not in ("layer-sum", "range"):
             raise AlpaError(
                 f"AutoStageOption: cost_mode must be 'layer-sum' or 'range', got {self.cost_mode!r}"

@@ -108,11 +108,16 @@ class PipeshardPipeline:
         if isinstance(option, AutoStageOption):
             ids = ",".join(str(d) for d in devices)
             space = option.submesh_logical_shape_space.replace("_", "-")
+            physical = option.submesh_physical_shape_space.replace("_", "-")
+            if option.manually_specified_submeshes:
+                shapes = ",".join(f"{n}x{m}" for n, m in option.manually_specified_submeshes)
+                physical += f" submeshes={shapes}"
             comm = option.cross_stage_comm
             comm_text = comm if isinstance(comm, str) else str(comm).lower()
             return (
                 f"construct-stages{{num-micro-batches={b} schedule={schedule} "
-                f"submesh-space={space} stage-cost-model={option.stage_cost_model} "
+                f"submesh-space={space} physical-space={physical} "
+                f"stage-cost-model={option.stage_cost_model} "
                 f"progress=false remat={remat} cost-mode={option.cost_mode} "
                 f"workers={option.worker_count()} repeated-layers={option.repeated_layers} "
                 f"cross-stage-comm={comm_text} devices={ids}}}"

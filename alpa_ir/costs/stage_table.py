@@ -51,10 +51,27 @@ from alpa_ir.ir.collection import frozen_heap
 from alpa_ir.ir.module_utils import num_ops
 from alpa_ir.passmanager.progress import ProgressBar
 
-SUBMESH_SPACES = ("all", "single-node-model-parallel", "one-dimensional", "power-of-two")
-"""``power-of-two``: Alpa's submeshes whose node count is a power of two,
-``(1, 2^k)`` and ``(2^k, M)``, each with all its views: ``log N`` submeshes
-instead of ``N`` (the search that scales, :mod:`alpa_ir.pipeline.pipeline_replicas`)."""
+SUBMESH_SPACES = (
+    "all",
+    "single-node-model-parallel",
+    "one-dimensional",
+    "power-of-two",
+    "same-as-physical",
+    "data-parallel-only",
+    "model-parallel-only",
+)
+"""The logical mesh views of each submesh (Alpa's ``submesh_logical_shape_space``):
+``all`` of them; ``single-node-model-parallel``: the one with the node's
+devices on the model-parallel axis; ``one-dimensional``: ``(1, n)`` and
+``(n, 1)``; ``same-as-physical``: the submesh's own shape; ``data-parallel-only``:
+``(n, 1)``; ``model-parallel-only``: ``(1, n)``. ``power-of-two`` keeps all
+views of the submeshes whose node count is a power of two, ``(1, 2^k)`` and
+``(2^k, M)``: ``log N`` submeshes instead of ``N`` (the search that scales,
+:mod:`alpa_ir.pipeline.pipeline_replicas`)."""
+PHYSICAL_SPACES = ("all", "power-of-two", "small-power-of-two", "manual")
+"""The submeshes (Alpa's ``submesh_physical_shape_space``): always ``(1, 2^k)``
+within a node, then whole nodes ``(n, M)``: ``all`` n, ``power-of-two`` n,
+``small-power-of-two`` n up to 4; ``manual``: the submeshes given."""
 COST_MODES = ("range", "layer-sum")
 WORKERS_FROM_OPS = 4000
 """Worker processes cost a table only when its distinct pairs on meshes of
@@ -330,16 +347,52 @@ class SubmeshPicks:
     """2 × view index + plan (0: the plan, 1: the memory-saving one)."""
 
 
+def physical_submeshes(
+    cluster: Cluster, physical: str = "all", manual: Sequence[tuple[int, int]] = ()
+) -> tuple[tuple[int, int], ...]:
+    """The submeshes of Alpa's physical space ``physical`` (:data:`PHYSICAL_SPACES`)."""
+    if physical not in PHYSICAL_SPACES:
+        raise AlpaError(
+            f"construct-stages: unknown physical submesh space '{physical}'; expected "
+            f"{PHYSICAL_SPACES}"
+        )
+    shapes = cluster.submesh_shapes()
+    if physical == "manual":
+        if not manual:
+            raise AlpaError("construct-stages: the manual physical space needs its submeshes")
+        for shape in manual:
+            if tuple(shape) not in shapes:
+                known = " ".join(f"{n}x{m}" for n, m in shapes)
+                raise AlpaError(
+                    f"construct-stages: submesh {shape[0]}x{shape[1]} is not a submesh of "
+                    f"cluster '{cluster.name}' ({known})"
+                )
+        return tuple(tuple(s) for s in manual)  # type: ignore[misc]
+    if manual:
+        raise AlpaError(
+            f"construct-stages: submeshes are given for the manual physical space, not '{physical}'"
+        )
+    if physical == "all":
+        return shapes
+    top = cluster.num_nodes if physical == "power-of-two" else min(cluster.num_nodes, 4)
+    return tuple((n, m) for n, m in shapes if n == 1 or (n <= top and not n & (n - 1)))
+
+
 def submesh_views(
-    cluster: Cluster, space: str
+    cluster: Cluster,
+    space: str,
+    physical: str = "all",
+    manual: Sequence[tuple[int, int]] = (),
 ) -> dict[tuple[int, int], tuple[LogicalDeviceMesh, ...]]:
-    """The submeshes of Alpa's space and the logical mesh views kept for each."""
+    """The submeshes of Alpa's physical space (``physical``, ``manual``:
+    :func:`physical_submeshes`) and the logical mesh views of ``space``
+    (:data:`SUBMESH_SPACES`) kept for each."""
     if space not in SUBMESH_SPACES:
         raise AlpaError(
             f"construct-stages: unknown submesh space '{space}'; expected {SUBMESH_SPACES}"
         )
     out: dict[tuple[int, int], tuple[LogicalDeviceMesh, ...]] = {}
-    for submesh in cluster.submesh_shapes():
+    for submesh in physical_submeshes(cluster, physical, manual):
         if space == "power-of-two" and submesh[0] & (submesh[0] - 1):
             continue
         views = cluster.submesh_logical_meshes(submesh)
@@ -349,6 +402,13 @@ def submesh_views(
             views = tuple(v for v in views if v.shape == (size // mp, mp))
         elif space == "one-dimensional":
             views = tuple(v for v in views if 1 in v.shape)
+        elif space in ("same-as-physical", "data-parallel-only", "model-parallel-only"):
+            shape = {
+                "same-as-physical": submesh,
+                "data-parallel-only": (size, 1),
+                "model-parallel-only": (1, size),
+            }[space]
+            views = tuple(v for v in views if v.shape == shape)
         out[submesh] = views
     return out
 
@@ -388,6 +448,8 @@ def cost_table(
     model: StageCostModel,
     *,
     space: str = "all",
+    physical: str = "all",
+    manual: Sequence[tuple[int, int]] = (),
     cost_mode: str = "range",
     progress: bool = True,
     workers: int = 1,
@@ -402,14 +464,15 @@ def cost_table(
     starting them (``workers_from_ops``, :data:`WORKERS_FROM_OPS`);
     ``phase_flops``: the layers' FLOPs per phase, for the schedules
     (:func:`alpa_ir.pipeline.layer_phases.layer_phase_flops`); ``views``: only
-    these submeshes and views (default: every view of ``space``; a baseline
-    that runs on one view prices only that one)."""
+    these submeshes and views (default: every view of ``space`` of the
+    submeshes of ``physical`` and ``manual``, :func:`submesh_views`; a
+    baseline that runs on one view prices only that one)."""
     if cost_mode not in COST_MODES:
         raise AlpaError(f"construct-stages: unknown cost mode '{cost_mode}'; expected {COST_MODES}")
     if workers < 1:
         raise AlpaError(f"construct-stages: workers must be >= 1, got {workers}")
     if views is None:
-        views = submesh_views(cluster, space)
+        views = submesh_views(cluster, space, physical, manual)
     num = ranges.num_layers
     table = StageCostTable(cluster, tuple(views), views, num)
     table.phase_flops = phase_flops
@@ -547,11 +610,13 @@ def _pair_error(error: AlpaError, first: int, last: int, shape: Sequence[int]) -
 
 __all__ = [
     "COST_MODES",
+    "PHYSICAL_SPACES",
     "SUBMESH_SPACES",
     "WORKERS_FROM_OPS",
     "StageCostTable",
     "SubmeshPicks",
     "ViewCost",
     "cost_table",
+    "physical_submeshes",
     "submesh_views",
 ]

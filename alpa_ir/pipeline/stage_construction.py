@@ -540,6 +540,8 @@ def construct_stages(
     num_micro_batches: int = 1,
     schedule: str = "1f1b",
     submesh_space: str = "all",
+    physical_space: str = "all",
+    submeshes: Sequence[tuple[int, int]] = (),
     epsilon: float = 0.0,
     cost_mode: str = "range",
     cross_stage_comm: CrossStageComm = False,
@@ -554,7 +556,9 @@ def construct_stages(
     """The pass as a function: plan, write the plan into ``module``, return it
     (``remat``: the stages' backward functions recompute their forward values;
     ``devices``: the ids the cluster's devices stand for, default ``0..n-1``;
-    ``started_workers``: costing workers started ahead, used first)."""
+    ``started_workers``: costing workers started ahead, used first;
+    ``physical_space``, ``submeshes``: the submeshes searched,
+    :func:`~alpa_ir.costs.stage_table.physical_submeshes`)."""
     if devices and len(devices) != cluster.num_devices:
         raise AlpaError(
             f"construct-stages: {len(devices)} device ids given for the {cluster.num_devices} "
@@ -575,6 +579,8 @@ def construct_stages(
         cluster,
         model or AnalyticalStageCostModel(),
         space=submesh_space,
+        physical=physical_space,
+        manual=submeshes,
         cost_mode=cost_mode,
         progress=progress,
         workers=workers,
