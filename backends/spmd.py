@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.sharding import Mesh, PartitionSpec
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Block, Operation, SSAValue
@@ -48,6 +48,7 @@ from alpa_ir.errors import AlpaError
 from alpa_ir.frontend.jax_export import bind_lax_op
 from alpa_ir.frontend.local_random import local_random_bits
 from alpa_ir.ir.module_utils import symbol_op
+from alpa_ir.pipeline.deferred_sums import DeferredSum, DeferredSums, deferred_sums
 from alpa_ir.pipeline.step_partition import StepPartition, deferred_reductions, partition_step
 from alpa_ir.runtime.devices import partition_spec
 from alpa_ir.runtime.interpreter import CompiledFunction
@@ -316,11 +317,16 @@ def compile_spmd(
     donate: Sequence[int] = (),
     num_micro_batches: int = 1,
     batch_args: Sequence[int] = (),
+    deferred: DeferredSums | None = None,
 ) -> tuple[Callable[..., Any], tuple[Any, ...]]:
     """A jitted function of the flat arguments running ``function``'s plan, and
     the input shardings it expects. With ``num_micro_batches`` B > 1 the batch
     arguments are passed as ``[B, micro-batch...]`` and the gradients are
-    accumulated over the B micro-batches (see :mod:`alpa_ir.pipeline.step_partition`)."""
+    accumulated over the B micro-batches (see :mod:`alpa_ir.pipeline.step_partition`).
+    ``deferred`` (a pipeline stage's function, run once per micro-batch): its
+    reductions are skipped and the results they reach are returned as each
+    device's partial sum, stacked along a new leading axis over the reduced
+    mesh axes (:func:`finish_program` completes their accumulation)."""
     from jax.sharding import NamedSharding
 
     mesh_shape = tuple(mesh.devices.shape)
@@ -337,7 +343,19 @@ def compile_spmd(
     )
     returned = list(block.last_op.operands)  # type: ignore[union-attr]
     out_specs = tuple(partition_spec(spec_of_value(v, function), names) for v in returned)
-    if num_micro_batches > 1:
+    if deferred is not None and deferred.results:
+        sums = deferred
+        out_specs = tuple(
+            _stacked_spec(sums.results[k], names) if k in sums.results else s
+            for k, s in enumerate(out_specs)
+        )
+
+        def local(*flat: Any) -> tuple[Any, ...]:
+            env: dict[SSAValue, Any] = dict(zip(block.args, flat, strict=True))
+            evaluator.run_ops([op for op in block.ops if op is not block.last_op], env, sums.ops)
+            outs = [env[v] for v in returned]
+            return tuple(x[None] if k in sums.results else x for k, x in enumerate(outs))
+    elif num_micro_batches > 1:
         part = partition_step(function, batch_args)
 
         def local(*flat: Any) -> tuple[Any, ...]:
@@ -362,11 +380,42 @@ def compile_spmd(
     return jitted, in_shardings
 
 
+def _stacked_spec(deferred: DeferredSum, names: Sequence[str]) -> PartitionSpec:
+    """Each device's partial sum stacked along a new leading axis over the
+    reduced mesh axes."""
+    axes = tuple(names[a] for a in deferred.axes)
+    inner = partition_spec(ShardingSpec(deferred.partial_dims), names)
+    return PartitionSpec(axes[0] if len(axes) == 1 else axes, *inner)
+
+
+def finish_program(deferred: DeferredSum, mesh: Mesh, names: Sequence[str]) -> Callable[..., Any]:
+    """The jitted reduction of stacked partial sums (:func:`compile_spmd`'s
+    ``deferred`` results, accumulated) into the result's spec."""
+    axes = tuple(names[a] for a in deferred.axes)
+    over = axes[0] if len(axes) == 1 else axes
+    in_spec = _stacked_spec(deferred, names)
+    out_spec = partition_spec(ShardingSpec(deferred.dims), names)
+
+    def local(x: Any) -> Any:
+        if deferred.kind == "reduce_scatter":
+            return lax.psum_scatter(x[0], over, scatter_dimension=deferred.dim, tiled=True)
+        return lax.psum(x[0], over)
+
+    mapped = jax.shard_map(local, mesh=mesh, in_specs=in_spec, out_specs=out_spec, check_vma=False)
+    return jax.jit(
+        mapped,
+        in_shardings=NamedSharding(mesh, in_spec),
+        out_shardings=NamedSharding(mesh, out_spec),
+    )
+
+
 def compile_mesh_functions(
     module: ModuleOp, program: StepProgram, mesh: str, devices: Sequence[Any]
 ) -> tuple[Mesh, dict[str, CompiledFunction]]:
     """Compile the functions ``mesh`` runs as SPMD programs on ``devices``
-    (the mesh's device ids remapped to these devices in row-major order)."""
+    (the mesh's device ids remapped to these devices in row-major order). A
+    function's sums over the mesh that reach only results read once per step
+    run once per step, on their accumulation (:mod:`alpa_ir.pipeline.deferred_sums`)."""
     info = program.meshes[mesh]
     if len(devices) != info.size:
         raise AlpaError(f"mesh @{mesh} needs {info.size} devices, got {len(devices)}")
@@ -376,6 +425,12 @@ def compile_mesh_functions(
     for name in dict.fromkeys(names):
         function = symbol_op(module, name, func.FuncOp)
         assert isinstance(function, func.FuncOp)
-        run, in_shardings = compile_spmd(module, function, jmesh, info.axis_names)
-        compiled[name] = CompiledFunction(run, in_shardings)
+        sums = deferred_sums(function, program.once_per_step.get(name, ()))
+        run, in_shardings = compile_spmd(module, function, jmesh, info.axis_names, deferred=sums)
+        finish = {k: finish_program(d, jmesh, info.axis_names) for k, d in sums.results.items()}
+        finish_shardings = {
+            k: NamedSharding(jmesh, partition_spec(ShardingSpec(d.dims), info.axis_names))
+            for k, d in sums.results.items()
+        }
+        compiled[name] = CompiledFunction(run, in_shardings, finish, finish_shardings)
     return jmesh, compiled

@@ -22,7 +22,9 @@ Semantics:
   too only when read per micro-batch); reading that per-step buffer gives
   the mean over the micro-batches for a result that depends on the batch,
   else the first micro-batch's value; a batch-shaped result that ``@main``
-  returns (``StepProgram.concatenated``) is concatenated instead.
+  returns (``StepProgram.concatenated``) is concatenated instead; a result
+  whose sum over the mesh was deferred is then reduced once
+  (``CompiledFunction.finish``).
 - SEND t at m hands the buffer of t's value at m to the transport.
 - RECV t at m takes it from the transport and places it on this mesh with
   the spec t arrives in (the receive spec of the local all-gather rewrite
@@ -40,7 +42,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import jax
@@ -66,10 +68,16 @@ class Transport(Protocol):
 
 @dataclass(frozen=True)
 class CompiledFunction:
-    """A stage function compiled for a mesh: ``run(*placed) -> results``."""
+    """A stage function compiled for a mesh: ``run(*placed) -> results``.
+    ``finish``: per result index, the program that completes a result whose
+    sum over the mesh was deferred past the micro-batches (``run`` returns
+    each device's partial sum; ``finish`` reduces their accumulation once)."""
 
     run: Callable[..., Sequence[Any]]
     in_shardings: tuple[Any, ...]
+    finish: Mapping[int, Callable[[Any], Any]] = field(default_factory=dict)
+    finish_shardings: Mapping[int, Any] = field(default_factory=dict)
+    """Per index of ``finish``, the sharding its program returns the result in."""
 
 
 CompileFunctions = Callable[
@@ -263,6 +271,9 @@ class MeshInterpreter:
                 total = jnp.concatenate(total, axis=0)
             elif b > 1 and index in producer.per_micro_batch:
                 total = (total / b).astype(total.dtype)
+            finish = self.functions[producer.function].finish.get(index)
+            if finish is not None:  # the sum over the mesh, once per step
+                total = finish(total)
             self.buffers[key] = total
             return total
         where = "" if micro_batch is None else f" of micro-batch {micro_batch}"

@@ -119,6 +119,11 @@ class StepProgram:
     function or as an output): accumulated into their per-step buffer."""
     read_per_micro_batch: frozenset[str] = field(default_factory=frozenset)
     """Accumulated results that are also read or sent per micro-batch."""
+    once_per_step: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    """Per function run once per micro-batch, the indices of its results that
+    are accumulated and read only once per step (with several micro-batches):
+    the sums over the mesh that reach only them may run once per step on the
+    accumulated partial sums (:mod:`alpa_ir.pipeline.deferred_sums`)."""
     concatenated: frozenset[str] = field(default_factory=frozenset)
     """Accumulated results that ``@main`` returns batch-shaped
     (``pipeline.concatenated_results``): concatenated over the micro-batches
@@ -298,8 +303,19 @@ def step_program(module: ModuleOp) -> StepProgram:
         b,
         accumulated,
         frozenset(accumulated & read_per_mb),
+        _once_per_step(calls, accumulated - read_per_mb - concatenated) if b > 1 else {},
         concatenated,
     )
+
+
+def _once_per_step(calls: Mapping[str, Call], once: frozenset[str]) -> dict[str, tuple[int, ...]]:
+    """Per per-micro-batch call, the indices of its results in ``once``."""
+    out: dict[str, tuple[int, ...]] = {}
+    for call in calls.values():
+        indices = tuple(k for k, v in enumerate(call.results) if v in once)
+        if indices and not call.per_step:
+            out[call.function] = indices
+    return out
 
 
 def _concatenated(

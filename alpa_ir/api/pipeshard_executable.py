@@ -213,9 +213,14 @@ class PipeshardExecutable(PlannedExecutable):
                 continue
             call = self.program.producer(value)
             assert call is not None
+            index = call.results.index(value)
+            finished = self.functions[call.function].finish_shardings
+            if index in finished:  # a sum over the mesh deferred to once per step
+                leaves.append(finished[index])
+                continue
             if call.function not in produced:
                 produced[call.function] = self._lowered(call.function).compile().output_shardings
-            leaves.append(produced[call.function][call.results.index(value)])
+            leaves.append(produced[call.function][index])
         return jax.tree.unflatten(self.out_tree, leaves)
 
     def _lowered(self, name: str) -> Any:
