@@ -373,8 +373,10 @@ def choose_schedule(
     return out
 
 
-PLANNED_SCHEDULES = ("auto", *AUTO_SCHEDULES)
-"""What ``construct-stages{schedule=}`` plans."""
+PLANNED_SCHEDULES = ("auto", *AUTO_SCHEDULES, "inference")
+"""What ``construct-stages{schedule=}`` plans (``inference``: a forward-only
+step, whose table prices forwards only: GPipe's latency, the same sum of the
+stages plus ``B - 1`` times the slowest, is Alpa's pipeline latency)."""
 
 
 CrossStageComm = bool | Literal["auto"]
@@ -405,7 +407,7 @@ def plan_stages(
             f"'{schedule}'"
         )
     options = {"epsilon": epsilon, "cross_stage_comm": cross_stage_comm, "remat": remat}
-    if schedule in ("1f1b", "gpipe"):
+    if schedule in ("1f1b", "gpipe", "inference"):
         plan = solve_stages(
             table, num_micro_batches, epsilon=epsilon, cross_stage_comm=cross_stage_comm
         )

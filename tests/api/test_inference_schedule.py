@@ -108,3 +108,31 @@ def test_training_step_concatenates_batch_shaped_outputs() -> None:
     np.testing.assert_allclose(np.asarray(out), np.asarray(want_out), rtol=1e-5, atol=1e-6)
     for got, want in zip(jax.tree.leaves(new_params), jax.tree.leaves(want_params), strict=True):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-6)
+
+
+def test_automatic_stages_plan_an_inference_step() -> None:
+    """construct-stages plans a forward-only step for the inference schedule
+    (Alpa's test_inference_auto, on the submeshes given)."""
+    model, params, batch = _setup()
+
+    def infer(params: dict, batch: dict) -> jax.Array:
+        return model.apply(params, batch["x"])
+
+    stages = alpa_ir.AutoStageOption(
+        submesh_physical_shape_space="manual", manually_specified_submeshes=((1, 4),)
+    )
+    method = PipeshardParallel(
+        num_micro_batches=2,
+        pipeline_schedule="inference",
+        layer_option="manual",
+        stage_option=stages,
+    )
+    parallel = alpa_ir.parallelize(infer, method=method, donate_argnums=(), batch_argnums=(1,))
+    out = parallel(params, batch)
+    np.testing.assert_allclose(
+        np.asarray(out), np.asarray(jax.jit(infer)(params, batch)), rtol=1e-5, atol=1e-6
+    )
+    executable = parallel.get_executable(params, batch)
+    assert "schedule=inference" in executable.pass_pipeline
+    (plan,) = top_level_ops(executable.module, PlanOp)
+    assert isinstance(plan, PlanOp) and plan.schedule.data == "inference"
