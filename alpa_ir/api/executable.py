@@ -49,9 +49,17 @@ class PlannedExecutable(ABC):
         return None
 
     def close(self) -> None:
-        """Stop the Ray workers of a step on the ray backend."""
+        """Release the Ray workers of a step on the ray backend (they forget its
+        programs and stay for the cluster's other executables)."""
         if self.remote is not None:
             self.remote.close()
+
+    def sync_move_workers(self) -> None:
+        """Wait until the checkpoints saved with a ``local_cache_dir`` are moved
+        into their directories (Alpa's; :mod:`alpa_ir.api.checkpoint.cache_moves`)."""
+        from alpa_ir.api.checkpoint.cache_moves import sync_moves
+
+        sync_moves()
 
     @abstractmethod
     def __call__(self, *args: Any) -> Any:

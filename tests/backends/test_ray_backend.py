@@ -520,3 +520,37 @@ def test_executables_share_the_host_workers(cluster: None) -> None:
     finally:
         first.close()
         second.close()
+
+
+def test_a_checkpoint_saved_through_a_local_cache_moves_in_the_background(
+    cluster: None, tmp_path: Path
+) -> None:
+    """Alpa's ``save_checkpoint(path, state, step, local_cache_dir)`` on Ray:
+    the call returns once the cache holds the step, the driver node's move
+    worker moves it (held back here until the test lets it go), and an
+    executable's ``sync_move_workers()`` waits until it is there."""
+    from alpa_ir.runtime.checkpoint_mover import mover_name
+
+    state = {"w": jax.numpy.arange(12.0).reshape(3, 4)}
+    ckpt, cache, go = tmp_path / "ckpt", tmp_path / "cache", tmp_path / "go"
+    executable = alpa_ir.parallelize(
+        lambda s: {"w": s["w"] * 2}, method=alpa_ir.ShardParallel(backend="xla")
+    ).get_executable(state)
+    alpa_ir.save_checkpoint(ckpt, state, 1, cache)
+    executable.sync_move_workers()
+    assert (ckpt / "1").is_dir() and list(cache.iterdir()) == []
+    mover = ray.get_actor(mover_name(ray.get_runtime_context().get_node_id()))
+
+    def hold(self: Any) -> None:
+        deadline = time.monotonic() + 60
+        while not go.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    mover.__ray_call__.remote(hold)
+    alpa_ir.save_checkpoint(ckpt, state, 2, cache, overwrite=True)
+    assert not (ckpt / "2").exists() and len(list(cache.iterdir())) == 1  # still cached
+    go.touch()
+    executable.sync_move_workers()
+    assert (ckpt / "2").is_dir() and list(cache.iterdir()) == []
+    back = alpa_ir.restore_checkpoint(ckpt, 2, state)
+    np.testing.assert_array_equal(back["w"], state["w"])

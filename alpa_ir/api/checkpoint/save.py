@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import ast
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
 
+from alpa_ir.api.checkpoint.cache_moves import start_move
 from alpa_ir.api.checkpoint.checksums import hex_checksum
 from alpa_ir.api.checkpoint.confinement import check_save_confined
 from alpa_ir.api.checkpoint.manifest import FORMAT, VERSION
@@ -41,6 +43,7 @@ def save_checkpoint(
     path: str | os.PathLike[str],
     state: Any,
     step: int | None = None,
+    local_cache_dir: str | os.PathLike[str] | None = None,
     *,
     overwrite: bool = False,
     on: Any = None,
@@ -53,6 +56,12 @@ def save_checkpoint(
     all the hosts' devices for writing (along its largest dimension they
     divide, else kept whole) and the path must be on a file system every
     host sees. Returns the directory.
+
+    With ``local_cache_dir`` (Alpa's), the step is written into a new
+    folder under it (a fast local disk) and the call returns; the step is
+    then moved into ``path`` in the background
+    (:mod:`alpa_ir.api.checkpoint.cache_moves`), and an executable's
+    ``sync_move_workers()`` waits until it is there.
 
     A failed write (no space left, a read-only file system) is a one-line
     :class:`~alpa_ir.errors.AlpaError` naming the leaf being written and the
@@ -78,6 +87,21 @@ def save_checkpoint(
     if latest is not None and number <= latest:
         number = latest + 1  # orbax keeps steps increasing; the manifest has the user's
     remote = getattr(on, "remote", None)
+    if local_cache_dir is not None:
+        if remote is not None:
+            raise AlpaError(
+                "save_checkpoint: local_cache_dir is for a state the driver writes; with on= "
+                "the hosts write into path themselves"
+            )
+        cache = Path(local_cache_dir)
+        try:
+            cache.mkdir(parents=True, exist_ok=True)
+            staging = Path(tempfile.mkdtemp(prefix="alpa_ir-checkpoint-", dir=cache))
+        except OSError as err:
+            raise AlpaError(f"local_cache_dir {cache}: {err.strerror or err}") from None
+        write_checkpoint(str(staging), number, arrays, manifest)
+        start_move(staging, where)
+        return where
     if remote is not None and hasattr(remote, "write_checkpoint"):
         hosts = {k: np.asarray(v) for k, v in arrays.items()}
         remote.write_checkpoint(str(where.resolve()), number, hosts, manifest, write_checkpoint)
