@@ -12,6 +12,7 @@ the plan predicted.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -43,7 +44,7 @@ from alpa_ir.dialects.sharding import (
     ShardingSpec,
     spec_of_value,
 )
-from alpa_ir.dialects.types import shape_of
+from alpa_ir.dialects.types import dtype_of, shape_of
 from alpa_ir.errors import AlpaError
 from alpa_ir.frontend.jax_export import bind_lax_op
 from alpa_ir.frontend.local_random import local_random_bits
@@ -432,5 +433,16 @@ def compile_mesh_functions(
             k: NamedSharding(jmesh, partition_spec(ShardingSpec(d.dims), info.axis_names))
             for k, d in sums.results.items()
         }
-        compiled[name] = CompiledFunction(run, in_shardings, finish, finish_shardings)
+        results = function.function_type.outputs.data
+        finish_inputs = {
+            k: jax.ShapeDtypeStruct(
+                (math.prod(info.shape[a] for a in d.axes), *shape_of(results[k])),
+                dtype_of(results[k]),
+                sharding=NamedSharding(jmesh, _stacked_spec(d, info.axis_names)),
+            )
+            for k, d in sums.results.items()
+        }
+        compiled[name] = CompiledFunction(
+            run, in_shardings, finish, finish_shardings, finish_inputs
+        )
     return jmesh, compiled

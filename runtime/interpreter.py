@@ -78,6 +78,9 @@ class CompiledFunction:
     finish: Mapping[int, Callable[[Any], Any]] = field(default_factory=dict)
     finish_shardings: Mapping[int, Any] = field(default_factory=dict)
     """Per index of ``finish``, the sharding its program returns the result in."""
+    finish_inputs: Mapping[int, Any] = field(default_factory=dict)
+    """Per index of ``finish``, its input (``jax.ShapeDtypeStruct`` with its
+    sharding), to lower the program without a step's values."""
 
 
 CompileFunctions = Callable[

@@ -193,6 +193,16 @@ class PipeshardExecutable(PlannedExecutable):
         _, which = split_status((), status)
         return [hlo_text(self._lowered(name), which) for name in self.stage_function_names()]
 
+    def deferred_hlo_texts(self, name: str) -> list[str]:
+        """The HLO of each program that completes a result of stage program
+        ``name`` once per step (its sums over the mesh deferred past the
+        micro-batches, :mod:`alpa_ir.pipeline.deferred_sums`), by result index."""
+        compiled = self.functions[name]
+        return [
+            compiled.finish[k].lower(compiled.finish_inputs[k]).compile().as_text()  # type: ignore[attr-defined]
+            for k in sorted(compiled.finish)
+        ]
+
     def get_input_placement_specs(self) -> Any:
         """Alpa's name: where each input array lives (:meth:`get_input_shardings`,
         a ``NamedSharding`` on its stage's submesh per leaf)."""

@@ -34,10 +34,13 @@ class CommunicationDrawing:
     rows: tuple[CommRow, ...]
 
 
-def _rows(program: str, predicted: Sequence[Any], hlo_text: str, devices: int) -> list[CommRow]:
+def _rows(
+    program: str, predicted: Sequence[Any], hlo_text: str, devices: int, more: Sequence[str] = ()
+) -> list[CommRow]:
+    """``more``: other compiled modules whose collectives count for ``program``."""
     from alpa_ir.costs.collective_accounting import hlo_collectives
 
-    measured = hlo_collectives(hlo_text)
+    measured = [c for text in (hlo_text, *more) for c in hlo_collectives(text)]
     rows = []
     for kind in KINDS:
         p = sum(c.wire_bytes for c in predicted if c.kind == kind)
@@ -55,7 +58,8 @@ def shard_rows(executable: Any) -> list[CommRow]:
 
 
 def pipeshard_rows(executable: Any) -> list[CommRow]:
-    """A PipeshardParallel executable: each stage program, per call."""
+    """A PipeshardParallel executable: each stage program, per call (with the
+    sums over its mesh that run once per step after its micro-batches)."""
     from alpa_ir.autosharding.plan_bytes import predicted_collectives
     from alpa_ir.hardware.device_mesh import function_mesh
     from alpa_ir.ir.module_utils import symbol_op
@@ -67,7 +71,8 @@ def pipeshard_rows(executable: Any) -> list[CommRow]:
         assert isinstance(function, func.FuncOp)
         mesh = function_mesh(executable.module, function)
         assert mesh is not None
-        rows += _rows(name, predicted_collectives(function, mesh.shape), text, mesh.size)
+        more = executable.deferred_hlo_texts(name)
+        rows += _rows(name, predicted_collectives(function, mesh.shape), text, mesh.size, more)
     return rows
 
 
