@@ -169,6 +169,8 @@ def format_result(result: dict[str, Any], why: bool = False) -> str:
             lines.append(f"  {o['method']} as the artifact ran it: {o['setting']}")
     for reason in result.get("why", []) if why else []:
         lines.append(f"  why: {reason}")
+    if result.get("search", {}).get("note"):
+        lines.append(f"  {result['search']['note']}")
     c = result["compile_time"]
     lines.append(
         f"  compile time {c['total']:.1f} s: clustering {c['clustering']:.1f}, "
@@ -194,8 +196,8 @@ submeshes of Alpa's space: ``construct-stages`` prices every layer on each of
 them and the stage DP runs over every submesh and device count, so the work
 grows with the cluster (64 GPUs of 8-GPU nodes: 62 views; 1024 GPUs: 1746
 views, GPT-3 350M still costing after 5 minutes on 2 cores; 100000 GPUs:
-312635 views, minutes before the first progress line). ``--gpus`` beyond it
-is rejected at once, saying so, rather than left running."""
+312635 views, minutes before the first progress line). Beyond it a run is
+planned by the search that scales (:func:`scaled_result`) and says so."""
 DEFAULT_MICRO_BATCHES = 16
 DEFAULT_MAX_MICRO_BATCHES = 64
 WORKERS_PER_CORE = 4
@@ -508,6 +510,13 @@ class BenchRun:
     batch_size: int
     micro_batches: int | str
     dtype: str | None
+    views: int = 0
+    """Logical mesh views of Alpa's space on the cluster (counted up to just
+    past :data:`MAX_VIEWS`): beyond it the run is planned by the search that scales."""
+
+    @property
+    def scaled(self) -> bool:
+        return self.views > MAX_VIEWS
 
 
 def _model_names(parser: OneLineParser, args: argparse.Namespace) -> list[str]:
@@ -541,9 +550,10 @@ def _model_names(parser: OneLineParser, args: argparse.Namespace) -> list[str]:
 
 def _bench_cluster_checked(
     parser: OneLineParser, args: argparse.Namespace, gpus: int, name: str
-) -> Cluster:
-    """``bench_cluster`` for ``name`` on ``gpus`` GPUs, with every reason it cannot
-    be benchmarked as a usage error."""
+) -> tuple[Cluster, int]:
+    """``bench_cluster`` for ``name`` on ``gpus`` GPUs and its logical mesh views
+    (counted up to just past :data:`MAX_VIEWS`), with every reason it cannot be
+    benchmarked as a usage error."""
     preset = args.cluster
     presets = _cluster_presets(preset)
     if preset not in presets:
@@ -558,7 +568,7 @@ def _bench_cluster_checked(
     )
     try:
         cluster = bench_cluster(preset, gpus, presets=presets)
-        subs, views = count_views(cluster)
+        _, views = count_views(cluster)
     except AlpaError as error:
         parser.error(f"{where}: {error}")
     if args.profile is not None:
@@ -568,14 +578,29 @@ def _bench_cluster_checked(
             cluster = cluster.with_profile(load_profile(args.profile))
         except AlpaError as error:
             parser.error(f"--profile: {error}")
-    if views > MAX_VIEWS:
-        best = most_gpus(cluster.devices_per_node)
+    return cluster, views
+
+
+def _scaled_checked(parser: OneLineParser, args: argparse.Namespace, run: BenchRun) -> None:
+    """A run beyond :data:`MAX_VIEWS` views is planned by the search that scales:
+    its micro-batch count must be given and leave some replica count."""
+    from alpa_ir.pipeline.pipeline_replicas import planned_replica_counts
+
+    where = f"{run.name} on {_gpus(run.cluster.num_devices)}"
+    if run.micro_batches == "auto":
         parser.error(
-            f"{where}: too many GPUs to plan on {preset}: its {subs} submeshes have more "
-            f"than {MAX_VIEWS} logical mesh views, each priced for every layer (at most "
-            f"{best} GPUs on nodes of {cluster.devices_per_node})"
+            f"--micro-batches auto: {where} has more than {MAX_VIEWS} logical mesh views "
+            f"(at most {most_gpus(run.cluster.devices_per_node)} GPUs on nodes of "
+            f"{run.cluster.devices_per_node} for Alpa's full search) and is planned by the "
+            "search that scales, which takes one micro-batch count"
         )
-    return cluster
+    try:
+        planned_replica_counts(run.cluster, int(run.micro_batches))
+    except (AlpaError, PlanError) as error:
+        parser.error(
+            f"--gpus {run.cluster.num_devices}: {where} has more than {MAX_VIEWS} logical "
+            f"mesh views, so the search that scales plans it, and it cannot: {error}"
+        )
 
 
 def check_args(parser: OneLineParser, args: argparse.Namespace) -> list[BenchRun]:
@@ -606,12 +631,13 @@ def check_args(parser: OneLineParser, args: argparse.Namespace) -> list[BenchRun
     except AlpaError as error:
         parser.error(str(error))
     runs = []
-    clusters: dict[int, Cluster] = {}
+    clusters: dict[int, tuple[Cluster, int]] = {}
     for name in _model_names(parser, args):
         config = get_config(name)
         gpus = args.gpus if args.gpus is not None else int(config.num_gpus)
         if gpus not in clusters:
             clusters[gpus] = _bench_cluster_checked(parser, args, gpus, name)
+        cluster, views = clusters[gpus]
         batch = int(config.batch_size)
         micro = micro_batches_of(name, args.micro_batches)
         if micro != "auto" and batch % micro:  # type: ignore[operator]
@@ -626,9 +652,10 @@ def check_args(parser: OneLineParser, args: argparse.Namespace) -> list[BenchRun
                 )
             )
         layers = default_layers(name) if args.layers == "auto" else args.layers
-        runs.append(
-            BenchRun(name, clusters[gpus], layers, batch, micro, dtype_of(name, args.dtype))
-        )
+        run = BenchRun(name, cluster, layers, batch, micro, dtype_of(name, args.dtype), views)
+        if run.scaled:
+            _scaled_checked(parser, args, run)
+        runs.append(run)
     return runs
 
 
@@ -649,6 +676,67 @@ def _published_runs(parser: OneLineParser, args: argparse.Namespace) -> list[Pub
                 )
         rows = [r for r in rows if r.model in names]
     return rows
+
+
+def scaled_result(run: BenchRun, args: argparse.Namespace) -> dict[str, Any]:
+    """A run beyond :data:`MAX_VIEWS` views, planned by the search that scales
+    (``tools/bench_scaled.py``: data-parallel replicas of one pipeline), as a
+    result :func:`format_result` prints: the planner's plan only (no
+    baselines), ``search`` says which search planned it and why."""
+    from alpa_ir.tools.bench_scaled import plan_scaled
+
+    scaled = plan_scaled(
+        run.name,
+        run.cluster,
+        int(run.micro_batches),
+        layers=run.layers,
+        remat=args.remat,
+        zero=args.zero,
+        fusion=args.fusion,
+        memory_fallback=args.memory_fallback,
+        time_limit=args.time_limit,
+        cost_model=args.cost_model,
+        schedule=args.schedule,
+        workers=args.workers,
+        progress=not args.quiet,
+        epsilon=args.epsilon,
+        cross_stage_comm=args.cross_stage_comm,
+        dtype=run.dtype,
+    )
+    found, times = scaled.found, scaled.times
+    search = scaled.summary()
+    search["kind"] = "scaled"
+    search["note"] = (
+        f"search: scaled (Alpa's full space has more than {MAX_VIEWS} logical mesh views): "
+        f"{found.replicas} data-parallel replicas of a {found.pipeline.num_devices}-GPU "
+        f"pipeline, each {found.num_micro_batches} of the {run.micro_batches} micro-batches, "
+        f"gradients all-reduced across them ({found.sync_seconds:.4g} s); no baselines"
+    )
+    return {
+        "model": run.name,
+        "gpus": run.cluster.num_devices,
+        "cluster": run.cluster.name,
+        "num_micro_batches": int(run.micro_batches),
+        "layers": found.plan.stages[-1].last + 1,
+        "cost_mode": "layer-sum",
+        "submesh_space": "power-of-two",
+        "cross_stage_comm": args.cross_stage_comm,
+        "remat": args.remat,
+        "zero": args.zero,
+        "fusion": args.fusion,
+        "memory_fallback": args.memory_fallback,
+        "workers": args.workers,
+        "cache": {"hits": 0, "misses": scaled.pairs_costed},
+        "search": search,
+        "outcomes": [scaled.outcome.__dict__],
+        "compile_time": {
+            "clustering": times["trace"],
+            "costing": times["costing"],
+            "dp": times["dp"],
+            "other": times["simulate"],
+            "total": times["total"],
+        },
+    }
 
 
 def published_row(run: PublishedRun, args: argparse.Namespace) -> dict[str, Any]:
@@ -795,7 +883,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "method_settings": args.method_settings,
                 }
                 try:
-                    if run.micro_batches == "auto":
+                    if run.scaled:
+                        result = scaled_result(run, args)
+                    elif run.micro_batches == "auto":
                         candidates = batch_divisors(run.batch_size, max_micro_batches)
                         result = auto_micro_batches(run.name, candidates, **common)
                     else:

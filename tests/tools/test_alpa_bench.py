@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from alpa_ir.dialects.types import shape_of
-from alpa_ir.tools.alpa_bench import main
+from alpa_ir.tools.alpa_bench import format_result, main
 from alpa_ir.tools.bench_baselines import deepspeed_specs, deepspeed_views
 from alpa_ir.tools.bench_suite import (
     batch_divisors,
@@ -86,6 +86,32 @@ def test_tiny_bench_json(capsys: pytest.CaptureFixture[str]) -> None:
     times = result["compile_time"]
     assert times["total"] == pytest.approx(
         times["clustering"] + times["costing"] + times["dp"] + times["other"]
+    )
+
+
+def test_beyond_1024_views_the_search_that_scales_plans(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """1,024 GPUs of 8-GPU nodes have 1,746 views of Alpa's space: the run is
+    planned by the search that scales (replicas of one pipeline) and says so."""
+    argv = ["--models=mlp-tiny", "--gpus=1024", "--layers=2", "--micro-batches=8"]
+    assert main([*argv, "--workers=1", "--json", "--quiet"]) == 0
+    (result,) = json.loads(capsys.readouterr().out)
+    search = result["search"]
+    assert search["kind"] == "scaled"
+    assert search["replicas"] * search["pipeline_gpus"] == 1024
+    assert search["replica_counts"] == [2, 4, 8]  # pipelines of at most 512 GPUs
+    (alpa,) = result["outcomes"]
+    assert not alpa["error"] and math.isfinite(alpa["iteration_time"]) and alpa["pflops"] > 0
+    used = sum(s["submesh"][0] * s["submesh"][1] for s in alpa["stages"])
+    assert used == search["pipeline_gpus"]
+    assert (
+        format_result(result)
+        .splitlines()[-2]
+        .startswith(
+            f"  search: scaled (Alpa's full space has more than 1024 logical mesh views): "
+            f"{search['replicas']} data-parallel replicas"
+        )
     )
 
 
