@@ -78,7 +78,8 @@ class ParallelizedFunction:
                 method = place_like(method, self.fn, args)
             if not isinstance(method, ShardParallel):
                 self._cache[key] = method
-        _check_method(method)
+        if fresh:  # a call again finds its executable (a follower's method is resolved once)
+            _check_method(method)
         donate_argnums = resolve_donate_argnums(self.donate_argnums, len(args))
         if key not in self._cache and _is_pipeshard(method):
             from alpa_ir.api.pipeshard_executable import compile_pipeshard

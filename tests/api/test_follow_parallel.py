@@ -75,6 +75,7 @@ def test_create_state_puts_the_state_where_the_step_reads_it_and_follow_keeps_it
     eval_batch = _batch(64)
     loss = evaluate(state.params, eval_batch)
     np.testing.assert_allclose(loss, _eval_step(want.params, eval_batch), rtol=1e-5)
+    np.testing.assert_allclose(evaluate(state.params, eval_batch), loss)  # called again
     specs = evaluate.get_last_executable().get_input_placement_specs()[0]
     assert specs == train.get_last_executable().get_input_placement_specs()[0].params
 

@@ -554,3 +554,36 @@ def test_a_checkpoint_saved_through_a_local_cache_moves_in_the_background(
     assert (ckpt / "2").is_dir() and list(cache.iterdir()) == []
     back = alpa_ir.restore_checkpoint(ckpt, 2, state)
     np.testing.assert_array_equal(back["w"], state["w"])
+
+
+def test_a_train_step_and_its_follower_run_on_the_same_hosts(cluster: None) -> None:
+    """Alpa's use on a cluster: a train step and an evaluation step that
+    follows it (FollowParallel), both on the Ray hosts (the session's backend),
+    each compiled while the other holds the host's devices; the eval step
+    keeps the train step's parameter specs and both equal one device."""
+    from flax.training.train_state import TrainState
+
+    rng = np.random.default_rng(0)
+    params = {"w": jax.numpy.asarray(rng.normal(size=(16, 16)), jax.numpy.float32)}
+    state = TrainState.create(apply_fn=None, params=params, tx=optax.sgd(0.1))
+    batch = {"x": jax.numpy.asarray(rng.normal(size=(32, 16)), jax.numpy.float32)}
+
+    def loss(p: Any, b: dict[str, Any]) -> Any:
+        return jax.numpy.mean(jax.numpy.tanh(b["x"] @ p["w"]) ** 2)
+
+    def train_step(state: TrainState, b: dict[str, Any]) -> TrainState:
+        return state.apply_gradients(grads=jax.grad(loss)(state.params, b))
+
+    train = alpa_ir.parallelize(train_step, method=alpa_ir.ShardParallel(), donate_argnums=())
+    evaluate = alpa_ir.parallelize(loss, method=alpa_ir.FollowParallel(train))
+    want = jax.jit(train_step)(state, batch)
+    for _ in range(2):  # each executable runs while the other is loaded
+        new = train(state, batch)
+        np.testing.assert_allclose(evaluate(new.params, batch), loss(want.params, batch), rtol=1e-5)
+    np.testing.assert_allclose(new.params["w"], want.params["w"], rtol=1e-5, atol=1e-6)
+    assert train.get_last_executable().remote is not None
+    assert evaluate.get_last_executable().remote is not None
+    specs = evaluate.get_last_executable().get_input_placement_specs()[0]
+    assert specs == train.get_last_executable().get_input_placement_specs()[0].params
+    train.get_last_executable().close()
+    evaluate.get_last_executable().close()
