@@ -20,6 +20,7 @@ dies or fails stops all of them with an error naming the host.
 from __future__ import annotations
 
 import uuid
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -96,6 +97,9 @@ class RayHostGroup(RayWorkerGroup):
             stop_world(self.ray, hosts)
             found = self._start_world(hosts, timeout_s)
         self.hosts, self.workers = hosts, found
+        # an executable dropped without close() unloads its programs too
+        self.release = weakref.finalize(self, unload, list(found.values()), self.key)
+        self.release.atexit = False  # at exit the driver's Ray ends with the workers
 
     def _start_world(self, hosts: Sequence[Host], timeout_s: float) -> dict[str, Any]:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -134,12 +138,12 @@ class RayHostGroup(RayWorkerGroup):
     def close(self) -> None:
         """Done: the workers forget this executable's programs; they stay
         for the others (idempotent)."""
-        if not self.broken:
-            for worker in self.workers.values():
-                try:
-                    worker.unload.remote(self.key)
-                except Exception:  # the world stopped meanwhile
-                    pass
+        release = getattr(self, "release", None)
+        if release is not None:
+            if self.broken:
+                release.detach()  # the world is stopped: nothing to unload
+            else:
+                release()
         self.workers = {}
 
     def host_devices(self) -> dict[str, range]:
@@ -149,6 +153,15 @@ class RayHostGroup(RayWorkerGroup):
             out[host.name] = range(start, start + host.num_devices)
             start += host.num_devices
         return out
+
+
+def unload(workers: Sequence[Any], key: str) -> None:
+    """Ask ``workers`` to forget the programs of the executable ``key``."""
+    for worker in workers:
+        try:
+            worker.unload.remote(key)
+        except Exception:  # the world or the driver's Ray stopped meanwhile
+            pass
 
 
 def hosts_for(num_devices: int) -> list[Host]:

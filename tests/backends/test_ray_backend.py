@@ -5,6 +5,7 @@ both numbers, and shutdown leaves no process behind."""
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import subprocess
@@ -504,9 +505,22 @@ def test_executables_share_the_host_workers(cluster: None) -> None:
             np.testing.assert_allclose(
                 executable(x, w)[0], reference(x, w)[0], rtol=1e-5, atol=1e-6
             )
+        (worker,) = second.workers.values()
+
+        def loaded() -> set[str]:
+            return set(ray.get(worker.__ray_call__.remote(lambda self: list(self.pipelines))))
+
+        assert {first.key, second.key} <= loaded()
         first.close()
         with pytest.raises(AlpaError, match="closed"):
             first(x, w)
+        assert first.key not in loaded() and second.key in loaded()
+        dropped = _compile(two_mesh_module())
+        key = dropped.key
+        assert key in loaded()
+        del dropped  # never closed: its programs are unloaded when it is collected
+        gc.collect()
+        assert key not in loaded()
         np.testing.assert_allclose(second(x, w)[0], reference(x, w)[0], rtol=1e-5, atol=1e-6)
         fn, (state, batch) = tiny_step("mlp-tiny")
         method = alpa_ir.ShardParallel(alpa_ir.LogicalDeviceMesh((2, 4)), backend="ray")
