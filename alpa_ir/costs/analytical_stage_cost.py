@@ -21,9 +21,14 @@ Alpa compiles and profiles every stage-mesh pair; this model predicts instead:
 * **Memory** per device, from the plan's local shapes: parameters (the
   arguments ``param_args``), gradients (``gradient_factor`` × parameters),
   optimizer state (``optimizer_state_factor`` × parameters; Adam keeps m and v:
-  2) and the activations one micro-batch keeps: the peak of the live
-  intermediate values in program order (results live to the end), which for a
-  forward+backward function is the stash between forward and backward.
+  2) and the activations one micro-batch keeps: the values its forward
+  leaves for its backward (live across the forward's last op, the function's
+  first-produced result; results live to the end), while the rest of the
+  peak of the live values in program order (the backward's own temporaries)
+  is a transient held once, not per micro-batch in flight (Wide-ResNet 250M
+  without remat, 48 micro-batches of 32 images on one V100: 11.0 GiB here
+  against the artifact's measured 11.9 GiB peak; 19.1 GiB when every
+  micro-batch in flight was charged the whole peak).
   A stage with ``s`` stages after it holds ``s + 1`` micro-batches under 1F1B,
   so ``max_stages_after = ⌊(memory − persistent − transient − act) / act⌋``
   (Eq. 5; the transient is 0 without rematerialization).
@@ -94,6 +99,7 @@ from alpa_ir.costs.function_plan import (
     bound_cost_model,
     collective_time,
     deferred_collectives,
+    forward_end,
     forward_inputs,
     function_dimensions,
     param_args_of,
@@ -101,7 +107,7 @@ from alpa_ir.costs.function_plan import (
     replication,
 )
 from alpa_ir.costs.fusion import BlockFusion
-from alpa_ir.costs.live_memory import peak_live_bytes
+from alpa_ir.costs.live_memory import live_across, peak_live_bytes
 from alpa_ir.costs.stage_cost import (
     FORWARD_SHARE,
     MEMORY_FALLBACK_FROM,
@@ -409,11 +415,21 @@ class AnalyticalStageCostModel:
         full = peak_live_bytes(
             block, set(params), nbytes, fusion=self.options.fusion, decisions=decisions
         )
-        activations, transient = full, 0.0
         if self.options.remat:
             inputs = forward_inputs(block, set(params))
             kept = sum(nbytes(block.args[k]) for k in inputs)
-            activations, transient = min(kept, full), max(full - kept, 0.0)
+        else:
+            # what the forward leaves for the backward; the backward's own
+            # temporaries are held once, not per micro-batch in flight
+            kept = live_across(
+                block,
+                set(params),
+                nbytes,
+                forward_end(block),
+                fusion=self.options.fusion,
+                decisions=decisions,
+            )
+        activations, transient = min(kept, full), max(full - kept, 0.0)
         return StageMemory(
             parameters=parameters,
             gradients=partitioned * self.options.gradient_factor,

@@ -70,6 +70,21 @@ def function_dimensions(function: func.FuncOp) -> frozenset[int]:
     return frozenset(sizes)
 
 
+def forward_end(block: Block) -> int:
+    """The position of a forward+backward function's first-produced result
+    among its ops (the forward's output: the end of its forward pass, see
+    :func:`forward_inputs`); the number of ops if no op produces a result."""
+    ops = list(block.ops)
+    position = {op: i for i, op in enumerate(ops)}
+    returned = block.last_op.operands if block.last_op is not None else ()
+    produced = [
+        position[v.owner]
+        for v in returned
+        if isinstance(v.owner, Operation) and v.owner in position
+    ]
+    return min(produced, default=len(ops))
+
+
 def forward_inputs(block: Block, params: set[int]) -> list[int]:
     """The non-parameter arguments a forward+backward function needs for its
     forward pass (what remat keeps), as opposed to the gradients it receives
@@ -86,13 +101,7 @@ def forward_inputs(block: Block, params: set[int]) -> list[int]:
             op = op.parent_op()  # type: ignore[assignment]
         return op
 
-    returned = block.last_op.operands if block.last_op is not None else ()
-    produced = [
-        position[v.owner]
-        for v in returned
-        if isinstance(v.owner, Operation) and v.owner in position
-    ]
-    first_output = min(produced, default=len(ops))
+    first_output = forward_end(block)
     out = []
     for k, arg in enumerate(block.args):
         if k in params or not arg.uses:

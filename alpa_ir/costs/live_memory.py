@@ -25,6 +25,12 @@ def peak_live_bytes(
     if fusion:
         ranges = fused_live_ranges(block, excluded_args, decisions)
         return _peak([(nbytes(v), born, last) for v, born, last in ranges], len(block.ops))
+    plain = _plain_ranges(block, excluded_args)
+    return _peak([(nbytes(value), born, last) for value, born, last in plain], len(block.ops))
+
+
+def _plain_ranges(block: Block, excluded_args: set[int]) -> list[tuple[SSAValue, int, int]]:
+    """Every value's (value, born, last use) in program order, without fusion."""
     ops = list(block.ops)
     position = {op: i for i, op in enumerate(ops)}
     end = len(ops)
@@ -44,7 +50,7 @@ def peak_live_bytes(
         (a, 0) for k, a in enumerate(block.args) if k not in excluded_args
     ]
     values += [(r, i) for i, op in enumerate(ops) for r in op.results]
-    ranges = merge_identity_ranges(
+    return merge_identity_ranges(
         block,
         [
             (value, born, last_use(value, born))
@@ -52,7 +58,30 @@ def peak_live_bytes(
             if value.uses or born != 0 or not isinstance(value.owner, Block)  # not unused
         ],
     )
-    return _peak([(nbytes(value), born, last) for value, born, last in ranges], end)
+
+
+def live_across(
+    block: Block,
+    excluded_args: set[int],
+    nbytes: object,
+    boundary: int,
+    *,
+    fusion: bool = False,
+    decisions: BlockFusion | None = None,
+) -> float:
+    """Bytes of the values (as :func:`peak_live_bytes` counts them) made at or
+    before op ``boundary`` and still read after it: what a forward+backward
+    function holds between its forward and its backward (the stash) when
+    ``boundary`` is its forward's last op."""
+    assert callable(nbytes)
+    if fusion:
+        ranges = [
+            (nbytes(v), born, last)
+            for v, born, last in fused_live_ranges(block, excluded_args, decisions)
+        ]
+    else:
+        ranges = [(nbytes(v), born, last) for v, born, last in _plain_ranges(block, excluded_args)]
+    return sum(size for size, born, last in ranges if born <= boundary < last)
 
 
 def _peak(ranges: list[tuple[float, int, int]], end: int) -> float:

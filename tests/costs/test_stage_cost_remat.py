@@ -30,12 +30,11 @@ def test_remat_keeps_the_inputs_and_pays_one_forward() -> None:
     # Kept per micro-batch: the input batch only; the rest of the stash is transient.
     assert remat.memory.activations == BATCH * HIDDEN * 4
     assert remat.memory.activations < plain.memory.activations
-    assert remat.memory.transient == pytest.approx(
-        plain.memory.activations - remat.memory.activations
-    )
+    full = plain.memory.activations + plain.memory.transient  # one micro-batch's peak
+    assert remat.memory.transient == pytest.approx(full - remat.memory.activations)
     assert remat.memory.peak(1) == pytest.approx(plain.memory.peak(1))
     assert remat.memory.peak(4) < plain.memory.peak(4)
-    assert plain.memory.transient == 0.0 and plain.recompute_time == 0.0
+    assert plain.recompute_time == 0.0
     # One more forward pass: a third of the compute and memory traffic.
     extra = FORWARD_SHARE * (plain.compute_time + plain.memory_time)
     assert remat.recompute_time == pytest.approx(extra)
@@ -44,6 +43,33 @@ def test_remat_keeps_the_inputs_and_pays_one_forward() -> None:
     # The transient counts once in Eq. 5, the kept inputs once per later stage.
     budget = remat.memory.persistent + remat.memory.transient + 3.5 * remat.memory.activations
     assert remat.max_stages_after(budget) == 2
+
+
+def test_without_remat_a_micro_batch_keeps_its_stash_and_the_backward_temporaries_once() -> None:
+    """Without remat a micro-batch in flight holds what its forward leaves for
+    its backward (the stash); the backward's own temporaries (the gradients
+    it makes on the way) are held by one micro-batch at a time, as the
+    recomputed stash is with remat: not once per micro-batch in flight."""
+    from alpa_ir.costs.live_memory import peak_live_bytes
+
+    c = _cluster()
+    mesh = c.logical_mesh((1, 1))
+    stage = _stage(0)
+    plain = AnalyticalStageCostModel().stage_cost(stage, mesh, c, param_args=(0, 1))
+    m = plain.memory
+    block = stage.body.block
+    full = peak_live_bytes(block, {0, 1}, _bytes)
+    assert m.activations + m.transient == pytest.approx(full)
+    assert m.transient > 0 and m.activations >= BATCH * HIDDEN * 4  # at least the input
+    # four micro-batches in flight: four stashes and one set of temporaries
+    assert m.peak(4) == pytest.approx(m.persistent + m.transient + 4 * m.activations)
+    assert m.peak(4) < m.persistent + 4 * full
+
+
+def _bytes(value: object) -> float:
+    import math
+
+    return float(math.prod(shape_of(value.type)) * 4)  # type: ignore[attr-defined]
 
 
 def test_remat_keeps_the_activation_in_not_the_gradient_in() -> None:
