@@ -55,7 +55,9 @@ class ScaledResult:
     views: int
     pairs_costed: int
     times: dict[str, float] = field(default_factory=dict)
-    """Wall seconds (trace, costing, dp, simulate, total) and ``cpu``: CPU seconds."""
+    """Wall seconds (trace, costing, dp, simulate, total), ``cpu``: CPU seconds
+    of it all, and the CPU seconds of each part (``cpu_trace``, ``cpu_costing``
+    with the workers', ``cpu_dp``, ``cpu_simulate``)."""
 
     def summary(self) -> dict[str, Any]:
         """JSON figures: replicas, pipeline, views, times, peak memory."""
@@ -130,7 +132,7 @@ def plan_scaled(
     cpu0, t0 = cpu_seconds(), time.perf_counter()
     with StartedWorkers(early_workers(flops, workers)) as started:
         module = trace(name, num_micro_batches, layers, dtype)
-        t1 = time.perf_counter()
+        t1, cpu1 = time.perf_counter(), cpu_seconds()
         ranges = LayerRanges(main_function(module))
         table = scaled_cost_table(
             ranges,
@@ -142,7 +144,7 @@ def plan_scaled(
             phase_flops=layer_phase_flops(ranges),
             started=started,
         )
-    t2 = time.perf_counter()
+    t2, cpu2 = time.perf_counter(), cpu_seconds()
     found = plan_replicated(
         table,
         cluster,
@@ -154,7 +156,7 @@ def plan_scaled(
         cross_stage_comm=cross_stage_comm,
         remat=remat,
     )
-    t3 = time.perf_counter()
+    t3, cpu3 = time.perf_counter(), cpu_seconds()
     r = found.replicas
     plan = found.plan
     alpa = outcome(
@@ -171,14 +173,18 @@ def plan_scaled(
     if not alpa.error:
         alpa.iteration_time += found.sync_seconds
         alpa.pflops = flops / alpa.iteration_time / 1e15
-    t4 = time.perf_counter()
+    t4, cpu4 = time.perf_counter(), cpu_seconds()
     times = {
         "trace": t1 - t0,
         "costing": t2 - t1,
         "dp": t3 - t2,
         "simulate": t4 - t3,
         "total": t4 - t0,
-        "cpu": cpu_seconds() - cpu0,
+        "cpu": cpu4 - cpu0,
+        "cpu_trace": cpu1 - cpu0,
+        "cpu_costing": cpu2 - cpu1,
+        "cpu_dp": cpu3 - cpu2,
+        "cpu_simulate": cpu4 - cpu3,
     }
     views = sum(len(v) for v in table.views.values())
     return ScaledResult(found, alpa, views, table.pairs_costed, times)

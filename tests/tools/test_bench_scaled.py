@@ -29,3 +29,5 @@ def test_a_cluster_beyond_the_full_search_gets_a_replicated_plan() -> None:
     summary = result.summary()
     assert summary["replicas"] == found.replicas and summary["views"] == result.views
     assert summary["time"]["cpu"] > 0 and summary["peak_rss_gib"]["planner"] > 0
+    parts = [summary["time"][f"cpu_{p}"] for p in ("trace", "costing", "dp", "simulate")]
+    assert min(parts) >= 0 and math.isclose(sum(parts), summary["time"]["cpu"])
