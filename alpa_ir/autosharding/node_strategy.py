@@ -83,6 +83,19 @@ class GroupRenaming:
         self.new_op = dict(zip(first, ops, strict=True))
         self.old_op = dict(zip(ops, first, strict=True))
 
+    @classmethod
+    def of_maps(
+        cls, ops: Mapping[Operation, Operation], values: Mapping[SSAValue, SSAValue]
+    ) -> GroupRenaming:
+        """The renaming given by its maps from old to new ops and values (a
+        whole function onto its copy: :mod:`alpa_ir.autosharding.graph_copy`)."""
+        renaming = cls([], [])
+        renaming.new_op = dict(ops)
+        renaming.old_op = {b: a for a, b in ops.items()}
+        renaming.new_value = dict(values)
+        renaming.old_value = {b: a for a, b in values.items()}
+        return renaming
+
     def new_operand(self, key: OperandKey) -> OperandKey:
         return self.new_op[key[0]], key[1]
 

@@ -52,6 +52,7 @@ from alpa_ir.autosharding.cost_model import (
     prices_by_devices,
 )
 from alpa_ir.autosharding.graph import GraphBuilder, StrategyCache, StrategyGraph
+from alpa_ir.autosharding.graph_copy import ModuleCopy, copy_module
 from alpa_ir.autosharding.hints import HINT_COST_ATTR, hint_specs
 from alpa_ir.autosharding.problem import Aliasing, build_problem
 from alpa_ir.autosharding.resharding import INF, ReshardCoster, ReshardOptions
@@ -176,13 +177,30 @@ class ShardingPlanner:
     def _data_parallel(self) -> bool:
         return self.options.force_data_parallel or self.options.strategy_space == "data-parallel"
 
-    def plan(self, ctx: Context, op: ModuleOp, cache: StrategyCache | None = None) -> None:
+    def plan(
+        self,
+        ctx: Context,
+        op: ModuleOp,
+        cache: StrategyCache | None = None,
+        variant: ShardingOptions | None = None,
+    ) -> PlanVariant | None:
         """Plan ``op``'s ``@main`` (module docstring), with the strategies memoized
         in ``cache`` (a cache of the module's mesh and of these options' cost
         model and reshard options, from :meth:`strategy_cache`; shared when
         many functions are planned on one mesh, e.g. by the stage cost model).
         Statistics are recorded under ``auto-sharding``. Without
-        ``prefer-reduce-scatter``'s rewrite: the pass runs that after."""
+        ``prefer-reduce-scatter``'s rewrite: the pass runs that after.
+
+        ``variant``: options that differ from these at most in
+        :data:`VARIANT_FIELDS` (which strategies the arguments may take, the
+        solver's time limit and gap). A copy of ``op`` is then taken before
+        the plan is written, and the returned :class:`PlanVariant` plans that
+        copy under ``variant`` on request, from this plan's strategy graph
+        (None without ``variant``, and with the user's sharding hints)."""
+        if variant is not None and not _differs_in_variant_fields(self.options, variant):
+            raise AlpaError(
+                "auto-sharding: a plan variant may change only " + ", ".join(sorted(VARIANT_FIELDS))
+            )
         registry = registry_of(ctx)
         function = main_function(op)
         mesh = function_mesh(op, function)
@@ -305,11 +323,7 @@ class ShardingPlanner:
             tied = tie_repeated(problem)
 
         def solve(problem: ILPProblem, tied: TiedProblem | None) -> ILPSolution:
-            if tied is None:
-                return solver.solve(problem, time_limit=self.options.time_limit)  # type: ignore[attr-defined, no-any-return]
-            shared = solver.solve(tied.problem, time_limit=self.options.time_limit)  # type: ignore[attr-defined]
-            choice = tied.expand(shared.choice)
-            return replace(shared, choice=choice, objective=evaluate(problem, choice))
+            return solve_ilp(solver, problem, tied, self.options.time_limit)
 
         label = (
             f"auto-sharding: solving the ILP of {problem.num_nodes} nodes ({self.options.solver})"
@@ -336,6 +350,18 @@ class ShardingPlanner:
                 ctx, STATISTICS_NAME, "hint-cost", max(cost, 0.0),
                 "objective the user's sharding hints add to the plan without them",
             )  # fmt: skip
+        later = None
+        if variant is not None and not hints:
+            other = ShardingPlanner(variant, self.scaled_ops)
+            later = PlanVariant(
+                copy_module(op),
+                graph,
+                problem,
+                tied is not None,
+                other,
+                other._solver(registry.get("solvers", variant.solver)()),
+                other._arg_cost(mesh, batch, given),
+            )
         apply_plan(function, graph, solution.choice, aliases_of(function))
         function.attributes[OBJECTIVE_ATTR] = FloatAttr(objective, f64)
         record_statistic(ctx, STATISTICS_NAME, "num-nodes", len(graph.nodes), "nodes of the ILP")
@@ -343,6 +369,7 @@ class ShardingPlanner:
         record_statistic(
             ctx, STATISTICS_NAME, "solve-time", solution.solve_time, "seconds in the ILP solver"
         )
+        return later
 
     def _price_baselines(
         self,
@@ -421,6 +448,69 @@ class ShardingPlanner:
             return REPLICATED_PARAMETER_PENALTY / shards
 
         return cost
+
+
+VARIANT_FIELDS = frozenset({"allow_replicated_parameters", "time_limit", "mip_gap"})
+"""The options a :class:`PlanVariant` may change: they leave the strategy graph
+as it is but for the arguments' strategy costs (``_arg_cost``)."""
+
+
+def _differs_in_variant_fields(a: ShardingOptions, b: ShardingOptions) -> bool:
+    return replace(b, **{f: getattr(a, f) for f in VARIANT_FIELDS}) == a
+
+
+def solve_ilp(
+    solver: object, problem: ILPProblem, tied: TiedProblem | None, time_limit: float
+) -> ILPSolution:
+    """``problem`` solved by ``solver`` (through ``tied``, its repeated layers
+    sharing variables, if given)."""
+    if tied is None:
+        return solver.solve(problem, time_limit=time_limit)  # type: ignore[attr-defined, no-any-return]
+    shared = solver.solve(tied.problem, time_limit=time_limit)  # type: ignore[attr-defined]
+    choice = tied.expand(shared.choice)
+    return replace(shared, choice=choice, objective=evaluate(problem, choice))
+
+
+@dataclass(frozen=True)
+class PlanVariant:
+    """A second plan of a planned module under other options
+    (:meth:`ShardingPlanner.plan`'s ``variant``), made on request from the
+    first plan's strategy graph and ILP: the arguments' strategies priced
+    again by the variant's options, the ILP solved again with its solver,
+    and the plan written into ``copy``, the module as it was before the
+    first plan. The same plan as planning ``copy`` with those options from
+    the start, which would build the same graph again (its nodes, their
+    strategies and the edges' matrices are those options' too)."""
+
+    copy: ModuleCopy
+    graph: StrategyGraph
+    problem: ILPProblem
+    tied: bool
+    planner: ShardingPlanner
+    solver: object
+    arg_cost: Callable[[int, SSAValue, ShardingSpec], float]
+
+    def plan(self) -> ModuleOp:
+        """The copy, planned under the variant's options (an :class:`AlpaError`
+        where they leave no plan, as planning it from the start would)."""
+        costs = list(self.problem.node_costs)
+        for node in self.graph.nodes:
+            if node.arg is not None:
+                k = node.arg.index  # type: ignore[attr-defined]
+                costs[node.index] = np.array(
+                    [self.arg_cost(k, node.arg, s.value_specs[node.arg]) for s in node.strategies],
+                    dtype=np.float64,
+                )
+        problem = replace(self.problem, node_costs=tuple(costs))
+        tied = tie_repeated(problem) if self.tied else None
+        options = self.planner.options
+        solution = solve_ilp(self.solver, problem, tied, options.time_limit)
+        graph, choice = self.copy.graph_of_choice(self.graph, solution.choice)
+        function = self.copy.function
+        apply_plan(function, graph, choice, aliases_of(function))
+        objective = _without_tie_breaks(solution.objective, self.graph, solution.choice)
+        function.attributes[OBJECTIVE_ATTR] = FloatAttr(objective, f64)
+        return self.copy.module
 
 
 def batch_leaves_with_rows(function: func.FuncOp, batch: Sequence[int]) -> set[int]:
@@ -503,9 +593,12 @@ __all__ = [
     "OBJECTIVE_ATTR",
     "SHARE_LAYERS_FROM",
     "SHARE_PAIRS_FROM",
+    "VARIANT_FIELDS",
+    "PlanVariant",
     "ShardingOptions",
     "ShardingPlanner",
     "aliases_of",
     "int_list",
     "share_automatically",
+    "solve_ilp",
 ]

@@ -104,6 +104,7 @@ from alpa_ir.costs.function_plan import (
     function_dimensions,
     param_args_of,
     plan_function,
+    plan_function_and_variant,
     replication,
 )
 from alpa_ir.costs.fusion import BlockFusion
@@ -262,21 +263,38 @@ class AnalyticalStageCostModel:
         cluster: Cluster,
         params: tuple[int, ...],
     ) -> StageCost:
-        cost = self._plan_and_price(function, mesh, cluster, params, self.options)
-        if not (self.options.memory_fallback and mesh.size > 1 and params):
-            return cost
-        if cost.memory.persistent < cluster.device_memory * MEMORY_FALLBACK_FROM:
-            return cost
+        threshold = cluster.device_memory * MEMORY_FALLBACK_FROM
+        if not (
+            self.options.memory_fallback
+            and mesh.size > 1
+            and params
+            and _persistent_at_most(function, params, self.options) >= threshold
+        ):
+            return self._plan_and_price(function, mesh, cluster, params, self.options)
         sharded_options = replace(
             self.options,
             allow_replicated_parameters=False,
             time_limit=min(self.options.time_limit, MEMORY_FALLBACK_TIME_LIMIT),
             mip_gap=max(self.options.mip_gap, MEMORY_FALLBACK_MIP_GAP),
         )
+        # The second plan differs from the first only in the parameters'
+        # strategies: it is made from the first one's strategy graph.
+        planned, sharded_plan = plan_function_and_variant(
+            function, mesh, self.options, sharded_options, self._strategies, cluster=cluster
+        )
+        cost = self.price_planned(planned, mesh, cluster, params, self.options)
+        if cost.memory.persistent < threshold:
+            return cost
         try:
-            sharded = self._plan_and_price(function, mesh, cluster, params, sharded_options)
+            if sharded_plan is not None:
+                sharded_function = sharded_plan()
+            else:
+                sharded_function = plan_function(
+                    function, mesh, sharded_options, self._strategies, cluster=cluster
+                )
         except AlpaError:
             return cost  # some parameter cannot be sharded on this mesh
+        sharded = self.price_planned(sharded_function, mesh, cluster, params, sharded_options)
         if sharded.memory.persistent >= cost.memory.persistent:
             return cost
         return replace(cost, memory_saving=sharded)
@@ -437,6 +455,18 @@ class AnalyticalStageCostModel:
             activations=activations,
             transient=transient,
         )
+
+
+def _persistent_at_most(
+    function: func.FuncOp, params: tuple[int, ...], options: StageCostOptions
+) -> float:
+    """The most persistent bytes any plan of ``function`` holds per device:
+    its parameters whole, with their gradients and optimizer state."""
+    args = function.body.block.args
+    whole = sum(
+        float(math.prod(shape_of(args[k].type)) * dtype_of(args[k].type).itemsize) for k in params
+    )
+    return whole * (1.0 + options.gradient_factor + options.optimizer_state_factor)
 
 
 def _spread(cost: StageCost, replicas: int) -> StageCost:

@@ -5,7 +5,7 @@ the argument specs it keeps, and the time of the plan's collectives."""
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +45,7 @@ from alpa_ir.hardware.device_mesh import LogicalDeviceMesh
 from alpa_ir.ir.module_utils import main_function
 
 if TYPE_CHECKING:
+    from alpa_ir.autosharding.planner import ShardingOptions
     from alpa_ir.plugins.registry import PluginRegistry
 
 
@@ -182,6 +183,29 @@ def plan_function(
     planner is :class:`~alpa_ir.autosharding.planner.ShardingPlanner` (the
     library of ``auto-sharding``) with ``registry``'s rules, cost models and
     solvers (default: the default registry)."""
+    planned, _ = plan_function_and_variant(
+        function, mesh, options, None, strategy_caches, statistics, registry, cluster
+    )
+    return planned
+
+
+def plan_function_and_variant(
+    function: func.FuncOp,
+    mesh: LogicalDeviceMesh,
+    options: StageCostOptions,
+    variant: StageCostOptions | None,
+    strategy_caches: dict[tuple[object, ...], StrategyCache] | None = None,
+    statistics: list[Any] | None = None,
+    registry: PluginRegistry | None = None,
+    cluster: Cluster | None = None,
+) -> tuple[func.FuncOp, Callable[[], func.FuncOp] | None]:
+    """:func:`plan_function`, and where ``variant`` is given (options that
+    differ only in what :data:`~alpa_ir.autosharding.planner.VARIANT_FIELDS`
+    names, e.g. ``allow_replicated_parameters``), a function that returns
+    another copy planned with ``variant``'s options, from the first plan's
+    strategy graph (:class:`~alpa_ir.autosharding.planner.PlanVariant`: the
+    same plan as ``plan_function`` with ``variant`` gives, without building
+    the graph again). None instead where the planner cannot make one."""
     from alpa_ir.autosharding.planner import ShardingPlanner
     from alpa_ir.ir.context import make_context
     from alpa_ir.plugins.registry import default_registry
@@ -216,11 +240,15 @@ def plan_function(
     mesh_op = ilp_mesh.to_op("mesh")
     clone.attributes[MESH_ATTR] = FlatSymbolRefAttr("mesh")
     module = ModuleOp([*([cluster.to_op()] if cluster is not None else []), mesh_op, clone])
-    sharding = options.sharding_options()
-    if options.num_micro_batches > 1 and accumulation_of(clone) is not None:
-        # the per-micro-batch ops weigh B times what the gradients' reductions do
-        sharding = replace(sharding, compute_grad_scale=float(options.num_micro_batches))
-    planner = ShardingPlanner(sharding, scaled_ops=per_micro_batch_ops)
+    scaled = options.num_micro_batches > 1 and accumulation_of(clone) is not None
+
+    def sharding_options(options: StageCostOptions) -> ShardingOptions:
+        sharding = options.sharding_options()
+        if scaled:  # the per-micro-batch ops weigh B times what the gradients' reductions do
+            sharding = replace(sharding, compute_grad_scale=float(options.num_micro_batches))
+        return sharding
+
+    planner = ShardingPlanner(sharding_options(options), scaled_ops=per_micro_batch_ops)
     ctx = make_context(registry)
     ctx.statistics = statistics
     cache = None
@@ -237,8 +265,10 @@ def plan_function(
         cache = strategy_caches.get(key)
         if cache is None:
             cache = strategy_caches[key] = planner.strategy_cache(ctx, ilp_mesh, model)
-    planner.plan(ctx, module, cache)
-    return main_function(module)
+    later = planner.plan(ctx, module, cache, None if variant is None else sharding_options(variant))
+    if later is None:
+        return main_function(module), None
+    return main_function(module), lambda: main_function(later.plan())
 
 
 def accumulation_of(function: func.FuncOp) -> StepPartition | None:

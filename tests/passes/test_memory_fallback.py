@@ -102,13 +102,13 @@ def test_the_second_plan_is_solved_to_the_fallback_gap_within_its_time_limit(
     from alpa_ir.costs.stage_cost import MEMORY_FALLBACK_MIP_GAP, MEMORY_FALLBACK_TIME_LIMIT
 
     seen: list[StageCostOptions] = []
-    real = analytical_stage_cost.plan_function
+    real = analytical_stage_cost.plan_function_and_variant
 
-    def spy(function, mesh, options, *args, **kwargs):  # type: ignore[no-untyped-def]
-        seen.append(options)
-        return real(function, mesh, options, *args, **kwargs)
+    def spy(function, mesh, options, variant, *args, **kwargs):  # type: ignore[no-untyped-def]
+        seen.extend([options, variant])  # the second plan is made from the first's graph
+        return real(function, mesh, options, variant, *args, **kwargs)
 
-    monkeypatch.setattr(analytical_stage_cost, "plan_function", spy)
+    monkeypatch.setattr(analytical_stage_cost, "plan_function_and_variant", spy)
     c = _small_cluster(devices=2, memory=SMALL_MEMORY)
     function, params = _middle_layer()
     for gap in (0.01, 0.2):
