@@ -342,6 +342,9 @@ def run(work: Path, files: Sequence[str], timeout: float) -> list[tuple[str, str
     env = dict(
         os.environ,
         PYTHONPATH=os.pathsep.join([str(work / "shim"), os.environ.get("PYTHONPATH", "")]),
+        # pytest's summary fits each line to the terminal: a long test id leaves
+        # no room for its reason, which then must not be another test's
+        COLUMNS="1000",
     )
     rows = []
     for name in files:

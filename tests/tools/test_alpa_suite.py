@@ -88,6 +88,32 @@ def test_alpa_tests_run_unchanged_through_the_shim(tmp_path: Path) -> None:
     }, rows
 
 
+_LONG_IDS = """
+import unittest
+
+
+class AVeryLongTestCaseNameAsAlpasOwnFollowParallelTest(unittest.TestCase):
+    def test_the_first_failure_with_a_long_name(self):
+        raise ValueError("the first reason")
+
+    def test_the_second_failure_with_a_long_name(self):
+        raise KeyError("the second reason")
+"""
+
+
+def test_each_failure_is_reported_with_its_own_reason(tmp_path: Path) -> None:
+    """Test ids longer than a terminal line (Alpa's runtime tests): each row
+    keeps its own reason, not the first error line of its file."""
+    alpa = _checkout(tmp_path / "alpa")
+    (alpa / "tests" / "shard_parallel" / "test_x.py").write_text(_LONG_IDS)
+    work = tmp_path / "work"
+    build(alpa, work)
+    rows = run(work, ["tests/shard_parallel/test_x.py"], timeout=600)
+    why = {test.rsplit("::", 1)[-1]: reason for _, test, reason in rows}
+    assert "the first reason" in why["test_the_first_failure_with_a_long_name"], rows
+    assert "the second reason" in why["test_the_second_failure_with_a_long_name"], rows
+
+
 def test_a_folder_without_alpa_tests_is_refused(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "alpa_ir.tools.alpa_suite", "--alpa", str(tmp_path)],
