@@ -747,9 +747,8 @@ def published_row(run: PublishedRun, args: argparse.Namespace) -> dict[str, Any]
     ``alpa.time`` is the planning's wall seconds, ``alpa.cpu`` its CPU seconds
     (this process and the costing workers)."""
     from alpa_ir.pipeline.pipeline_replicas import search_kind
-    from alpa_ir.tools.bench_outcome import Outcome
     from alpa_ir.tools.bench_published import figures, run_published
-    from alpa_ir.tools.bench_scaled import cpu_seconds, peak_rss_gib, plan_scaled
+    from alpa_ir.tools.bench_scaled import peak_rss_gib, plan_scaled
 
     row = run_published(
         run,
@@ -791,22 +790,24 @@ def published_row(run: PublishedRun, args: argparse.Namespace) -> dict[str, Any]
         replicas = (
             f"{scaled.found.replicas} x {scaled.found.pipeline.num_devices} GPUs, B={micro}, "
         )
-    else:
-        cpu0 = cpu_seconds()
-        result = bench_model(
+    else:  # Alpa's plan alone (alpa-bench's baselines are not the planner's time)
+        full = plan_scaled(
             run.model,
             cluster,
-            num_micro_batches=row["num_micro_batches"],
+            row["num_micro_batches"],
             layers=default_layers(run.model),
-            cost_mode=args.cost_mode,
+            full=True,
             submesh_space=args.submesh_space,
+            cost_mode=args.cost_mode,
             **common,  # type: ignore[arg-type]
         )
-        cpu = cpu_seconds() - cpu0
-        alpa = Outcome(**result["outcomes"][0])
-        wall = result["compile_time"]["total"]
+        alpa, wall, cpu = full.outcome, full.times["total"], full.times["cpu"]
         planner, worker = peak_rss_gib()
-        search = {"full": True, "peak_rss_gib": {"planner": planner, "worker": worker}}
+        search = {
+            "full": True,
+            "time": dict(full.times),
+            "peak_rss_gib": {"planner": planner, "worker": worker},
+        }
         replicas = ""
     plan = " | ".join(
         f"L{s['layers'][0]}-{s['layers'][1]} {s['submesh'][0]}x{s['submesh'][1]}"

@@ -93,12 +93,20 @@ def plan_scaled(
     cross_stage_comm: bool = False,
     max_pipeline_gpus: int = DEFAULT_MAX_PIPELINE_DEVICES,
     dtype: str | None = None,
+    full: bool = False,
+    submesh_space: str = "all",
+    cost_mode: str = "layer-sum",
 ) -> ScaledResult:
     """Zoo model ``name`` on ``cluster`` at ``num_micro_batches`` micro-batches,
-    planned by the scaled search and simulated (module docstring)."""
+    planned by the scaled search and simulated (module docstring). ``full``:
+    by the full search instead (one replica: the stage DP on a table of the
+    whole cluster, ``submesh_space`` and ``cost_mode`` as ``construct-stages``
+    takes them), Alpa's plan alone, without the baselines ``alpa-bench``
+    prices beside it."""
     from alpa_ir.costs.analytical_stage_cost import AnalyticalStageCostModel
     from alpa_ir.costs.costing_workers import StartedWorkers
     from alpa_ir.costs.function_plan import bound_cost_model
+    from alpa_ir.costs.stage_table import cost_table
     from alpa_ir.ir.module_utils import main_function
     from alpa_ir.models.train_step import train_step_flops
     from alpa_ir.pipeline.layer_phases import layer_phase_flops
@@ -113,11 +121,11 @@ def plan_scaled(
     from alpa_ir.tools.bench_outcome import outcome
     from alpa_ir.tools.bench_suite import bench_optimizer, early_workers, trace
 
-    counts = planned_replica_counts(cluster, num_micro_batches, max_pipeline_gpus)
+    counts = (1,) if full else planned_replica_counts(cluster, num_micro_batches, max_pipeline_gpus)
     stage_pass = default_registry().get_pass("construct-stages")(
         cluster=cluster.name,
         num_micro_batches=num_micro_batches,
-        cost_mode="layer-sum",
+        cost_mode=cost_mode if full else "layer-sum",
         remat=remat,
         zero=zero,
         fusion=fusion,
@@ -134,16 +142,18 @@ def plan_scaled(
         module = trace(name, num_micro_batches, layers, dtype)
         t1, cpu1 = time.perf_counter(), cpu_seconds()
         ranges = LayerRanges(main_function(module))
-        table = scaled_cost_table(
-            ranges,
-            cluster,
-            AnalyticalStageCostModel(options),
-            counts,
-            workers=workers,
-            progress=progress,
-            phase_flops=layer_phase_flops(ranges),
-            started=started,
-        )
+        model = AnalyticalStageCostModel(options)
+        costing: dict[str, Any] = {
+            "workers": workers,
+            "progress": progress,
+            "phase_flops": layer_phase_flops(ranges),
+            "started": started,
+        }
+        if full:
+            space = {"space": submesh_space, "cost_mode": cost_mode}
+            table = cost_table(ranges, cluster, model, **space, **costing)
+        else:
+            table = scaled_cost_table(ranges, cluster, model, counts, **costing)
     t2, cpu2 = time.perf_counter(), cpu_seconds()
     found = plan_replicated(
         table,

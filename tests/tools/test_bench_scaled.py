@@ -8,7 +8,7 @@ import math
 
 from alpa_ir.pipeline.pipeline_replicas import search_kind
 from alpa_ir.tools.bench_scaled import plan_scaled
-from alpa_ir.tools.bench_suite import bench_cluster
+from alpa_ir.tools.bench_suite import bench_cluster, bench_model
 
 
 def test_a_cluster_beyond_the_full_search_gets_a_replicated_plan() -> None:
@@ -31,3 +31,25 @@ def test_a_cluster_beyond_the_full_search_gets_a_replicated_plan() -> None:
     assert summary["time"]["cpu"] > 0 and summary["peak_rss_gib"]["planner"] > 0
     parts = [summary["time"][f"cpu_{p}"] for p in ("trace", "costing", "dp", "simulate")]
     assert min(parts) >= 0 and math.isclose(sum(parts), summary["time"]["cpu"])
+
+
+def test_the_full_search_alone_plans_as_alpa_bench_does() -> None:
+    """``full=True``: Alpa's own plan without the baselines, the same stages and
+    simulated step as ``alpa-bench``'s ``alpa`` row (the published suites time
+    the planner alone with it)."""
+    cluster = bench_cluster("local-cpu", 4)
+    common = {"layers": 2, "time_limit": 60.0, "epsilon": 0.0, "cross_stage_comm": False}
+    alone = plan_scaled("mlp-tiny", cluster, 2, full=True, **common)  # type: ignore[arg-type]
+    bench = bench_model(
+        "mlp-tiny",
+        cluster,
+        num_micro_batches=2,
+        cost_mode="layer-sum",
+        submesh_space="all",
+        **common,  # type: ignore[arg-type]
+    )
+    alpa = bench["outcomes"][0]
+    assert alone.found.replicas == 1 and alone.found.sync_seconds == 0.0
+    assert alone.outcome.stages == alpa["stages"]
+    assert alone.outcome.iteration_time == alpa["iteration_time"]
+    assert len(bench["outcomes"]) > 1  # alpa-bench also priced the baselines
