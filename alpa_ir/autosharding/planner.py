@@ -162,6 +162,11 @@ class ShardingOptions:
     """Relative gap to the ILP's lower bound at which the solver may stop with
     a plan (for solvers with a ``mip_gap`` field, such as ``cbc`` and
     ``highs``); 0: the solver's own setting (exact)."""
+    branch_and_bound: bool = True
+    """False: the solver keeps the best plan its LP relaxation, dives and exact
+    elimination found, without the MIP's branch and bound (for solvers with a
+    ``branch_and_bound`` field, such as ``cbc`` and ``highs``): a plan that
+    depends on no time limit, so not on the machine's load."""
 
 
 @dataclass(frozen=True)
@@ -401,7 +406,14 @@ class ShardingPlanner:
         return prices
 
     def _solver(self, solver: object) -> object:
-        """``solver`` with this pass's ``mip-gap``, if one is set."""
+        """``solver`` with this pass's ``mip-gap``, if one is set, and without
+        branch and bound if ``branch-and-bound`` is off."""
+        if not self.options.branch_and_bound:
+            if not (is_dataclass(solver) and hasattr(solver, "branch_and_bound")):
+                raise AlpaError(
+                    f"auto-sharding: solver '{self.options.solver}' has no branch-and-bound setting"
+                )
+            solver = replace(solver, branch_and_bound=False)  # type: ignore[type-var]
         if self.options.mip_gap == 0.0:
             return solver
         if not 0.0 < self.options.mip_gap < 1.0:
@@ -450,7 +462,9 @@ class ShardingPlanner:
         return cost
 
 
-VARIANT_FIELDS = frozenset({"allow_replicated_parameters", "time_limit", "mip_gap"})
+VARIANT_FIELDS = frozenset(
+    {"allow_replicated_parameters", "time_limit", "mip_gap", "branch_and_bound"}
+)
 """The options a :class:`PlanVariant` may change: they leave the strategy graph
 as it is but for the arguments' strategy costs (``_arg_cost``)."""
 

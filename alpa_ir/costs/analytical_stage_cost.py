@@ -113,7 +113,6 @@ from alpa_ir.costs.stage_cost import (
     FORWARD_SHARE,
     MEMORY_FALLBACK_FROM,
     MEMORY_FALLBACK_MIP_GAP,
-    MEMORY_FALLBACK_TIME_LIMIT,
     CacheStats,
     StageCost,
     StageCostOptions,
@@ -274,8 +273,8 @@ class AnalyticalStageCostModel:
         sharded_options = replace(
             self.options,
             allow_replicated_parameters=False,
-            time_limit=min(self.options.time_limit, MEMORY_FALLBACK_TIME_LIMIT),
             mip_gap=max(self.options.mip_gap, MEMORY_FALLBACK_MIP_GAP),
+            branch_and_bound=False,  # no time limit decides the plan (MEMORY_FALLBACK_MIP_GAP)
         )
         # The second plan differs from the first only in the parameters'
         # strategies: it is made from the first one's strategy graph.

@@ -32,16 +32,16 @@ the device memory (64 MiB of 16 GiB). Smaller layers take little even
 replicated; larger ones add up: with a layer per block, a stage holds tens of
 them (the 0.4 GiB dense layers of MoE-27B on 32 devices come to 3.3 GiB
 replicated where sharded they take 0.2)."""
-MEMORY_FALLBACK_TIME_LIMIT = 2.0
-"""Seconds for the ILP of the second plan: with no parameter replicated its LP
-relaxation is seldom integral, and the best plan found by then is kept."""
 MEMORY_FALLBACK_MIP_GAP = 0.03
 """Relative gap to the LP bound at which the second plan is accepted (at
 least; a larger ``mip_gap`` applies as it is). Where the LP is fractional, the
 plan found by diving from it is usually within 1 to 3 % of the bound, and
 solving to optimality takes 7 to 17 s (GPT-3 39B's layers on (2, 16) and
-(2, 2) meshes, optima 0 to 1.4 % better): ``MEMORY_FALLBACK_TIME_LIMIT`` ran
-out on them and they kept the dived plan anyway, after 2 s instead of 0.4."""
+(2, 2) meshes, optima 0 to 1.4 % better). The second plan runs no branch and
+bound (``branch_and_bound`` off): it keeps the best plan the LP, its dives and
+exact elimination found. (It had a 2 s time limit for CBC instead, which
+decided on a loaded machine whether the LP and its dives finished: GPT-3 39B's
+layer on (4, 8) got a plan 40 times slower at a load of 20.)"""
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,9 @@ class StageCostOptions:
     mip_gap: float = 0.01
     """Plans within this relative gap of the ILP's lower bound are accepted
     (the prediction's own error is far larger than 1%); 0: exact."""
+    branch_and_bound: bool = True
+    """Passed to auto-sharding: False keeps the best plan found before branch
+    and bound (the memory-fallback plans, ``MEMORY_FALLBACK_MIP_GAP``)."""
     memory_budget: float = 0.0
     """Passed to auto-sharding (bytes per device; 0 = none)."""
     remat: bool = False

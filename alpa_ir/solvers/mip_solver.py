@@ -97,6 +97,11 @@ class MipSolver:
     lp_first: bool = True
     """Solve the LP relaxation (HiGHS) before the MIP; a rounded LP plan that
     meets the LP bound is returned as optimal (``alpa_ir.solvers.lp_relaxation``)."""
+    branch_and_bound: bool = True
+    """Run the MIP when the LP relaxation, its dives and exact elimination leave
+    the best plan unproven. False: return that plan (``optimal=False``, its gap
+    to the LP bound), found without a time limit deciding it, so the same on a
+    loaded machine as on a quiet one; an :class:`AlpaError` where they found none."""
 
     def __post_init__(self) -> None:
         if self.name not in BACKENDS:
@@ -165,6 +170,8 @@ class MipSolver:
                 return answer
         if not self.lp_first:
             greedy = greedy_choice(core)
+        if not self.branch_and_bound:
+            return self._unproven(problem, reduced, greedy, start, relaxation)
         built = build_core_model(core, self.name)
         model = built.model
         model.max_mip_gap = self.mip_gap
@@ -208,6 +215,27 @@ class MipSolver:
         return self._answer(
             problem, reduced, choice, start, built_at, optimal, gap, model.num_cols, model.num_rows
         )
+
+    def _unproven(
+        self,
+        problem: ILPProblem,
+        reduced: Presolved,
+        core_choice: tuple[int, ...] | None,
+        start: float,
+        relaxation: Relaxation | None,
+    ) -> ILPSolution:
+        """The best plan found before branch and bound, not proven optimal."""
+        if core_choice is None:
+            raise AlpaError(
+                "auto-sharding: no plan was found without branch and bound "
+                f"(solver '{self.name}', branch_and_bound off)"
+            )
+        gap = None
+        if relaxation is not None:
+            value = core_objective(reduced.core, core_choice)
+            gap = max(value - relaxation.bound, 0.0) / max(abs(value), 1e-12)
+        done = time.perf_counter()
+        return self._answer(problem, reduced, core_choice, start, done, False, gap, 0, 0)
 
     def _gap_tolerance(self, value: float) -> float:
         """How far above the LP bound a plan may be and count as optimal."""

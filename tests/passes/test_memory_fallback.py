@@ -91,15 +91,15 @@ def test_a_stage_takes_the_memory_saving_plan_only_when_the_first_does_not_fit()
     assert roomy.cost is cost and roomy.latency == 1.0
 
 
-def test_the_second_plan_is_solved_to_the_fallback_gap_within_its_time_limit(
+def test_the_second_plan_is_solved_to_the_fallback_gap_without_branch_and_bound(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The second plan accepts a plan within MEMORY_FALLBACK_MIP_GAP of the LP
-    bound (a dived plan, without CBC proving it optimal), under its own time
-    limit; a larger gap of the options applies as it is, the first plan keeps
-    the options' own."""
+    bound (a dived plan, without CBC proving it optimal), and runs no branch
+    and bound, so that no time limit decides it; a larger gap of the options
+    applies as it is, the first plan keeps the options' own."""
     from alpa_ir.costs import analytical_stage_cost
-    from alpa_ir.costs.stage_cost import MEMORY_FALLBACK_MIP_GAP, MEMORY_FALLBACK_TIME_LIMIT
+    from alpa_ir.costs.stage_cost import MEMORY_FALLBACK_MIP_GAP
 
     seen: list[StageCostOptions] = []
     real = analytical_stage_cost.plan_function_and_variant
@@ -122,4 +122,6 @@ def test_the_second_plan_is_solved_to_the_fallback_gap_within_its_time_limit(
         assert (first.mip_gap, first.allow_replicated_parameters) == (gap, True)
         assert second.mip_gap == max(gap, MEMORY_FALLBACK_MIP_GAP)
         assert not second.allow_replicated_parameters
-        assert second.time_limit == MEMORY_FALLBACK_TIME_LIMIT
+        # no time limit of its own: no branch and bound (the same plan at any load)
+        assert second.time_limit == first.time_limit
+        assert not second.branch_and_bound and first.branch_and_bound

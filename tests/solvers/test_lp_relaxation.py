@@ -168,3 +168,22 @@ def test_elimination_budget_counts_cpu_time_not_the_clock(
         m.setattr(elimination.time, "perf_counter", lambda: float(next(ticks)))
         answer = eliminate(core, cpu_budget=mip_solver.ELIMINATION_AFTER_LP)
     assert answer is not None and answer[1] == pytest.approx(2.0)
+
+
+def test_without_branch_and_bound_the_best_plan_found_is_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``branch_and_bound=False``: after a fractional LP whose dive is not
+    within the gap (and no elimination), the dived plan is the answer, marked
+    unproven with its gap to the LP bound, and no MIP is built, whatever the
+    time limit (the memory-fallback plans: the same plan at any load)."""
+
+    def no_mip(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the MIP was built")
+
+    monkeypatch.setattr(mip_solver, "build_core_model", no_mip)
+    solver = MipSolver("cbc", exact_elimination=False, branch_and_bound=False)
+    for limit in (None, 1e-3, 600.0):
+        solution = solver.solve(_frustrated_k4(), time_limit=limit)
+        assert not solution.optimal and solution.objective == pytest.approx(2.0)
+        assert solution.gap == pytest.approx(1.0)  # the LP's bound is 0
