@@ -279,7 +279,13 @@ class AnalyticalStageCostModel:
         # The second plan differs from the first only in the parameters'
         # strategies: it is made from the first one's strategy graph.
         planned, sharded_plan = plan_function_and_variant(
-            function, mesh, self.options, sharded_options, self._strategies, cluster=cluster
+            function,
+            mesh,
+            self.options,
+            sharded_options,
+            self._strategies,
+            cluster=cluster,
+            cost_model=self._pricer(cluster, self.options),  # type: ignore[arg-type]
         )
         cost = self.price_planned(planned, mesh, cluster, params, self.options)
         if cost.memory.persistent < threshold:
@@ -289,7 +295,12 @@ class AnalyticalStageCostModel:
                 sharded_function = sharded_plan()
             else:
                 sharded_function = plan_function(
-                    function, mesh, sharded_options, self._strategies, cluster=cluster
+                    function,
+                    mesh,
+                    sharded_options,
+                    self._strategies,
+                    cluster=cluster,
+                    cost_model=self._pricer(cluster, sharded_options),  # type: ignore[arg-type]
                 )
         except AlpaError:
             return cost  # some parameter cannot be sharded on this mesh
@@ -311,7 +322,15 @@ class AnalyticalStageCostModel:
             # so the function as it is prices the same as its ILP plan would
             planned = function
         else:
-            planned = plan_function(function, mesh, options, self._strategies, cluster=cluster)
+            pricer = self._pricer(cluster, options)
+            planned = plan_function(
+                function,
+                mesh,
+                options,
+                self._strategies,
+                cluster=cluster,
+                cost_model=pricer,  # type: ignore[arg-type]
+            )
         return self.price_planned(planned, mesh, cluster, params, options)
 
     def price_planned(

@@ -174,6 +174,7 @@ def plan_function(
     statistics: list[Any] | None = None,
     registry: PluginRegistry | None = None,
     cluster: Cluster | None = None,
+    cost_model: CommCostModel | None = None,
 ) -> func.FuncOp:
     """A copy of ``function`` auto-sharded on ``mesh`` (as ``@main`` of its own
     module, with ``cluster``'s ``mesh.cluster`` op for the cost model to bind
@@ -182,9 +183,10 @@ def plan_function(
     ``statistics``: a list that receives the planner's statistics. The
     planner is :class:`~alpa_ir.autosharding.planner.ShardingPlanner` (the
     library of ``auto-sharding``) with ``registry``'s rules, cost models and
-    solvers (default: the default registry)."""
+    solvers (default: the default registry); ``cost_model``: as
+    :func:`plan_function_and_variant` takes it."""
     planned, _ = plan_function_and_variant(
-        function, mesh, options, None, strategy_caches, statistics, registry, cluster
+        function, mesh, options, None, strategy_caches, statistics, registry, cluster, cost_model
     )
     return planned
 
@@ -198,6 +200,7 @@ def plan_function_and_variant(
     statistics: list[Any] | None = None,
     registry: PluginRegistry | None = None,
     cluster: Cluster | None = None,
+    cost_model: CommCostModel | None = None,
 ) -> tuple[func.FuncOp, Callable[[], func.FuncOp] | None]:
     """:func:`plan_function`, and where ``variant`` is given (options that
     differ only in what :data:`~alpa_ir.autosharding.planner.VARIANT_FIELDS`
@@ -205,7 +208,10 @@ def plan_function_and_variant(
     another copy planned with ``variant``'s options, from the first plan's
     strategy graph (:class:`~alpa_ir.autosharding.planner.PlanVariant`: the
     same plan as ``plan_function`` with ``variant`` gives, without building
-    the graph again). None instead where the planner cannot make one."""
+    the graph again). None instead where the planner cannot make one.
+    ``cost_model``: ``options``' communication cost model bound to ``cluster``
+    (:func:`bound_cost_model`), where the caller keeps it for many plans (it
+    memoizes its prices); default: bound again here."""
     from alpa_ir.autosharding.planner import ShardingPlanner
     from alpa_ir.ir.context import make_context
     from alpa_ir.plugins.registry import default_registry
@@ -253,7 +259,7 @@ def plan_function_and_variant(
     ctx.statistics = statistics
     cache = None
     if strategy_caches is not None:
-        model = bound_cost_model(options.cost_model, cluster, registry)
+        model = cost_model or bound_cost_model(options.cost_model, cluster, registry)
         key = (
             ilp_mesh.shape,
             ilp_mesh.alpha,
