@@ -8,6 +8,7 @@ contribute rules for their own primitives through ``alpa_ir_sharding_rules``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from types import MappingProxyType
@@ -133,11 +134,19 @@ def reshape(op: LaxOp) -> FactorRule:
                 many_dims[d] = (f,)
             one_dims[one[0]] = tuple(factors)
         else:
-            f = b.add(pi, N)
+            # No dim boundary inside the block is shared, but its leading
+            # dims share a major factor: a split of it keeps every device's
+            # block of elements contiguous on both sides ((64, 16) ->
+            # (32, 32): rows of a batch split stay the same groups). The
+            # rest of the block cannot be split.
+            major = math.gcd(src[si], dst[sj])
+            first = b.add(major, P) if major > 1 else None
+            rest = b.add(pi // major, N)
+            lead = (rest,) if first is None else (first, rest)
             for d in block_src:
-                src_dims[d] = (f,)
+                src_dims[d] = lead if d == si else (rest,)
             for d in block_dst:
-                dst_dims[d] = (f,)
+                dst_dims[d] = lead if d == sj else (rest,)
     return b.rule([tuple(src_dims)], [tuple(dst_dims)])
 
 

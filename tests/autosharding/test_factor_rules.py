@@ -62,9 +62,24 @@ def test_reshapes_merge_and_split_dims_by_shared_factors() -> None:
     assert merge.operands == (((0,), (1,)),) and merge.results == (((0, 1),),)
     split = _rule(lambda x: x.reshape(4, 6), (24,), primitive="reshape")
     assert split.operands == (((0, 1),),) and split.results == (((0,), (1,)),)
-    # (6, 4) -> (4, 6) shares no dim boundary: one factor that cannot be split
+    # (6, 4) -> (4, 6) shares no dim boundary inside: the leading dims share
+    # their major factor gcd(6, 4) = 2 (the two halves of the elements), the
+    # rest (12) cannot be split
     shuffle = _rule(lambda x: x.reshape(4, 6), (6, 4), primitive="reshape")
-    assert shuffle.sizes == (24,) and shuffle.kinds == (N,)
+    assert shuffle.sizes == (2, 12) and shuffle.kinds == (P, N)
+    assert shuffle.operands == (((0, 1), (1,)),) and shuffle.results == (((0, 1), (1,)),)
+
+
+def test_a_regrouped_batch_keeps_its_split() -> None:
+    """(64, 16) -> (32, 32), MoE's tokens regrouped for the experts: a split of
+    the leading dims over up to 32 devices keeps every device's tokens, so a
+    batch split passes through the reshape; the minor dims stay whole."""
+    rule = _rule(lambda x: x.reshape(32, 32, 8), (64, 16, 8), primitive="reshape")
+    strategies = {s.name: s for s in enumerate_strategies(rule, (2, 4))}
+    both = next(s for s in strategies.values() if s.operand_specs[0].dims[0] == (0, 1))
+    assert both.result_specs[0].dims[0] == (0, 1)
+    for s in strategies.values():
+        assert not s.operand_specs[0].dims[1] and not s.result_specs[0].dims[1]
 
 
 def test_strategies_of_a_reduction_leave_partial_results_exactly_where_it_is_split() -> None:
