@@ -29,8 +29,10 @@ from alpa_ir.autosharding.local_ops import (
     LOCALIZERS,
     LocalContext,
     block_offsets,
+    indexed_block_op,
     iota_offset,
     linear_axis_index,
+    split_indexed_dims,
 )
 from alpa_ir.backends.collective_combining import combined_all_gather, combined_reduce_scatter
 from alpa_ir.dialects.lax import ConstantOp, LaxOp, PrimitiveOp
@@ -252,7 +254,7 @@ class _LocalEvaluator:
     def eval_lax(self, op: LaxOp, xs: list[Any]) -> list[Any]:
         name = op.primitive_name
         localize = LOCALIZERS.get(name)
-        if localize is None:
+        if localize is None and not name.startswith("scatter"):
             return bind_lax_op(op, xs)
         ctx = LocalContext(
             [shape_of(t) for t in op.operand_types],
@@ -261,7 +263,15 @@ class _LocalEvaluator:
             [spec_of_value(v, self.function) for v in op.results],
             self.mesh_shape,
         )
-        params = localize(op.jax_params(), ctx)
+        params = op.jax_params() if localize is None else localize(op.jax_params(), ctx)
+        if split_indexed_dims(name, params, ctx):  # e.g. a vocabulary-split embedding
+            return [
+                indexed_block_op(
+                    name, xs, params, ctx, self.names, lambda a, p: bind_lax_op(op, a, None, p)[0]
+                )
+            ]
+        if localize is None:
+            return bind_lax_op(op, xs)
         from alpa_ir.dialects.jax_primitives import bind_primitive, lookup_primitive
 
         if name == "random_bits_rows" or (name == "random_bits" and not ctx.operand_shapes[0]):

@@ -130,3 +130,83 @@ def block_offsets(ctx: LocalContext, result: int, names: Sequence[str]) -> list[
         else jnp.uint32(0)
         for d, axes in enumerate(spec.dims)
     ]
+
+
+def _indexing(name: str, params: dict[str, Any]) -> tuple[Sequence[int], Sequence[int]] | None:
+    """(operand dim of each index component, the dims indexed one at a time)
+    of a gather or scatter, or None for other primitives."""
+    dn = params.get("dimension_numbers")
+    if name == "gather":
+        return dn.start_index_map, dn.collapsed_slice_dims
+    if name.startswith("scatter"):
+        return dn.scatter_dims_to_operand_dims, dn.inserted_window_dims
+    return None
+
+
+def split_indexed_dims(name: str, params: dict[str, Any], ctx: LocalContext) -> list[int]:
+    """The index components of a gather or scatter whose operand dim the plan
+    splits (the rules split an indexed dim only where every indexed dim is
+    taken one index at a time)."""
+    indexing = _indexing(name, params)
+    if indexing is None:
+        return []
+    index_map, single = indexing
+    spec = ctx.operand_specs[0]
+    return [k for k, d in enumerate(index_map) if d in single and spec.dims[d]]
+
+
+def _fill(dtype: Any, fill_value: Any) -> Any:
+    """What a gather in ``FILL_OR_DROP`` mode returns out of bounds (JAX's default)."""
+    if fill_value is not None:
+        return fill_value
+    dtype = jnp.dtype(dtype)
+    if jnp.issubdtype(dtype, jnp.inexact):
+        return jnp.nan
+    if jnp.issubdtype(dtype, jnp.signedinteger):
+        return jnp.iinfo(dtype).min
+    if jnp.issubdtype(dtype, jnp.unsignedinteger):
+        return jnp.iinfo(dtype).max
+    return True
+
+
+def indexed_block_op(
+    name: str,
+    xs: Sequence[Any],
+    params: dict[str, Any],
+    ctx: LocalContext,
+    names: Sequence[str],
+    bind: Callable[[Sequence[Any], dict[str, Any]], Any],
+) -> Any:
+    """A gather or scatter whose operand is split along indexed dims: each
+    device reads or writes the indices of its block, shifted to local
+    positions, and drops the rest (``FILL_OR_DROP`` with zeros: a gather's
+    results are then partial sums). Indices are clamped first where the op's
+    mode clamps; an index out of the whole operand in ``FILL_OR_DROP`` mode
+    gets the op's fill value, added once (on the devices of block 0)."""
+    index_map, _ = _indexing(name, params)  # type: ignore[misc]
+    split = split_indexed_dims(name, params, ctx)
+    full, local, spec = ctx.operand_shapes[0], ctx.local_operand(0), ctx.operand_specs[0]
+    indices = jnp.asarray(xs[1])
+    dropping = params["mode"] == lax.GatherScatterMode.FILL_OR_DROP
+    outside = jnp.zeros(indices.shape[:-1], bool)
+    first = jnp.bool_(True)
+    parts = []
+    for k in range(indices.shape[-1]):
+        part, d = indices[..., k], index_map[k]
+        if k in split:
+            if dropping:
+                outside = outside | (part < 0) | (part >= full[d])
+            else:  # CLIP, PROMISE_IN_BOUNDS: the whole operand's clamp
+                part = jnp.clip(part, 0, full[d] - 1)
+            block = linear_axis_index(spec.dims[d], ctx.mesh_shape, names)
+            first = first & (block == 0)
+            part = part - (block * local[d]).astype(part.dtype)
+        parts.append(part)
+    local_params = {**params, "mode": lax.GatherScatterMode.FILL_OR_DROP}
+    if name == "gather":
+        local_params["fill_value"] = 0
+    out = bind([xs[0], jnp.stack(parts, axis=-1), *xs[2:]], local_params)
+    if name == "gather" and dropping:
+        mask = jnp.expand_dims(outside & first, params["dimension_numbers"].offset_dims)
+        out = jnp.where(mask, jnp.asarray(_fill(out.dtype, params["fill_value"]), out.dtype), out)
+    return out

@@ -387,7 +387,9 @@ def dynamic_update_slice(op: LaxOp) -> FactorRule:
 
 
 def gather(op: LaxOp) -> FactorRule:
-    """Offset dims taken whole pass through; indexed dims replicate; the batch
+    """Offset dims taken whole pass through; indexed dims taken one index at a
+    time (an embedding lookup's rows) are a sum, see below, other indexed
+    dims replicate; the batch
     dims of the indices pass through to the output's batch dims, and with them
     the operand's batching dims paired with them (``take_along_axis``: row
     ``i`` of the indices reads row ``i`` of the operand)."""
@@ -409,8 +411,12 @@ def gather(op: LaxOp) -> FactorRule:
         f = b.add(operand[d], P if whole else N, f"o{d}")
         op_d[d] = (f,)
         out_d[out_dim] = (f,) if whole else ()
+    # An indexed dim split over devices (a vocabulary-split embedding table,
+    # as Megatron and Alpa split it): every device looks up the rows of its
+    # block and zeros elsewhere, so the results are partial sums.
+    split = R if set(dn.start_index_map) <= set(dn.collapsed_slice_dims) else N
     for d in dn.collapsed_slice_dims:
-        op_d[d] = (b.add(operand[d], N, f"x{d}"),)
+        op_d[d] = (b.add(operand[d], split if d in dn.start_index_map else N, f"x{d}"),)
     batch_out = [d for d in range(len(out)) if d not in dn.offset_dims]
     idx_d: list[tuple[int, ...]] = [() for _ in indices]
     idx_batch = list(range(len(indices) - 1))  # index_vector_dim is the last
@@ -423,9 +429,10 @@ def gather(op: LaxOp) -> FactorRule:
 
 
 def scatter(op: LaxOp) -> FactorRule:
-    """Window dims taken whole pass through. For scatter-add the update batch
-    dims are a sum: sharding them leaves partial results (the operand then
-    arrives partial too)."""
+    """Window dims taken whole pass through, and so do indexed dims written one
+    index at a time (each device keeps the updates of its block). For
+    scatter-add the update batch dims are a sum: sharding them leaves partial
+    results (the operand then arrives partial too)."""
     ins, _outs = _shapes(op)
     operand, indices, updates = ins[0], ins[1], ins[2]
     dn = op.param("dimension_numbers")
@@ -444,8 +451,12 @@ def scatter(op: LaxOp) -> FactorRule:
         f = b.add(operand[d], P if whole else N, f"w{d}")
         op_d[d] = (f,)
         upd_d[upd_dim] = (f,) if whole else ()
+    # An indexed dim split over devices: every device writes the updates that
+    # fall in its block and drops the others.
+    indexed = set(dn.scatter_dims_to_operand_dims)
+    split = P if indexed <= set(dn.inserted_window_dims) else N
     for d in dn.inserted_window_dims:
-        op_d[d] = (b.add(operand[d], N, f"x{d}"),)
+        op_d[d] = (b.add(operand[d], split if d in indexed else N, f"x{d}"),)
     scatter_upd = [d for d in range(len(updates)) if d not in dn.update_window_dims]
     idx_d: list[tuple[int, ...]] = [() for _ in indices]
     for upd_dim, d in zip(scatter_upd, range(len(indices) - 1), strict=True):

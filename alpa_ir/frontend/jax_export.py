@@ -59,9 +59,13 @@ def _rebuilt_params(op: LaxOp, args: Sequence[Any]) -> dict[str, Any]:
 
 
 def bind_lax_op(
-    op: LaxOp | PrimitiveOp, args: Sequence[Any], handlers: Mapping[type, OpHandler] | None = None
+    op: LaxOp | PrimitiveOp,
+    args: Sequence[Any],
+    handlers: Mapping[type, OpHandler] | None = None,
+    overrides: Mapping[str, Any] | None = None,
 ) -> list[Any]:
-    """Bind the op's primitive to ``args`` and return its results as a list."""
+    """Bind the op's primitive to ``args`` and return its results as a list
+    (with ``overrides`` replacing some of its parameters: a device's local op)."""
     if op.primitive_name in BOUND_AS_IDENTITY:
         return list(args)
     prim = lookup_primitive(op.primitive_name)
@@ -75,6 +79,7 @@ def bind_lax_op(
                 region_to_closed_jaxpr(r, handlers) for r in op.regions
             )
         params.update(_rebuilt_params(op, args))
+    params.update(overrides or {})
     try:
         dropped = op.dropped_params() if isinstance(op, LaxOp) else ()
         out = bind_primitive(prim, args, params, dropped)
