@@ -209,7 +209,7 @@ API_CASES: list[tuple[str, Callable[[Path], Any], str]] = [
     (
         "pipeline-schedule",
         lambda t: PipeshardParallel(pipeline_schedule="zigzag"),
-        "pipeline_schedule must be one of 'auto', '1f1b', 'gpipe', 'zb-h1', 'interleaved-1f1b', 'zb-v', got 'zigzag'",
+        "pipeline_schedule must be one of 'auto', '1f1b', 'gpipe', 'zb-h1', 'interleaved-1f1b', 'zb-v', 'inference', got 'zigzag'",
     ),
     ("pipeline-backend", lambda t: PipeshardParallel(backend="tpu"), "backend must be"),
     (

@@ -68,5 +68,5 @@ def test_an_unknown_schedule_lists_the_plugins_too(installed: None) -> None:
         PipeshardParallel(num_micro_batches=4, pipeline_schedule="w-first")
     assert str(info.value) == (
         "pipeline_schedule must be one of 'auto', '1f1b', 'gpipe', 'zb-h1', "
-        "'interleaved-1f1b', 'zb-v', 'w-last', got 'w-first'"
+        "'interleaved-1f1b', 'zb-v', 'inference', 'w-last', got 'w-first'"
     )
