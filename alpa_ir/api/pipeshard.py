@@ -117,6 +117,10 @@ class AutoStageOption:
     once per logical mesh (identical layers once); ``range``: every range of
     layers planned as one function (Alpa's profiling; L(L+1)/2 functions,
     exact at the boundaries between a stage's layers)."""
+    layer_profile_mode: Literal["composite", "individual"] | None = None
+    """Alpa's name of :attr:`cost_mode`: ``individual`` (each layer profiled
+    alone, a stage the sum of its layers) is ``layer-sum``, ``composite``
+    (every range of layers profiled whole) is ``range``; None: ``cost_mode``."""
     workers: int | None = None
     """Processes that cost the stage-mesh pairs (``construct-stages``
     ``workers``); None: one per CPU core."""
@@ -171,6 +175,19 @@ class AutoStageOption:
             raise AlpaError(
                 f"AutoStageOption: cost_mode must be 'layer-sum' or 'range', got {self.cost_mode!r}"
             )
+        if self.layer_profile_mode is not None:
+            modes = {"individual": "layer-sum", "composite": "range"}
+            if self.layer_profile_mode not in modes:
+                raise AlpaError(
+                    "AutoStageOption: layer_profile_mode must be 'composite' or 'individual', "
+                    f"got {self.layer_profile_mode!r}"
+                )
+            if self.cost_mode == "range" and self.layer_profile_mode == "individual":
+                raise AlpaError(
+                    "AutoStageOption: layer_profile_mode='individual' is cost_mode='layer-sum', "
+                    "but cost_mode='range' is given"
+                )
+            object.__setattr__(self, "cost_mode", modes[self.layer_profile_mode])
         if self.repeated_layers not in ("auto", "share", "separate"):
             raise AlpaError(
                 "AutoStageOption: repeated_layers must be 'auto', 'share' or 'separate', "

@@ -40,3 +40,15 @@ def test_a_pipeline_planned_in_alpas_small_space_equals_one_device() -> None:
     for info in executable.program.meshes.values():
         assert info.shape[0] == 1 and len(info.device_ids) & (len(info.device_ids) - 1) == 0
     same_steps(parallel, fn, state, batch, 1, state_tol=1e-5)
+
+
+def test_layer_profile_mode_is_alpas_name_of_cost_mode() -> None:
+    """Alpa's ``individual`` (each layer alone, summed) and ``composite`` (each
+    range whole) are the cost modes ``layer-sum`` and ``range``."""
+    assert alpa_ir.AutoStageOption(layer_profile_mode="individual").cost_mode == "layer-sum"
+    assert alpa_ir.AutoStageOption(layer_profile_mode="composite").cost_mode == "range"
+    assert alpa_ir.AutoStageOption(cost_mode="range").cost_mode == "range"
+    with pytest.raises(AlpaError, match="layer_profile_mode must be 'composite' or 'individual'"):
+        alpa_ir.AutoStageOption(layer_profile_mode="both")  # type: ignore[arg-type]
+    with pytest.raises(AlpaError, match="but cost_mode='range' is given"):
+        alpa_ir.AutoStageOption(cost_mode="range", layer_profile_mode="individual")
