@@ -305,12 +305,12 @@ def test_the_options_the_planner_takes_pass_through_by_name() -> None:
     assert set(SHARED_WITH_PLANNER) == {
         "solver", "time_limit", "mip_gap", "memory_budget", "allow_all_gather",
         "allow_replicated_parameters", "cost_model", "repeated_layers",
-        "force_batch_dim_to_mesh_dim",
+        "force_batch_dim_to_mesh_dim", "branch_and_bound",
     }  # fmt: skip
     options = StageCostOptions(
         solver="highs", time_limit=7.0, mip_gap=0.05, memory_budget=1e9, allow_all_gather=False,
         allow_replicated_parameters=False, cost_model="alpha-beta", repeated_layers="share",
-        force_batch_dim_to_mesh_dim=1,
+        force_batch_dim_to_mesh_dim=1, branch_and_bound=False,
     )  # fmt: skip
     planner = options.sharding_options()
     assert {name: getattr(planner, name) for name in SHARED_WITH_PLANNER} == {
