@@ -37,8 +37,15 @@ def init(
     num_devices: int | None = None,
     timeout_s: float = 30.0,
     probe: bool = False,
+    num_nodes: int | None = None,
+    num_devices_per_node: int | None = None,
 ) -> None:
-    """Prepare the runtime for ``cluster`` (see the module doc)."""
+    """Prepare the runtime for ``cluster`` (see the module doc). Alpa's
+    ``num_nodes=1, num_devices_per_node=N`` is ``num_devices=N``: a local
+    instance of N devices (more nodes need a Ray cluster of that many hosts,
+    joined without them)."""
+    if num_nodes is not None or num_devices_per_node is not None:
+        num_devices = _one_node_devices(cluster, num_nodes, num_devices_per_node, num_devices)
     if cluster == "local":
         if address is not None:
             raise AlpaError("address is an option of cluster='ray'")
@@ -54,6 +61,26 @@ def init(
         from alpa_ir.backends.ray_link_probe import probe_hosts
 
         probe_hosts()
+
+
+def _one_node_devices(
+    cluster: str, num_nodes: int | None, per_node: int | None, num_devices: int | None
+) -> int:
+    """The devices of Alpa's ``num_nodes=1, num_devices_per_node=N`` (N), checked."""
+    if cluster != "ray":
+        raise AlpaError("num_nodes and num_devices_per_node are options of cluster='ray'")
+    if num_devices is not None:
+        raise AlpaError("give num_devices or num_devices_per_node, not both")
+    if num_nodes not in (None, 1):
+        raise AlpaError(
+            f"num_nodes={num_nodes}: a local Ray instance has one node; start a Ray cluster of "
+            "that many hosts (ray start) and call init(cluster='ray') without num_nodes"
+        )
+    if per_node is None or isinstance(per_node, bool) or not isinstance(per_node, int):
+        raise AlpaError(
+            f"num_devices_per_node must be a positive integer with num_nodes, got {per_node!r}"
+        )
+    return per_node
 
 
 def shutdown() -> None:

@@ -132,3 +132,27 @@ def test_a_stale_record_of_a_stopped_cluster_is_not_joined(
 ) -> None:
     monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{_free_port()}")  # nothing listens
     assert running_cluster_address() is None
+
+
+def test_alpas_one_node_of_n_devices_is_a_local_instance_of_n() -> None:
+    """Alpa's ``init(cluster="ray", num_nodes=1, num_devices_per_node=N)``."""
+    alpa_ir.init(cluster="ray", num_nodes=1, num_devices_per_node=2)
+    try:
+        assert _devices() == 2
+    finally:
+        alpa_ir.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"num_nodes": 2, "num_devices_per_node": 4}, "a local Ray instance has one node"),
+        ({"num_nodes": 1}, "num_devices_per_node must be a positive integer with num_nodes"),
+        ({"num_devices": 4, "num_devices_per_node": 4}, "not both"),
+    ],
+)
+def test_alpas_node_options_are_checked(options: dict, message: str) -> None:
+    with pytest.raises(alpa_ir.AlpaError, match=message):
+        alpa_ir.init(cluster="ray", **options)
+    with pytest.raises(alpa_ir.AlpaError, match="options of cluster='ray'"):
+        alpa_ir.init(num_nodes=1, num_devices_per_node=2)
