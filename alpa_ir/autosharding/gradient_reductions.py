@@ -107,6 +107,19 @@ def deferred_reductions(
                 return False
         return True
 
+    def factors(value: SSAValue, found: set[SSAValue]) -> set[SSAValue]:
+        """The other operands of the multiplications and divisions on the
+        (linear) paths from ``value`` to the accumulated values."""
+        if value in accumulated:
+            return found
+        for use in value.uses:
+            user = use.operation
+            name = getattr(user, "primitive_name", "")
+            if name in ("mul", "div"):
+                found.add(user.operands[1 - use.index])
+            factors(user.results[use.index if name == "pipeline_marker" else 0], found)
+        return found
+
     out = set()
     for op in part.compute:
         if isinstance(op, AllReduceOp) and op.reduction != "sum":
@@ -115,7 +128,30 @@ def deferred_reductions(
             continue
         if only_accumulated(op.results[0], tuple(op.mesh_axes), isinstance(op, ReduceScatterOp)):
             out.add(op)
-    return frozenset(out)
+    # A factor is the same on every device only while its own sums run: one
+    # computed from a deferred sum (the sum's square ``m * m``, the product of
+    # two deferred sums) is a partial value at run time, and the sum of
+    # products of partial values is not the product of their sums.
+    derived = _derived_values(out)
+    return frozenset(op for op in out if not factors(op.results[0], set()) & derived)
+
+
+def _derived_values(ops: set[Operation]) -> set[SSAValue]:
+    """The results of ``ops`` and every value computed from them (a use
+    inside a region taints the results of the ops around it)."""
+    seen: set[SSAValue] = set()
+    stack = [r for op in ops for r in op.results]
+    while stack:
+        value = stack.pop()
+        if value in seen:
+            continue
+        seen.add(value)
+        for use in value.uses:
+            user: Operation | None = use.operation
+            while user is not None:
+                stack.extend(user.results)
+                user = user.parent_op()
+    return seen
 
 
 def gradient_ops(part: StepPartition) -> frozenset[Operation]:
