@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -568,6 +569,22 @@ def test_a_checkpoint_saved_through_a_local_cache_moves_in_the_background(
     assert (ckpt / "2").is_dir() and list(cache.iterdir()) == []
     back = alpa_ir.restore_checkpoint(ckpt, 2, state)
     np.testing.assert_array_equal(back["w"], state["w"])
+
+    # a save that takes the next step number waits for the moves before it:
+    # step 3 is still in the cache when the next save (step=None) starts
+    go.unlink()
+    mover.__ray_call__.remote(hold)
+    alpa_ir.save_checkpoint(ckpt, state, 3, cache, overwrite=True)
+    saving = threading.Thread(
+        target=alpa_ir.save_checkpoint, args=(ckpt, state, None, cache), kwargs={"overwrite": True}
+    )
+    saving.start()
+    saving.join(timeout=1.0)
+    assert saving.is_alive()  # waiting for step 3's move
+    go.touch()
+    saving.join(timeout=60)
+    executable.sync_move_workers()
+    assert sorted(p.name for p in ckpt.iterdir() if p.name.isdigit()) == ["1", "2", "3", "4"]
 
 
 def test_a_train_step_and_its_follower_run_on_the_same_hosts(cluster: None) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from alpa_ir.api.checkpoint.cache_moves import start_move
+from alpa_ir.api.checkpoint.cache_moves import start_move, sync_moves
 from alpa_ir.api.checkpoint.checksums import hex_checksum
 from alpa_ir.api.checkpoint.confinement import check_save_confined
 from alpa_ir.api.checkpoint.manifest import FORMAT, VERSION
@@ -61,7 +61,10 @@ def save_checkpoint(
     folder under it (a fast local disk) and the call returns; the step is
     then moved into ``path`` in the background
     (:mod:`alpa_ir.api.checkpoint.cache_moves`), and an executable's
-    ``sync_move_workers()`` waits until it is there.
+    ``sync_move_workers()`` waits until it is there. A save that reads the
+    directory (``step=None``, which takes the next step, or no
+    ``overwrite``) first waits for the moves of earlier saves, so that two
+    quick saves never get one step number.
 
     A failed write (no space left, a read-only file system) is a one-line
     :class:`~alpa_ir.errors.AlpaError` naming the leaf being written and the
@@ -79,6 +82,10 @@ def save_checkpoint(
     if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
         raise AlpaError(f"save_checkpoint: step must be an int >= 0, got {step!r}")
     check_save_confined(where)
+    if step is None or not overwrite:
+        # what is there decides the step number or a refusal: let the moves
+        # of earlier cached saves land first (a no-op without Ray)
+        sync_moves()
     latest = _latest(where)
     if latest is not None and not overwrite:
         raise AlpaError(f"checkpoint directory {where} already exists (pass overwrite=True)")
