@@ -76,7 +76,12 @@ def _one_node_devices(
             f"num_nodes={num_nodes}: a local Ray instance has one node; start a Ray cluster of "
             "that many hosts (ray start) and call init(cluster='ray') without num_nodes"
         )
-    if per_node is None or isinstance(per_node, bool) or not isinstance(per_node, int):
+    if (
+        per_node is None
+        or isinstance(per_node, bool)
+        or not isinstance(per_node, int)
+        or per_node < 1
+    ):
         raise AlpaError(
             f"num_devices_per_node must be a positive integer with num_nodes, got {per_node!r}"
         )

@@ -148,6 +148,7 @@ def test_alpas_one_node_of_n_devices_is_a_local_instance_of_n() -> None:
     [
         ({"num_nodes": 2, "num_devices_per_node": 4}, "a local Ray instance has one node"),
         ({"num_nodes": 1}, "num_devices_per_node must be a positive integer with num_nodes"),
+        ({"num_nodes": 1, "num_devices_per_node": 0}, "num_devices_per_node must be a positive"),
         ({"num_devices": 4, "num_devices_per_node": 4}, "not both"),
     ],
 )
