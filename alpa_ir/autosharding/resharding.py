@@ -6,7 +6,8 @@ The steps, in order:
 1. pending partial sums are completed: a reduce-scatter when the destination
    splits one dimension over exactly the reduced axes, else an all-reduce;
 2. a mesh axis that is the innermost split of one dimension and is next
-   needed on another moves there with an all-to-all (``S0R -> RS0``);
+   needed on another moves there with an all-to-all (``S0R -> RS0``), and so
+   does a split over several axes that moves whole (``S01R -> RS01``);
 3. every dimension keeps the longest common prefix of its source and
    destination axes and all-gathers the rest (``S0S1 -> S0R``);
 4. what remains only adds splits or partial sums: a local slice, free
@@ -84,6 +85,26 @@ def reshard_steps(src: ShardingSpec, dst: ShardingSpec, reduce: str = "sum") -> 
                     "all_reduce", to_reduce, ShardingSpec(tuple(dims), kept_partial), reduce=reduce
                 )
             )
+    for d in range(len(dims)):
+        # a split over several axes moving whole to a dim not split yet
+        # (S01R -> RS01: an expert-parallel dispatch on a 2-d mesh): one
+        # all-to-all over those axes
+        target = next(
+            (t for t in range(len(dims)) if t != d and not dims[t] and dst.dims[t] == dims[d]),
+            None,
+        )
+        if len(dims[d]) < 2 or target is None:
+            continue
+        axes, dims[d], dims[target] = dims[d], (), dims[d]
+        steps.append(
+            ReshardStep(
+                "all_to_all",
+                axes,
+                ShardingSpec(tuple(dims), kept_partial),
+                src_dim=d,
+                dst_dim=target,
+            )
+        )
     moved = True
     while moved:
         moved = False

@@ -15,6 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax.training.train_state import TrainState
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import alpa_ir
 from alpa_ir.costs.collective_accounting import hlo_collectives
@@ -69,3 +71,29 @@ def test_the_experts_are_split_with_four_all_to_alls_and_the_step_matches_one_de
     kinds = [c.kind for c in hlo_collectives(p_step.get_last_executable().get_hlo_text())]
     assert kinds.count("all-to-all") == 4, kinds
     assert not {"all-gather", "reduce-scatter"} & set(kinds), kinds
+
+
+def test_a_split_over_both_axes_moves_whole_with_one_all_to_all() -> None:
+    """``S01R -> RS01`` (the tokens' split over a 2-d mesh moving to the
+    experts') is one all-to-all over both axes: without all-gathers there was
+    no way at all (no plan)."""
+    hint_mesh = jax.make_mesh(
+        (2, 2), ("a", "b"), axis_types=(AxisType.Auto,) * 2, devices=jax.devices()[:4]
+    )
+
+    def move(x: jax.Array) -> jax.Array:
+        rows = jax.lax.with_sharding_constraint(x * 2.0, NamedSharding(hint_mesh, P(("a", "b"))))
+        return jax.lax.with_sharding_constraint(
+            rows + 1.0, NamedSharding(hint_mesh, P(None, ("a", "b")))
+        )
+
+    mesh = alpa_ir.LogicalDeviceMesh((2, 2), axis_names=("a", "b"))
+    option = alpa_ir.AutoShardingOption(allow_all_gather=False)
+    parallel = alpa_ir.parallelize(
+        move, method=alpa_ir.ShardParallel(devices=mesh, auto_sharding_option=option)
+    )
+    x = np.arange(8 * 16, dtype=np.float32).reshape(8, 16)
+    got = parallel(x)
+    np.testing.assert_array_equal(np.asarray(got), x * 2.0 + 1.0)
+    kinds = [c.kind for c in hlo_collectives(parallel.get_last_executable().get_hlo_text())]
+    assert kinds == ["all-to-all"], kinds
