@@ -364,7 +364,7 @@ class ShardingPlanner:
                 problem,
                 tied is not None,
                 other,
-                other._solver(registry.get("solvers", variant.solver)()),
+                registry.get("solvers", variant.solver)(),
                 other._arg_cost(mesh, batch, given),
             )
         apply_plan(function, graph, solution.choice, aliases_of(function))
@@ -502,6 +502,8 @@ class PlanVariant:
     tied: bool
     planner: ShardingPlanner
     solver: object
+    """The variant's solver as the registry makes it (its options put on at
+    :meth:`plan`)."""
     arg_cost: Callable[[int, SSAValue, ShardingSpec], float]
 
     def plan(self) -> ModuleOp:
@@ -518,7 +520,10 @@ class PlanVariant:
         problem = replace(self.problem, node_costs=tuple(costs))
         tied = tie_repeated(problem) if self.tied else None
         options = self.planner.options
-        solution = solve_ilp(self.solver, problem, tied, options.time_limit)
+        # the variant's settings are put on its solver here, so that a solver
+        # they do not fit fails this plan only, not the first
+        solver = self.planner._solver(self.solver)
+        solution = solve_ilp(solver, problem, tied, options.time_limit)
         graph, choice = self.copy.graph_of_choice(self.graph, solution.choice)
         function = self.copy.function
         apply_plan(function, graph, choice, aliases_of(function))

@@ -12,7 +12,7 @@ from stage_fixtures import _deep_module, _small_cluster
 
 from alpa_ir.costs.analytical_stage_cost import AnalyticalStageCostModel
 from alpa_ir.costs.function_plan import plan_function, plan_function_and_variant
-from alpa_ir.costs.stage_cost import StageCostOptions
+from alpa_ir.costs.stage_cost import MEMORY_FALLBACK_MIP_GAP, StageCostOptions
 from alpa_ir.errors import AlpaError
 from alpa_ir.ir.context import make_context
 from alpa_ir.ir.module_utils import main_function
@@ -20,7 +20,13 @@ from alpa_ir.pipeline.layer_ranges import LayerRanges
 
 
 def _sharded(options: StageCostOptions) -> StageCostOptions:
-    return replace(options, allow_replicated_parameters=False, time_limit=2.0, mip_gap=0.03)
+    """The options the stage cost model plans its memory-saving plan with."""
+    return replace(
+        options,
+        allow_replicated_parameters=False,
+        mip_gap=max(options.mip_gap, MEMORY_FALLBACK_MIP_GAP),
+        branch_and_bound=False,
+    )
 
 
 @pytest.mark.parametrize("devices, shape", [(2, (1, 2)), (4, (2, 2))])
@@ -63,3 +69,33 @@ def test_a_variant_changes_only_the_arguments_strategies() -> None:
     planner = ShardingPlanner(ShardingOptions(mesh_shape=(1, 2)))
     with pytest.raises(AlpaError, match="a plan variant may change only allow_replicated"):
         planner.plan(make_context(), module, variant=ShardingOptions(allow_all_gather=False))
+
+
+def test_a_solver_without_branch_and_bound_fails_only_the_variant() -> None:
+    """A plugin solver with no ``branch_and_bound`` setting makes the first plan;
+    only the variant, which turns branch and bound off, is refused."""
+    from alpa_ir.autosharding.planner import ShardingOptions, ShardingPlanner
+    from alpa_ir.plugins.hookspecs import hookimpl
+    from alpa_ir.plugins.registry import load_registry
+    from alpa_ir.solvers import cbc_solver
+
+    class PlainSolver:  # not a dataclass: no settings to replace
+        name = "plain"
+
+        def solve(self, problem: object, **kwargs: object) -> object:
+            return cbc_solver().solve(problem, **kwargs)  # type: ignore[arg-type]
+
+    class Plugin:
+        @staticmethod
+        @hookimpl
+        def alpa_ir_solvers() -> dict:
+            return {"plain": PlainSolver}
+
+    ctx = make_context(load_registry(extra_plugins=[Plugin()]))
+    options = ShardingOptions(mesh_shape=(1, 2), solver="plain")
+    variant = ShardingPlanner(options).plan(
+        ctx, _deep_module(), variant=replace(options, branch_and_bound=False)
+    )
+    assert variant is not None
+    with pytest.raises(AlpaError, match="solver 'plain' has no branch-and-bound setting"):
+        variant.plan()
