@@ -25,6 +25,7 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Block, Operation, SSAValue
 
+from alpa_ir.autosharding.gradient_reductions import accumulated_reached
 from alpa_ir.autosharding.local_ops import (
     LOCALIZERS,
     LocalContext,
@@ -192,7 +193,7 @@ class _LocalEvaluator:
             )
         # the gradient reductions deferred past the micro-batches, once each
         for op in deferred:
-            for value in _accumulated_from(op, part):
+            for value in accumulated_reached(op.results[0], set(part.accumulated)):
                 env[value] = self.eval_op(op, [env[value]])[0]
         self.run_ops(part.apply, env)
         return [env[v] for v in block.last_op.operands]  # type: ignore[union-attr]
@@ -297,23 +298,6 @@ def _is_backward_marker(op: Operation) -> bool:
         and op.primitive_name == "pipeline_marker"
         and op.param("kind") == "backward"
     )
-
-
-def _accumulated_from(op: Operation, part: StepPartition) -> list[SSAValue]:
-    """The accumulated values a deferred reduction's result reaches (through
-    the linear ops :func:`~alpa_ir.pipeline.step_partition.deferred_reductions` allows)."""
-    accumulated = set(part.accumulated)
-    out, stack = [], [op.results[0]]
-    while stack:
-        value = stack.pop()
-        if value in accumulated:
-            out.append(value)
-            continue
-        for use in value.uses:
-            user = use.operation
-            marker = getattr(user, "primitive_name", "") == "pipeline_marker"
-            stack.append(user.results[use.index if marker else 0])
-    return out
 
 
 def _with_micro_batch_dim(spec: PartitionSpec, add: bool) -> PartitionSpec:

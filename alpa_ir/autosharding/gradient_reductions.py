@@ -190,4 +190,21 @@ def gradient_ops(part: StepPartition) -> frozenset[Operation]:
     )
 
 
-__all__ = ["StepPartition", "deferred_reductions", "gradient_ops"]
+def accumulated_reached(start: SSAValue, accumulated: set[SSAValue]) -> list[SSAValue]:
+    """The accumulated values ``start`` (a deferred reduction's result) flows
+    into, through the linear ops :func:`deferred_reductions` allows: one
+    result each, a pipeline marker's by operand index."""
+    out, stack = [], [start]
+    while stack:
+        value = stack.pop()
+        if value in accumulated:
+            out.append(value)
+            continue
+        for use in value.uses:
+            user = use.operation
+            marker = getattr(user, "primitive_name", "") == "pipeline_marker"
+            stack.append(user.results[use.index if marker else 0])
+    return out
+
+
+__all__ = ["StepPartition", "accumulated_reached", "deferred_reductions", "gradient_ops"]

@@ -22,9 +22,13 @@ from dataclasses import dataclass
 from typing import Literal
 
 from xdsl.dialects import func
-from xdsl.ir import Operation, SSAValue
+from xdsl.ir import Operation
 
-from alpa_ir.autosharding.gradient_reductions import StepPartition, deferred_reductions
+from alpa_ir.autosharding.gradient_reductions import (
+    StepPartition,
+    accumulated_reached,
+    deferred_reductions,
+)
 from alpa_ir.dialects.sharding import AllReduceOp, ReduceScatterOp, spec_of_value
 
 
@@ -78,29 +82,13 @@ def deferred_sums(function: func.FuncOp, once_per_step: Collection[int]) -> Defe
             scattered = spec_of_value(op.operands[0], function).dims
         else:
             assert isinstance(op, AllReduceOp)
-        for value in _reached(op.results[0], set(accumulated)):
+        for value in accumulated_reached(op.results[0], set(accumulated)):
             dims = spec_of_value(value, function).dims
             partial = dims if scattered is None else scattered
             for k, v in enumerate(returned):
                 if v is value:
                     results[k] = DeferredSum(kind, tuple(op.mesh_axes), dim, partial, dims)
     return DeferredSums(found, results)
-
-
-def _reached(start: SSAValue, accumulated: set[SSAValue]) -> list[SSAValue]:
-    """The accumulated values ``start`` flows into (through the linear ops
-    :func:`deferred_reductions` allows: one result each, a marker's by index)."""
-    out, stack = [], [start]
-    while stack:
-        value = stack.pop()
-        if value in accumulated:
-            out.append(value)
-            continue
-        for use in value.uses:
-            user = use.operation
-            marker = getattr(user, "primitive_name", "") == "pipeline_marker"
-            stack.append(user.results[use.index if marker else 0])
-    return out
 
 
 __all__ = ["DeferredSum", "DeferredSums", "deferred_sums"]
