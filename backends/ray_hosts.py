@@ -156,7 +156,13 @@ class RayHostGroup(RayWorkerGroup):
 
 
 def unload(workers: Sequence[Any], key: str) -> None:
-    """Ask ``workers`` to forget the programs of the executable ``key``."""
+    """Ask ``workers`` to forget the programs of the executable ``key``; nothing
+    once the driver has left Ray (a call on a handle would start a new local
+    Ray instance, which later steps would then take for the session's)."""
+    import ray
+
+    if not ray.is_initialized():
+        return
     for worker in workers:
         try:
             worker.unload.remote(key)

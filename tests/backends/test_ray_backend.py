@@ -317,6 +317,12 @@ def test_shutdown_leaves_no_process_behind(cluster: None) -> None:
     _gone, alive = psutil.wait_procs(before, timeout=15)
     assert alive == [], [" ".join(p.cmdline())[:80] for p in alive]
     assert not ray.is_initialized()
+    # an executable collected after the shutdown asks no worker to unload (a
+    # call on a handle would start a new Ray instance, and the steps after it
+    # would run there)
+    del executable
+    gc.collect()
+    assert not ray.is_initialized()
 
 
 def _dropout_step(state: dict[str, Any], batch: dict[str, Any]) -> Any:
