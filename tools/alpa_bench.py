@@ -710,7 +710,12 @@ def scaled_result(run: BenchRun, args: argparse.Namespace) -> dict[str, Any]:
         f"search: scaled (Alpa's full space has more than {MAX_VIEWS} logical mesh views): "
         f"{found.replicas} data-parallel replicas of a {found.pipeline.num_devices}-GPU "
         f"pipeline, each {found.num_micro_batches} of the {run.micro_batches} micro-batches, "
-        f"gradients all-reduced across them ({found.sync_seconds:.4g} s); no baselines"
+        + (
+            f"ZeRO-{found.zero} across them (gradients reduce-scattered, parameters "
+            f"all-gathered: {found.sync_seconds:.4g} s); no baselines"
+            if found.zero
+            else f"gradients all-reduced across them ({found.sync_seconds:.4g} s); no baselines"
+        )
     )
     return {
         "model": run.name,
@@ -788,7 +793,8 @@ def published_row(run: PublishedRun, args: argparse.Namespace) -> dict[str, Any]
         search["num_micro_batches"] = micro
         wall, cpu = scaled.times["total"], scaled.times["cpu"]
         replicas = (
-            f"{scaled.found.replicas} x {scaled.found.pipeline.num_devices} GPUs, B={micro}, "
+            f"{scaled.found.replicas} x {scaled.found.pipeline.num_devices} GPUs"
+            f"{f' ZeRO-{scaled.found.zero}' if scaled.found.zero else ''}, B={micro}, "
         )
     else:  # Alpa's plan alone (alpa-bench's baselines are not the planner's time)
         full = plan_scaled(

@@ -177,6 +177,7 @@ def _view_cost(cost: StageCost, cross_bytes: float, backward_bytes: float) -> Vi
         backward_bytes,
         None if saving is None else _view_cost(saving, cross_bytes, backward_bytes),
         m.gradients,
+        m.optimizer_state,
     )
 
 

@@ -5,7 +5,8 @@
 of one pipeline: the step traced abstractly at the micro-batch shape with its
 automatic layers, one cost table on the largest pipeline (the
 ``power-of-two`` submesh space, each layer priced once: ``layer-sum``), every
-replica count's stage DP and the replicas' gradient all-reduce. The chosen
+replica count's stage DP and the replicas' gradient all-reduce (or, with
+ZeRO across the replicas, reduce-scatter and all-gather). The chosen
 replica's stages are then simulated as every other ``alpa-bench`` plan is
 (:func:`alpa_ir.tools.bench_outcome.outcome`: one replica's ``B / r``
 micro-batches and ``1 / r`` of the step's FLOPs), and the all-reduce is added
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import resource
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -67,6 +69,7 @@ class ScaledResult:
             "pipeline_gpus": self.found.pipeline.num_devices,
             "replica_counts": [c.replicas for c in self.found.candidates],
             "sync_seconds": self.found.sync_seconds,
+            "replica_zero": self.found.zero,
             "views": self.views,
             "pairs_costed": self.pairs_costed,
             "time": dict(self.times),
@@ -96,13 +99,15 @@ def plan_scaled(
     full: bool = False,
     submesh_space: str = "all",
     cost_mode: str = "layer-sum",
+    replica_zero: Sequence[int] | None = None,
 ) -> ScaledResult:
     """Zoo model ``name`` on ``cluster`` at ``num_micro_batches`` micro-batches,
     planned by the scaled search and simulated (module docstring). ``full``:
     by the full search instead (one replica: the stage DP on a table of the
     whole cluster, ``submesh_space`` and ``cost_mode`` as ``construct-stages``
     takes them), Alpa's plan alone, without the baselines ``alpa-bench``
-    prices beside it."""
+    prices beside it. ``replica_zero``: the ZeRO stages across replicas the
+    search tries (None: none and ZeRO-2 with ``zero``, else none)."""
     from alpa_ir.costs.analytical_stage_cost import AnalyticalStageCostModel
     from alpa_ir.costs.costing_workers import StartedWorkers
     from alpa_ir.costs.function_plan import bound_cost_model
@@ -115,7 +120,6 @@ def plan_scaled(
         plan_replicated,
         planned_replica_counts,
         scaled_cost_table,
-        sub_table,
     )
     from alpa_ir.plugins.registry import default_registry
     from alpa_ir.tools.bench_outcome import outcome
@@ -165,13 +169,14 @@ def plan_scaled(
         epsilon=epsilon,
         cross_stage_comm=cross_stage_comm,
         remat=remat,
+        replica_zero=(0, 2) if replica_zero is None and zero else tuple(replica_zero or (0,)),
     )
     t3, cpu3 = time.perf_counter(), cpu_seconds()
     r = found.replicas
     plan = found.plan
     alpa = outcome(
         "alpa",
-        sub_table(table, found.pipeline),
+        found.table(table),
         plan.stages,
         found.num_micro_batches,
         flops / r,

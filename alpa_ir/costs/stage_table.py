@@ -99,6 +99,9 @@ class ViewCost:
     gradients: float = 0.0
     """Bytes of gradients per device (part of ``persistent``): what an
     all-reduce across data-parallel replicas of the stage moves."""
+    optimizer_state: float = 0.0
+    """Bytes of optimizer state per device (part of ``persistent``): what ZeRO
+    across data-parallel replicas of the stage partitions with the gradients."""
 
     def choices(self) -> tuple[ViewCost, ...]:
         return (self,) if self.memory_saving is None else (self, self.memory_saving)
@@ -129,6 +132,7 @@ def _view_cost(cost: StageCost, cross_bytes: float, backward_bytes: float = 0.0)
         backward_bytes,
         None if saving is None else _view_cost(saving, cross_bytes, backward_bytes),
         m.gradients,
+        m.optimizer_state,
     )
 
 
@@ -147,6 +151,7 @@ def _add(a: ViewCost, b: ViewCost) -> ViewCost:
         a.backward_bytes + b.backward_bytes,
         saving,
         a.gradients + b.gradients,
+        a.optimizer_state + b.optimizer_state,
     )
 
 

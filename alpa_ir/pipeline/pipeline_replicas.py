@@ -21,6 +21,15 @@ that space:
   replicas by the stage's devices on the whole cluster, so a shared NIC or an
   oversubscribed tier counts). The all-reduces of distinct meshes run at once
   (the slowest counts); none overlaps the pipeline (an upper bound).
+* **ZeRO across replicas** (``replica_zero``, ZeRO-1 or -2 over the ``r``
+  replicas, as Megatron's distributed optimizer and Llama 3's FSDP run it):
+  each device keeps ``1 / r`` of its stage's optimizer state (ZeRO-1) and
+  gradients too (ZeRO-2) (:func:`replica_zero_table`: the stage DP sees the
+  smaller persistent bytes, so narrower pipelines fit), and the all-reduce
+  becomes a reduce-scatter of the gradients and an all-gather of the updated
+  parameters (as many bytes as the gradients: ``gradient_factor`` 1),
+  priced the same way. Each ``r > 1`` is planned once per ZeRO stage asked
+  for; ``r = 1`` has nothing to partition.
 * **One cost table** serves every ``r``: it is built once on the largest
   pipeline, over the submeshes whose node count is a power of two
   (``power-of-two`` space: ``(1, 2^k)`` and ``(2^k, M)``, each with every
@@ -46,7 +55,7 @@ import numpy as np
 from alpa_ir.autosharding.cost_model import collective_bytes_on_wire
 from alpa_ir.costs.costing_workers import StartedWorkers
 from alpa_ir.costs.stage_cost import StageCostModel
-from alpa_ir.costs.stage_table import LayerRanges, StageCostTable, cost_table
+from alpa_ir.costs.stage_table import LayerRanges, StageCostTable, ViewCost, cost_table
 from alpa_ir.errors import AlpaError, PlanError
 from alpa_ir.hardware.clusters import Cluster
 from alpa_ir.pipeline.stage_construction import StagePlan, plan_stages
@@ -157,17 +166,52 @@ def sub_table(table: StageCostTable, cluster: Cluster) -> StageCostTable:
     return replace(table, cluster=cluster, submeshes=fits, views={s: table.views[s] for s in fits})
 
 
+ZERO_STAGES = (0, 1, 2)
+"""ZeRO across replicas: 0 none (gradients all-reduced, state whole on every
+replica), 1 the optimizer state partitioned, 2 the gradients too."""
+
+
+def _zero_view(cost: ViewCost, replicas: int, stage: int) -> ViewCost:
+    """``cost`` with its optimizer state (and with ``stage`` 2 its gradients)
+    partitioned over ``replicas``; ``gradients`` keeps what the reduction moves."""
+    kept = cost.optimizer_state + (cost.gradients if stage >= 2 else 0.0)
+    saving = cost.memory_saving
+    return replace(
+        cost,
+        persistent=cost.persistent - kept * (1.0 - 1.0 / replicas),
+        memory_saving=None if saving is None else _zero_view(saving, replicas, stage),
+    )
+
+
+def replica_zero_table(table: StageCostTable, replicas: int, stage: int) -> StageCostTable:
+    """``table`` as the stage DP sees it under ZeRO-``stage`` across
+    ``replicas`` replicas (module docstring): every cost's persistent bytes
+    less the partitioned share; latencies, views and the rest unchanged.
+    ``stage`` 0 or one replica: ``table`` itself."""
+    if stage not in ZERO_STAGES:
+        raise AlpaError(
+            f"construct-stages: ZeRO across replicas must be one of {ZERO_STAGES}, got {stage!r}"
+        )
+    if stage == 0 or replicas == 1:
+        return table
+    costs = {key: _zero_view(cost, replicas, stage) for key, cost in table.costs.items()}
+    return replace(table, costs=costs)
+
+
 def replica_sync_seconds(
-    cluster: Cluster, plan: StagePlan, replicas: int, pricer: object = None
+    cluster: Cluster, plan: StagePlan, replicas: int, pricer: object = None, zero: int = 0
 ) -> float:
     """Seconds of the gradient all-reduce across ``replicas`` replicas of
     ``plan`` (one replica's pipeline on devices ``0..P-1`` of ``cluster``,
     replica ``k`` on ``k·P ..``): per mesh, its devices' gradients over a mesh
     ``(replicas, mesh devices)`` of ``cluster``, axis 0; the slowest mesh.
+    With ``zero`` (ZeRO-1 or -2 across the replicas): a reduce-scatter of the
+    gradients and an all-gather of as many bytes of updated parameters instead.
     ``pricer``: a bound cost model with ``seconds(kind, mesh, bytes, axes)``;
     else ``α + β·bytes on the wire`` of axis 0."""
     if replicas == 1:
         return 0.0
+    kinds = ("reduce_scatter", "all_gather") if zero else ("all_reduce",)
     mesh_of = plan.mesh_of or tuple(range(len(plan.stages)))
     gradients: dict[int, float] = {}
     devices: dict[int, tuple[int, ...]] = {}
@@ -188,11 +232,13 @@ def replica_sync_seconds(
         grid = [r * width + d for r in range(replicas) for d in ids]
         mesh = cluster.logical_mesh((replicas, len(ids)), grid)
         assert mesh.alpha is not None and mesh.beta is not None
-        if seconds is not None:
-            t = float(seconds("all_reduce", mesh, gradients[k], (0,)))
-        else:
-            wire = collective_bytes_on_wire("all-reduce", gradients[k], replicas)
-            t = mesh.alpha[0] + mesh.beta[0] * wire
+        t = 0.0
+        for kind in kinds:
+            if seconds is not None:
+                t += float(seconds(kind, mesh, gradients[k], (0,)))
+            else:
+                wire = collective_bytes_on_wire(kind.replace("_", "-"), gradients[k], replicas)
+                t += mesh.alpha[0] + mesh.beta[0] * wire
         slowest = max(slowest, t)
     return slowest
 
@@ -207,6 +253,8 @@ class ReplicaCandidate:
     """One replica's step: the plan's latency (simulated, where the schedule was chosen)."""
     sync_seconds: float = 0.0
     note: str = ""
+    zero: int = 0
+    """ZeRO stage across the replicas (:data:`ZERO_STAGES`)."""
 
     @property
     def iteration_time(self) -> float:
@@ -226,7 +274,15 @@ class ReplicatedPlan:
     pipeline_seconds: float
     sync_seconds: float
     candidates: tuple[ReplicaCandidate, ...] = ()
-    """Every replica count tried, fewest replicas first."""
+    """Every replica count tried (per ZeRO stage), fewest replicas first."""
+    zero: int = 0
+    """ZeRO stage across the replicas (:data:`ZERO_STAGES`): the stages' memory
+    is :func:`replica_zero_table`'s."""
+
+    def table(self, table: StageCostTable) -> StageCostTable:
+        """The scaled search's ``table`` as this plan's stages were priced:
+        ZeRO across the replicas applied, read for the pipeline (simulate with it)."""
+        return sub_table(replica_zero_table(table, self.replicas, self.zero), self.pipeline)
 
     @property
     def iteration_time(self) -> float:
@@ -244,10 +300,15 @@ def plan_replicated(
     epsilon: float = 0.0,
     cross_stage_comm: bool = False,
     remat: bool = False,
+    replica_zero: Sequence[int] = (0,),
 ) -> ReplicatedPlan:
     """The best of ``replicas`` (default: every count whose pipeline ``table``
-    covers, :func:`replica_counts`) by one replica's step plus the gradient
-    all-reduce; ``table`` is built on the largest pipeline's cluster."""
+    covers, :func:`replica_counts`) and of the ZeRO stages across replicas
+    ``replica_zero`` (:data:`ZERO_STAGES`; one replica: 0 only) by one
+    replica's step plus the gradients' synchronization; ``table`` is built on
+    the largest pipeline's cluster. Ties: fewer replicas, then less ZeRO."""
+    for stage in replica_zero:
+        replica_zero_table(table, 1, stage)  # checks the stage
     if replicas is None:
         replicas = replica_counts(cluster.num_nodes, num_micro_batches, table.cluster.num_nodes)
     if not replicas:
@@ -263,30 +324,38 @@ def plan_replicated(
                 f"construct-stages: {r} replicas do not divide the {cluster.num_nodes} nodes "
                 f"and the {num_micro_batches} micro-batches"
             )
-        try:
-            pipeline = pipeline_cluster(cluster, cluster.num_nodes // r)
-            sub = table if r == 1 and pipeline == table.cluster else sub_table(table, pipeline)
-            plan = plan_stages(
-                sub,
-                num_micro_batches // r,
-                schedule,
-                epsilon=epsilon,
-                cross_stage_comm=cross_stage_comm,
-                remat=remat,
-            )
-        except (AlpaError, PlanError) as error:
-            tried.append(ReplicaCandidate(r, None, note=str(error)))
-            continue
-        step = plan.candidates[0].iteration_time if plan.candidates else plan.latency
-        sync = replica_sync_seconds(cluster, plan, r, pricer)
-        tried.append(ReplicaCandidate(r, plan, step, sync))
+        stages = (0,) if r == 1 else tuple(dict.fromkeys(replica_zero))
+        for zero in stages:
+            try:
+                pipeline = pipeline_cluster(cluster, cluster.num_nodes // r)
+                zeroed = replica_zero_table(table, r, zero)
+                sub = (
+                    zeroed if r == 1 and pipeline == table.cluster else sub_table(zeroed, pipeline)
+                )
+                plan = plan_stages(
+                    sub,
+                    num_micro_batches // r,
+                    schedule,
+                    epsilon=epsilon,
+                    cross_stage_comm=cross_stage_comm,
+                    remat=remat,
+                )
+            except (AlpaError, PlanError) as error:
+                tried.append(ReplicaCandidate(r, None, note=str(error), zero=zero))
+                continue
+            step = plan.candidates[0].iteration_time if plan.candidates else plan.latency
+            sync = replica_sync_seconds(cluster, plan, r, pricer, zero)
+            tried.append(ReplicaCandidate(r, plan, step, sync, zero=zero))
     found = [c for c in tried if c.plan is not None]
     if not found:
         raise PlanError(
             "construct-stages: no replicated pipeline fits: "
-            + "; ".join(f"{c.replicas} replicas: {c.note}" for c in tried)
+            + "; ".join(
+                f"{c.replicas} replicas{f' (ZeRO-{c.zero})' if c.zero else ''}: {c.note}"
+                for c in tried
+            )
         )
-    best = min(found, key=lambda c: (c.iteration_time, c.replicas))
+    best = min(found, key=lambda c: (c.iteration_time, c.replicas, c.zero))
     assert best.plan is not None
     return ReplicatedPlan(
         best.plan,
@@ -296,6 +365,7 @@ def plan_replicated(
         best.pipeline_seconds,
         best.sync_seconds,
         tuple(tried),
+        best.zero,
     )
 
 
@@ -353,6 +423,7 @@ __all__ = [
     "DEFAULT_MAX_PIPELINE_DEVICES",
     "FULL_SEARCH_VIEWS",
     "SEARCHES",
+    "ZERO_STAGES",
     "ReplicaCandidate",
     "ReplicatedPlan",
     "count_views",
@@ -361,6 +432,7 @@ __all__ = [
     "planned_replica_counts",
     "replica_counts",
     "replica_sync_seconds",
+    "replica_zero_table",
     "scaled_cost_table",
     "search_kind",
     "sub_table",

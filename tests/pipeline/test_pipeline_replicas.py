@@ -21,6 +21,7 @@ from alpa_ir.pipeline.pipeline_replicas import (
     planned_replica_counts,
     replica_counts,
     replica_sync_seconds,
+    replica_zero_table,
     scaled_cost_table,
     search_kind,
     sub_table,
@@ -203,3 +204,64 @@ def test_planned_replica_counts_skip_pipelines_that_split_a_unit() -> None:
     assert planned_replica_counts(cluster, 128, max_devices=512) == (8, 32, 64, 128)
     with pytest.raises(PlanError, match="no replica count divides"):
         planned_replica_counts(cluster, 1, max_devices=512)
+
+
+def _zero_instance(memory: float = 300.0) -> tuple[Cluster, StageCostTable]:
+    """Two one-GPU nodes, one layer: on one GPU 1.0 s per micro-batch and
+    100 B of parameters, 100 of gradients, 200 of optimizer state (400 held,
+    10 per micro-batch); on both GPUs 0.7 s and 220 held. 300 B per GPU."""
+    cluster = _cluster(2, per_node=1, memory=memory)
+    views = submesh_views(cluster, "power-of-two")
+    table = StageCostTable(cluster, tuple(views), views, 1)
+    for meshes in views.values():
+        for view in meshes:
+            one = int(np.prod(view.shape)) == 1
+            table.costs[(0, 0, view.shape)] = ViewCost(
+                1.0 if one else 0.7,
+                400.0 if one else 220.0,
+                10.0,
+                8.0,
+                gradients=100.0 if one else 50.0,
+                optimizer_state=200.0 if one else 100.0,
+            )
+    return cluster, table
+
+
+def test_zero_across_replicas_lets_a_narrower_pipeline_fit_and_win() -> None:
+    """Hand computation. One replica on both GPUs: 4 micro-batches of 0.7 s =
+    2.8 s. Two replicas of one GPU hold 400 + 10 > 300 B without ZeRO, and
+    400 − 200/2 + 10 = 310 B with ZeRO-1 (neither fits); with ZeRO-2 across
+    them 400 − 300/2 + 10 = 260 B: 2 micro-batches of 1.0 s, then a
+    reduce-scatter and an all-gather of 100 B over the node link
+    (2 × (10 µs + 1 ns/B · ½ · 100 B)): 2.0000201 s, ahead of 2.8 s."""
+    cluster, table = _zero_instance()
+    found = plan_replicated(table, cluster, 4, replica_zero=(0, 1, 2))
+    tried = {(c.replicas, c.zero): c for c in found.candidates}
+    assert set(tried) == {(1, 0), (2, 0), (2, 1), (2, 2)}
+    assert tried[(1, 0)].iteration_time == pytest.approx(2.8)
+    assert tried[(2, 0)].plan is None and tried[(2, 1)].plan is None
+    sync = 2 * (1e-5 + 1e-9 * 0.5 * 100)
+    assert tried[(2, 2)].sync_seconds == pytest.approx(sync, rel=1e-12)
+    assert found.replicas == 2 and found.zero == 2
+    assert found.iteration_time == pytest.approx(2.0 + sync, rel=1e-12)
+    # the stages the simulator gets hold ZeRO-2's bytes
+    stage = found.table(table).cost(0, 0, (1, 1))
+    assert stage.persistent == 250.0 and stage.gradients == 100.0
+    # without ZeRO across replicas (the default) one replica of two GPUs wins
+    plain = plan_replicated(table, cluster, 4)
+    assert (plain.replicas, plain.zero) == (1, 0)
+    assert plain.iteration_time == pytest.approx(2.8)
+
+
+def test_zero_across_replicas_costs_nothing_when_all_fit() -> None:
+    """With memory enough for all, ZeRO-2's reduce-scatter and all-gather move
+    what the all-reduce moves (α twice: 2.0000201 against 2.0000101 s), so
+    the plain all-reduce is kept; one replica has nothing to partition."""
+    cluster, table = _zero_instance(memory=1e9)
+    found = plan_replicated(table, cluster, 4, replica_zero=(0, 2))
+    tried = {(c.replicas, c.zero): c for c in found.candidates}
+    assert tried[(2, 0)].sync_seconds == pytest.approx(1e-5 + 1e-9 * 100, rel=1e-12)
+    assert (found.replicas, found.zero) == (2, 0)
+    assert replica_zero_table(table, 1, 2) is table
+    with pytest.raises(AlpaError, match="ZeRO across replicas must be one of"):
+        plan_replicated(table, cluster, 4, replica_zero=(3,))

@@ -21,13 +21,16 @@ def test_a_cluster_beyond_the_full_search_gets_a_replicated_plan() -> None:
     assert not alpa.error and math.isfinite(alpa.iteration_time)
     assert found.replicas * found.pipeline.num_devices == 1024
     # 8 micro-batches: 8 replicas of 16 nodes (32 nodes are no block of 20-node units)
-    assert [c.replicas for c in found.candidates] == [8] and found.num_micro_batches == 1
+    # each with and without ZeRO-2 across the replicas (plan_scaled's zero)
+    assert [(c.replicas, c.zero) for c in found.candidates] == [(8, 0), (8, 2)]
+    assert found.num_micro_batches == 1
     assert found.sync_seconds > 0
     # one replica's simulated pipeline plus the all-reduce across replicas
     assert alpa.iteration_time > found.sync_seconds
     assert alpa.pflops * alpa.iteration_time > 0
     summary = result.summary()
     assert summary["replicas"] == found.replicas and summary["views"] == result.views
+    assert summary["replica_zero"] == found.zero
     assert summary["time"]["cpu"] > 0 and summary["peak_rss_gib"]["planner"] > 0
     parts = [summary["time"][f"cpu_{p}"] for p in ("trace", "costing", "dp", "simulate")]
     assert min(parts) >= 0 and math.isclose(sum(parts), summary["time"]["cpu"])
