@@ -75,7 +75,7 @@ _EXPORTS: dict[str, str] = {
     "stage_dp": "alpa_ir.algorithms.stage_dp",
     "LogicalDeviceMesh": "alpa_ir.hardware.device_mesh",
     "PhysicalDeviceMesh": "alpa_ir.hardware.device_mesh",
-    "get_global_physical_mesh": "alpa_ir.hardware.device_mesh",
+    "get_global_physical_mesh": "alpa_ir.compat.device_cluster",
     "init": "alpa_ir.api.runtime_api",
     "shutdown": "alpa_ir.api.runtime_api",
     "save_checkpoint": "alpa_ir.api.checkpoint",

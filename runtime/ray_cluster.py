@@ -352,3 +352,34 @@ def host_link(resource: str) -> HostLink:
         bandwidth, latency = (float(x) for x in value.decode().split())
         return HostLink(bandwidth, latency, True)
     return DEFAULT_LINKS.get(resource, DEFAULT_LINKS["CPU"])
+
+
+def _session_key(name: str) -> bytes:
+    """``name``'s key in the cluster's key-value store for this driver's job:
+    another driver of the same cluster, or this process after ``shutdown()``
+    and ``init()`` again (a new job), does not see it."""
+    ray = require_ray()
+    return f"alpa_ir/session/{ray.get_runtime_context().get_job_id()}/{name}".encode()
+
+
+def session_put(name: str, value: str) -> None:
+    """Keep ``value`` for this driver's Ray session (Ray's key-value store,
+    as :func:`record_link`; nothing kept in this process): it lasts until
+    ``shutdown()``."""
+    from ray.experimental import internal_kv
+
+    internal_kv._internal_kv_put(_session_key(name), value.encode(), overwrite=True)
+
+
+def session_get(name: str) -> str | None:
+    """What :func:`session_put` kept under ``name`` in this driver's Ray
+    session; None when nothing was, or when this process is not connected."""
+    import sys
+
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return None
+    from ray.experimental import internal_kv
+
+    value = internal_kv._internal_kv_get(_session_key(name))
+    return value.decode() if value else None

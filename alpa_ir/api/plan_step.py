@@ -130,7 +130,13 @@ def plan_step(
 
     registry = registry or default_registry()
     backend = session_backend(getattr(method, "backend", None))
-    mesh = resolve_mesh(method.devices, backend_devices(backend))
+    devices = method.devices
+    if devices is None:  # the session's mesh (set_global_physical_mesh), if any
+        from alpa_ir.api.session_meshes import session_physical_mesh
+
+        kept = session_physical_mesh()
+        devices = None if kept is None else kept.logical_mesh()
+    mesh = resolve_mesh(devices, backend_devices(backend))
     option = method.auto_sharding_option
     if (option.force_data_parallel or option.force_zero_stage_3) and not isinstance(
         method, ManualShardParallel

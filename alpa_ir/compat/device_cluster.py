@@ -17,8 +17,10 @@ from typing import Any
 
 import jax
 
+from alpa_ir.api.session_meshes import session_physical_mesh, set_global_physical_mesh
 from alpa_ir.errors import AlpaError
 from alpa_ir.hardware.device_mesh import PhysicalDeviceMesh
+from alpa_ir.hardware.device_mesh import get_global_physical_mesh as _local_physical_mesh
 from alpa_ir.runtime.ray_cluster import Host, cluster_hosts, require_ray
 
 LocalPhysicalDeviceMesh = PhysicalDeviceMesh
@@ -159,6 +161,18 @@ def get_global_virtual_physical_mesh() -> ClusterMesh | None:
     return None if cluster is None else cluster.get_virtual_physical_mesh()
 
 
+def get_global_physical_mesh(create_if_not_exist: bool = True) -> PhysicalDeviceMesh | None:
+    """The mesh ``set_global_physical_mesh`` gave this Ray session (a
+    :class:`ClusterMesh` of the same hosts, or the local devices it named);
+    else all local devices (None with ``create_if_not_exist=False``)."""
+    kept = session_physical_mesh()
+    if kept is None:
+        return _local_physical_mesh(create_if_not_exist)
+    if kept.host_ids is not None:
+        return DeviceCluster().get_physical_mesh(kept.host_ids, kept.shape[1])
+    return PhysicalDeviceMesh([jax.devices()[d] for d in kept.device_ids])
+
+
 def get_global_num_devices() -> int:
     """The devices steps run on: the Ray cluster's when connected, else this process's."""
     cluster = get_global_cluster()
@@ -176,5 +190,7 @@ __all__ = [
     "LocalPhysicalDeviceMesh",
     "get_global_cluster",
     "get_global_num_devices",
+    "get_global_physical_mesh",
     "get_global_virtual_physical_mesh",
+    "set_global_physical_mesh",
 ]

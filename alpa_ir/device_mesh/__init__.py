@@ -8,12 +8,13 @@ from alpa_ir.compat.device_cluster import (
     LocalPhysicalDeviceMesh,
     get_global_cluster,
     get_global_num_devices,
+    get_global_physical_mesh,
     get_global_virtual_physical_mesh,
+    set_global_physical_mesh,
 )
 from alpa_ir.hardware.device_mesh import (
     LogicalDeviceMesh,
     PhysicalDeviceMesh,
-    get_global_physical_mesh,
 )
 
 __all__ = [
@@ -27,4 +28,5 @@ __all__ = [
     "get_global_num_devices",
     "get_global_physical_mesh",
     "get_global_virtual_physical_mesh",
+    "set_global_physical_mesh",
 ]
