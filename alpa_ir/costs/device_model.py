@@ -11,7 +11,10 @@ apply-grad and the baselines all price a function's kernels here.
   ``m, n, k`` (log scale, interpolated), how far below that roofline a
   measured GEMM fell (tile and wave quantization: a ``(2048, 12288) ×
   (12288, 128)`` product, a Megatron layer's last matmul on 8-way tensor
-  parallelism, runs far below the square one). Plus the launch floor.
+  parallelism, runs far below the square one). The tiles: the profile's
+  output tiles and splits of ``k`` (split-K), the one that takes least time
+  (cuBLAS picks a kernel per problem), each charged its wave quantization.
+  Plus the launch floor.
 * **Memory-bound kernels** (everything XLA fuses: elementwise chains,
   reductions, layout changes, gathers): the bytes the fusion model says they
   read and write (:mod:`alpa_ir.costs.fusion`) at the achieved bandwidth, plus
@@ -20,7 +23,11 @@ apply-grad and the baselines all price a function's kernels here.
   update of a weight gradient the backward produced transposed) is priced at
   the profile's measured transposed-read rate for that array's size instead.
 
-The two are summed: kernels of one stream run one after another.
+The two are summed: kernels of one stream run one after another. The launch
+floor adds to every kernel where the host runs kernels one after another (the
+CPU devices); where the host queues them ahead of the device (``async_launch``,
+GPUs) a kernel costs the longer of its run and the floor, so that only kernels
+shorter than the floor pay it (their shortfall).
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from alpa_ir.costs.fusion import (
     BlockFusion,
     fused_traffic_bytes,
     is_identity,
+    traffic_by_kernel,
     transposed_reads,
 )
 from alpa_ir.dialects.lax import LaxOp
@@ -47,10 +55,17 @@ from alpa_ir.hardware.device_profile import DeviceProfile, GemmPoint
 MATMUL_PRIMITIVES = frozenset({"dot_general", "conv_general_dilated"})
 """Ops priced as GEMMs."""
 
+MIN_SPLIT_K_SLICE = 256
+"""The shortest slice of ``k`` a split-K GEMM gives a tile (8 of the 32-deep
+k-steps of cuBLAS's Volta tensor-core kernels, so that a slice's prologue and
+epilogue stay small against its main loop)."""
+
 
 @dataclass(frozen=True)
 class KernelTimes:
-    """A function's kernels priced: GEMM time, memory-bound time, launches."""
+    """A function's kernels priced: GEMM time, memory-bound time, and what the
+    launch floor adds to the memory-bound kernels (all of it, or with
+    ``async_launch`` the short kernels' shortfall)."""
 
     gemm: float
     memory: float
@@ -66,6 +81,9 @@ class DeviceModel:
     _curves: dict[str, tuple[float, tuple[float, ...], tuple[float, ...]]] = field(
         default_factory=dict, init=False, repr=False, compare=False, hash=False
     )
+    _gemms: dict[tuple[int, int, int, str, int], float] = field(
+        default_factory=dict, init=False, repr=False, compare=False, hash=False
+    )
 
     # -- GEMMs ----------------------------------------------------------------
 
@@ -73,34 +91,97 @@ class DeviceModel:
         """Seconds of ``batch`` GEMMs ``(m × k) · (k × n)`` in ``dtype``, launch included."""
         if min(m, n, k, batch) <= 0:
             return 0.0
-        throughput, dims, ratios = self._curve(dtype)
-        efficiency = _interpolate(math.log2(min(m, n, k)), dims, ratios)
-        return self._roof(m, n, k, dtype, batch, throughput) / efficiency + (
-            self.profile.launch_overhead
-        )
+        key = (m, n, k, dtype, batch)
+        found = self._gemms.get(key)
+        if found is None:  # the same shapes recur in every layer and plan
+            throughput, dims, ratios = self._curve(dtype)
+            efficiency = _interpolate(math.log2(min(m, n, k)), dims, ratios)
+            run = self._roof(m, n, k, dtype, batch, throughput) / efficiency
+            found = self._gemms[key] = self.kernel_time(run)
+        return found
+
+    def kernel_time(self, run: float) -> float:
+        """Seconds a kernel that runs ``run`` seconds costs in its stream: the
+        launch floor added (launches one after another), or the longer of the
+        two (``async_launch``: queued ahead of the device)."""
+        launch = self.profile.launch_overhead
+        return max(run, launch) if self.profile.async_launch else run + launch
 
     def _roof(self, m: int, n: int, k: int, dtype: str, batch: int, throughput: float) -> float:
         """The roofline of a GEMM: its FLOPs at ``throughput`` over the tiles
-        it really fills (wave quantization, where the profile has SMs), or its
-        operands and result at the memory bandwidth, whichever takes longer."""
-        flops = 2.0 * batch * m * n * k
+        it really fills (wave quantization, where the profile has SMs; the
+        best of the profile's tiles and splits of ``k``), or its operands and
+        result at the memory bandwidth, whichever takes longer."""
         moved = batch * _itemsize(dtype) * (m * k + k * n + m * n)
         return max(
-            flops / (throughput * self.wave_efficiency(m, n, batch)),
+            self._tiled_time(m, n, k, dtype, batch, throughput),
             moved / self.profile.memory_bandwidth,
         )
 
-    def wave_efficiency(self, m: int, n: int, batch: int = 1) -> float:
+    def _tiled_time(
+        self, m: int, n: int, k: int, dtype: str, batch: int, throughput: float
+    ) -> float:
+        """The compute time of the fastest tiling: ``gemm_tile`` at
+        ``throughput``, each of ``gemm_tiles`` at the rate the L2 cache feeds
+        it (capped at ``throughput``), each with ``k`` whole or split in 2, 4,
+        ... up to ``max_split_k`` slices of at least ``MIN_SPLIT_K_SLICE``
+        (split-K: ``split`` times the tiles; the fp32 partial sums written and
+        read back once by a reduction at the memory bandwidth)."""
+        flops = 2.0 * batch * m * n * k
+        main = self.profile.gemm_tile
+        best = flops / (throughput * self.wave_efficiency(m, n, batch))
+        if not self.profile.sm_count:
+            return best
+        tiles = [main]
+        if self.profile.l2_bandwidth > 0:
+            tiles += [t for t in self.profile.gemm_tiles if t != main]
+        splits = [1]
+        while splits[-1] * 2 <= self.profile.max_split_k and (
+            k // (splits[-1] * 2) >= MIN_SPLIT_K_SLICE
+        ):
+            splits.append(splits[-1] * 2)
+        for tile in tiles:
+            rate = throughput if tile == main else self.tile_rate(tile, dtype, throughput)
+            for split in splits:
+                if tile == main and split == 1:
+                    continue
+                partials = (
+                    2.0 * split * batch * m * n * 4 / self.profile.memory_bandwidth
+                    if split > 1
+                    else 0.0
+                )
+                busy = flops / (rate * self.wave_efficiency(m, n, batch * split, tile))
+                best = min(best, busy + partials)
+        return best
+
+    def tile_rate(self, tile: tuple[int, int], dtype: str, throughput: float) -> float:
+        """FLOP/s of a ``tm × tn`` output tile: it reads ``tm + tn`` elements
+        from the L2 cache per ``2·tm·tn`` FLOPs, so it runs at most at
+        ``l2_bandwidth × 2·tm·tn / (itemsize·(tm + tn))`` (small tiles reuse
+        less: NVIDIA's *Matrix Multiplication Background* guide, "larger tiles
+        have more data reuse"), and at most at ``throughput``."""
+        tm, tn = tile
+        fed = self.profile.l2_bandwidth * 2.0 * tm * tn / (_itemsize(dtype) * (tm + tn))
+        return min(throughput, fed) if fed > 0 else throughput
+
+    def wave_efficiency(
+        self, m: int, n: int, batch: int = 1, tile: tuple[int, int] | None = None
+    ) -> float:
         """The share of the tiles' work that is the GEMM's own: output tiles
-        run ``sm_count`` at a time, a partial tile or a partial last wave costs
-        a whole one (1.0 where the profile has no SM count)."""
+        (``gemm_tile`` unless ``tile``) run ``sm_count`` at a time, a partial
+        tile or a partial last wave costs a whole one (1.0 where the profile
+        has no SM count). A tile smaller than ``gemm_tile`` packs
+        ``gemm_tile``'s area over its own thread blocks on an SM (one SM's
+        worth of work per wave stays the same)."""
         sms = self.profile.sm_count
         if not sms:
             return 1.0
-        tm, tn = self.profile.gemm_tile
+        tm, tn = tile or self.profile.gemm_tile
+        big_m, big_n = self.profile.gemm_tile
+        per_sm = max(1, (big_m * big_n) // (tm * tn))
         tiles = math.ceil(m / tm) * math.ceil(n / tn) * batch
-        waves = math.ceil(tiles / sms)
-        return (m * n * batch) / (waves * sms * tm * tn)
+        waves = math.ceil(tiles / (sms * per_sm))
+        return (m * n * batch) / (waves * sms * per_sm * tm * tn)
 
     def _curve(self, dtype: str) -> tuple[float, tuple[float, ...], tuple[float, ...]]:
         """``dtype``'s GEMM throughput on whole waves and the measured
@@ -179,22 +260,38 @@ class DeviceModel:
         fusion = fusion or BlockFusion(block)
         gemm = 0.0
         gemm_bytes = 0.0
-        kernels = 0
+        kernels: dict[Operation, float] = {}  # the other kernels: their compute seconds
         for op in fusion.ops:
             if isinstance(op, LaxOp) and op.primitive_name in MATMUL_PRIMITIVES:
                 gemm += self.op_gemm_time(op, shapes)
                 gemm_bytes += op_bytes(op, shapes)
             elif op.regions and any(r.blocks for r in op.regions):
-                body_flops = op_flops(op, shapes)
-                gemm += body_flops / self._curve(_dtype_name_of_op(op))[0]
-                kernels += 1
+                body = op_flops(op, shapes) / self._curve(_dtype_name_of_op(op))[0]
+                gemm += body
+                kernels[op] = body
             elif _materializes(op, fusion):
-                kernels += 1
-        total = (
-            fused_traffic_bytes(block, shapes, fusion)
-            if fused
-            else sum(op_bytes(op, shapes) for op in fusion.ops if isinstance(op, LaxOp))
-        )
+                kernels[op] = 0.0
+        floor = self.profile.launch_overhead
+        if self.profile.async_launch and floor > 0:
+            # each kernel pays only what its run falls short of the floor
+            by_kernel = (
+                traffic_by_kernel(block, shapes, fusion)
+                if fused
+                else {op: op_bytes(op, shapes) for op in fusion.ops if isinstance(op, LaxOp)}
+            )
+            total = sum(by_kernel.values())
+            bandwidth = self.profile.memory_bandwidth
+            launches = sum(
+                max(floor - busy - by_kernel.get(op, 0.0) / bandwidth, 0.0)
+                for op, busy in kernels.items()
+            )
+        else:
+            total = (
+                fused_traffic_bytes(block, shapes, fusion)
+                if fused
+                else sum(op_bytes(op, shapes) for op in fusion.ops if isinstance(op, LaxOp))
+            )
+            launches = len(kernels) * floor
         traffic = max(total - gemm_bytes, 0.0)
         strided = (
             sum(self.transposed_read_time(b) for b in transposed_reads(block, shapes, fusion))
@@ -204,8 +301,8 @@ class DeviceModel:
         return KernelTimes(
             gemm=gemm,
             memory=traffic / self.profile.memory_bandwidth + strided,
-            launches=kernels * self.profile.launch_overhead,
-            kernels=kernels,
+            launches=launches,
+            kernels=len(kernels),
         )
 
 

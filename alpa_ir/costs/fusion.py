@@ -171,16 +171,21 @@ class BlockFusion:
 
     def kernels_reading(self, value: SSAValue) -> int:
         """How many materializing kernels read ``value`` (through fused chains)."""
+        return len(self.kernel_ops_reading(value))
+
+    def kernel_ops_reading(self, value: SSAValue) -> list[Operation]:
+        """The materializing kernels (their last op) that read ``value``
+        (through fused chains)."""
         seen: set[Operation] = set()
         stack = [u for u in self.users(value) if u is not self.block.last_op]
-        kernels = 0
+        kernels: list[Operation] = []
         while stack:
             user = stack.pop()
             if user in seen:
                 continue
             seen.add(user)
             if any(r in self.materialized for r in user.results) or not user.results:
-                kernels += 1
+                kernels.append(user)
             for result in user.results:
                 if result not in self.materialized:
                     stack.extend(u for u in self.users(result) if u is not self.block.last_op)
@@ -256,6 +261,32 @@ def fused_traffic_bytes(
     return total
 
 
+def traffic_by_kernel(
+    block: Block,
+    shapes: Callable[[SSAValue], tuple[int, ...]],
+    fusion: BlockFusion | None = None,
+) -> dict[Operation, float]:
+    """:func:`fused_traffic_bytes` per kernel (keyed by the op that ends it):
+    a materialized result's write to its op, each read to the kernel that
+    reads it. The values sum to :func:`fused_traffic_bytes`."""
+    fusion = fusion or BlockFusion(block)
+    out: dict[Operation, float] = {}
+    values = [*block.args, *(r for op in fusion.ops for r in op.results)]
+    for value in values:
+        if value.owner is not block and value not in fusion.materialized:
+            continue
+        try:
+            size = math.prod(shapes(value)) * dtype_of(value.type).itemsize
+        except Exception:  # a non-tensor value (a token) moves nothing
+            continue
+        if value.owner is not block:
+            owner = value.owner
+            out[owner] = out.get(owner, 0.0) + size  # type: ignore[index]
+        for kernel in fusion.kernel_ops_reading(value):
+            out[kernel] = out.get(kernel, 0.0) + size
+    return out
+
+
 def moves_minor_dimension(op: Operation) -> bool:
     """Is ``op`` a ``transpose`` whose result's minor (last) dimension is not
     its operand's (a read of its operand strides through memory)?"""
@@ -302,5 +333,6 @@ __all__ = [
     "merge_identity_ranges",
     "moves_minor_dimension",
     "streamed_inputs",
+    "traffic_by_kernel",
     "transposed_reads",
 ]

@@ -19,7 +19,8 @@ Sources:
     the same efficiency: 93 TFLOP/s.
 [JIA] Z. Jia et al., "Dissecting the NVIDIA Volta GPU Architecture via
     Microbenchmarking", 2018 (arXiv:1804.06826): V100 global memory
-    throughput 750 GB/s of 900.
+    throughput 750 GB/s of 900; L2 cache throughput 2,155 GB/s (its L2
+    microbenchmark, against the P100's 1,624).
 [NCCL-A100] NVIDIA/nccl-tests issue #149: ``all_reduce_perf`` on 8 A100-SXM4
     80 GB over NVLink 3 / NVSwitch: bus bandwidth about 200 GB/s.
 [NCCL-H100] NVIDIA/nccl-tests issue #212 (S. Jeaugey): NCCL reaches about
@@ -33,6 +34,21 @@ Sources:
     tail; XLA's async dispatch hides launches only behind running kernels).
     Published figures: 4-6 µs per kernel (CUDA Programming Guide's measured
     launch latencies, nccl-tests' small-message floors).
+[GRAPHS] A. Gray, "Getting Started with CUDA Graphs", NVIDIA Technical Blog,
+    2019: on a V100, a chain of short kernels (2.9 µs each) took 9.6 µs per
+    kernel when the host waited for each, 3.8 µs when launched back to back
+    into a stream (the launch overlaps the previous kernel's run). Launches
+    are asynchronous on GPUs: a kernel queued behind a running one costs the
+    longer of its run and the launch floor, not their sum (``async_launch``).
+[TILES] NVIDIA, *Matrix Multiplication Background User's Guide* (DU-09799-001,
+    §2.3 and §3): cuBLAS runs a GEMM with one of several output tiles
+    (256x128, 128x128, 128x64, 64x64, ...) chosen per problem; larger tiles
+    reuse more data, smaller ones fill more SMs (tile and wave quantization),
+    and it may split ``k`` (split-K) for outputs of few tiles. The rate of a
+    tile is bounded by what the L2 cache serves it; [JIA] measured the V100's
+    L2 throughput at 2,155 GB/s: a 64x64 fp16 tile (32 FLOP per byte read)
+    reaches at most 69 TFLOP/s, a 128x64 one 92, a 128x128 one 138 (above
+    [MARKIDIS]'s 93, so the large tiles run at the measured rate).
 
 Overlap: none in the built-in profiles. XLA of Alpa's time ran a step's
 collectives synchronously on the compute stream (its async collectives came
@@ -90,6 +106,10 @@ def v100_sxm2_aws() -> DeviceProfile:
         ),
         overlap=Overlap(gradient_sync=0.0, cross_mesh=0.0),
         sm_count=80,
+        gemm_tiles=((256, 128), (128, 256), (128, 64), (64, 128), (64, 64)),  # [TILES]
+        l2_bandwidth=2155 * GB,  # [JIA]
+        max_split_k=8,  # [TILES]
+        async_launch=True,  # [GRAPHS]
     )
 
 

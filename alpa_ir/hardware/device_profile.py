@@ -12,7 +12,10 @@ which are the model's tests):
 * ``memory_bandwidth``: bytes/s a streaming elementwise kernel reaches (read +
   written), the price of every memory-bound op after XLA's fusion.
 * ``launch_overhead``: seconds a kernel costs however small (launch and tail),
-  the floor of every fused op.
+  the floor of every fused op; with ``async_launch`` (GPUs: the host queues
+  kernels ahead of the stream) a kernel costs the longer of its run and this
+  floor, otherwise (the CPU devices: thunks run one after another on the host)
+  the two add up.
 * ``collectives``: per network level and collective kind, the latency and the
   achieved *bus* bandwidth in NCCL's convention (``nccl-tests``: an all-reduce
   of ``S`` bytes over ``n`` devices takes ``α + 2(n−1)/n · S / busbw``; an
@@ -110,7 +113,22 @@ class DeviceProfile:
     one (wave quantization, NVIDIA's *Matrix Multiplication Background*
     guide). 0: not modelled (the measured points carry it, e.g. on CPUs)."""
     gemm_tile: tuple[int, int] = (128, 128)
-    """The output tile of one thread block (cuBLAS's common 128 × 128 tile)."""
+    """The output tile of one thread block (cuBLAS's common 128 × 128 tile):
+    one SM's worth of work at the asymptotic GEMM throughput."""
+    gemm_tiles: tuple[tuple[int, int], ...] = ()
+    """Other output tiles the GEMM library picks from per problem (cuBLAS:
+    256 × 128, 128 × 64, 64 × 64, ...). A GEMM runs with the tile (and split
+    of ``k``) that takes least time; a tile smaller than ``gemm_tile`` packs
+    several thread blocks on an SM and runs at most at the rate the L2 cache
+    feeds it (``l2_bandwidth``). Empty: ``gemm_tile`` only."""
+    l2_bandwidth: float = 0.0
+    """Bytes/s the L2 cache serves to all SMs (a tile of ``tm × tn`` reads
+    ``tm + tn`` elements per ``2·tm·tn`` FLOPs from it); 0: not modelled."""
+    max_split_k: int = 1
+    """The most slices a GEMM's ``k`` may be split into (split-K: more tiles
+    for a skinny output; the fp32 partial sums go through memory); 1: none."""
+    async_launch: bool = False
+    """Kernels are queued ahead of the device (``launch_overhead``)."""
     transpose_bandwidth: tuple[tuple[float, float], ...] = ()
     """``(bytes, bytes/s)``: reading an array of ``bytes`` through a transpose
     that moves its minor dimension (module docstring); empty: at
@@ -132,8 +150,14 @@ class DeviceProfile:
         ):
             if not _positive(value):
                 raise AlpaError(f"{where}: {what} must be positive, got {value}")
-        if self.sm_count < 0 or len(self.gemm_tile) != 2 or min(self.gemm_tile) < 1:
-            raise AlpaError(f"{where}: sm_count must be >= 0 and gemm_tile two sizes >= 1")
+        if self.sm_count < 0 or any(
+            len(t) != 2 or min(t) < 1 for t in (self.gemm_tile, *self.gemm_tiles)
+        ):
+            raise AlpaError(f"{where}: sm_count must be >= 0 and gemm_tile(s) two sizes >= 1 each")
+        if self.max_split_k < 1 or not (
+            math.isfinite(self.l2_bandwidth) and self.l2_bandwidth >= 0
+        ):
+            raise AlpaError(f"{where}: max_split_k must be >= 1 and l2_bandwidth >= 0")
         if not (math.isfinite(self.launch_overhead) and self.launch_overhead >= 0):
             raise AlpaError(f"{where}: launch_overhead must be >= 0 s, got {self.launch_overhead}")
         if not (math.isfinite(self.solo_speedup) and self.solo_speedup >= 1.0):
@@ -228,6 +252,10 @@ class DeviceProfile:
                 overlap=Overlap(**data.get("overlap", {})),
                 sm_count=int(data.get("sm_count", 0)),
                 gemm_tile=tuple(int(t) for t in data.get("gemm_tile", (128, 128))),  # type: ignore[arg-type]
+                gemm_tiles=tuple((int(a), int(b)) for a, b in data.get("gemm_tiles", ())),
+                l2_bandwidth=float(data.get("l2_bandwidth", 0.0)),
+                max_split_k=int(data.get("max_split_k", 1)),
+                async_launch=bool(data.get("async_launch", False)),
                 solo_speedup=float(data.get("solo_speedup", 1.0)),
                 transpose_bandwidth=tuple(
                     (float(b), float(r)) for b, r in data.get("transpose_bandwidth", ())

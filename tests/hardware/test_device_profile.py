@@ -8,9 +8,13 @@ import math
 from dataclasses import replace
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
 import pytest
 
+import alpa_ir
 from alpa_ir.costs.device_model import DeviceModel, nominal_profile
+from alpa_ir.dialects.types import shape_of
 from alpa_ir.errors import AlpaError
 from alpa_ir.hardware.builtin_profiles import builtin_profiles, v100_sxm2_aws
 from alpa_ir.hardware.clusters import Cluster, get_cluster
@@ -20,6 +24,7 @@ from alpa_ir.hardware.device_profile import (
     GemmPoint,
     load_profile,
 )
+from alpa_ir.ir.module_utils import main_function
 
 
 def _profile(**changes: object) -> DeviceProfile:
@@ -93,6 +98,9 @@ def test_a_profile_of_another_version_is_refused_in_one_line(tmp_path: Path) -> 
         ({"launch_overhead": -1.0}, "launch_overhead"),
         ({"collectives": (CollectiveFit("broadcast", "x", 0, 0.0, 1.0),)}, "unknown collective"),
         ({"sm_count": -1}, "sm_count"),
+        ({"gemm_tiles": ((64, 0),)}, "gemm_tile"),
+        ({"max_split_k": 0}, "max_split_k"),
+        ({"l2_bandwidth": -1.0}, "l2_bandwidth"),
         ({"transpose_bandwidth": ((1024.0, 0.0),)}, "transpose_bandwidth point"),
         ({"solo_speedup": 0.5}, "solo_speedup must be >= 1"),
     ],
@@ -119,15 +127,83 @@ def test_thin_gemms_run_at_the_measured_thin_efficiency() -> None:
     assert thin < middle < square
 
 
+def _one_tile_v100() -> DeviceProfile:
+    """The V100 profile with cuBLAS's 128 x 128 tile only, no split-K, and
+    launches that add to every kernel (the device model before tile choice)."""
+    return replace(v100_sxm2_aws(), gemm_tiles=(), max_split_k=1, async_launch=False)
+
+
 def test_wave_quantization_charges_a_partial_wave_whole() -> None:
     """80 SMs of 128 x 128 tiles: 81 tiles take two waves, twice 80 tiles' time."""
-    model = DeviceModel(v100_sxm2_aws())
+    model = DeviceModel(_one_tile_v100())
     assert model.wave_efficiency(128 * 80, 128) == 1.0
     assert model.wave_efficiency(128 * 81, 128) == pytest.approx(81 / 160)
     # the compute-bound time of 81 tiles is that of 160
     t80 = model.gemm_time(128 * 80, 128, 8192, "float16")
     t81 = model.gemm_time(128 * 81, 128, 8192, "float16")
     assert t81 - 5e-6 == pytest.approx(2 * (t80 - 5e-6), rel=0.02)
+
+
+def test_a_gemm_runs_with_its_fastest_tile_and_split() -> None:
+    """cuBLAS picks a tile and a split of k per problem: 81 tiles of 128 x 128
+    over 80 SMs (two waves, half of the second idle) run faster split in k
+    (more, fuller waves, the fp32 partial sums through memory), never faster
+    than all SMs busy; a problem of whole waves keeps the 128 x 128 time."""
+    chosen, single = DeviceModel(v100_sxm2_aws()), DeviceModel(_one_tile_v100())
+    m, n, k = 128 * 81, 128, 8192
+    busy = 2 * m * n * k / chosen._curve("float16")[0]
+    assert busy < chosen.gemm_time(m, n, k, "float16") < 0.8 * single.gemm_time(m, n, k, "float16")
+    # split 4: 324 tiles in 5 waves of 80, the partials written and read once
+    split4 = busy * 400 / 324 + 2 * 4 * m * n * 4 / 750e9
+    assert chosen.gemm_time(m, n, k, "float16") <= split4
+    whole = (128 * 80, 128 * 8, 8192)
+    assert chosen.gemm_time(*whole, "float16") == pytest.approx(
+        single.gemm_time(*whole, "float16") - 5e-6
+    )
+
+
+def test_small_tiles_run_at_most_at_the_rate_the_l2_cache_feeds_them() -> None:
+    """A 64 x 64 fp16 tile reads 64 + 64 elements (256 bytes) per 2·64·64
+    FLOPs: at the V100's 2,155 GB/s of L2 it reaches 69 TFLOP/s, below the
+    large tiles' 93; in fp32 (no tensor cores, 11.6 TFLOP/s) it is not bound."""
+    model = DeviceModel(v100_sxm2_aws())
+    assert model.tile_rate((64, 64), "float16", 93e12) == pytest.approx(2155e9 * 32)
+    assert model.tile_rate((128, 128), "float16", 93e12) == 93e12
+    assert model.tile_rate((64, 64), "float32", 11.6e12) == 11.6e12
+    # a smaller tile packs its share of the 128 x 128 tile's SM: 4 per SM
+    assert model.wave_efficiency(64 * 320, 64, tile=(64, 64)) == 1.0
+    assert model.wave_efficiency(64 * 321, 64, tile=(64, 64)) == pytest.approx(321 / 640)
+
+
+def test_queued_launches_cost_the_longer_of_run_and_floor() -> None:
+    """GPUs queue kernels ahead (async_launch): a kernel costs max(run, 5 µs);
+    where the host runs them one by one (CPU devices) the two add up."""
+    queued, serial = DeviceModel(v100_sxm2_aws()), DeviceModel(_one_tile_v100())
+    assert queued.gemm_time(16, 16, 16, "float16") == pytest.approx(5e-6)
+    assert serial.gemm_time(16, 16, 16, "float16") > 5e-6
+    big = (4096, 4096, 4096)
+    assert queued.gemm_time(*big, "float16") == pytest.approx(
+        serial.gemm_time(*big, "float16") - 5e-6, rel=1e-6
+    )
+
+
+def test_only_kernels_shorter_than_the_floor_pay_it() -> None:
+    """A block of one large elementwise kernel and one tiny one: with queued
+    launches only the tiny one pays (its shortfall to 5 µs); launched one by
+    one both pay 5 µs each."""
+
+    def fn(x: jax.Array, y: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return jnp.exp(x) * 2.0, jnp.tanh(y)
+
+    block = main_function(alpa_ir.import_jax(fn, jnp.ones((4096, 4096)), jnp.ones((8,)))).body.block
+    shapes = lambda v: tuple(shape_of(v.type))  # noqa: E731
+    queued = DeviceModel(v100_sxm2_aws()).block_times(block, shapes)
+    serial = DeviceModel(_one_tile_v100()).block_times(block, shapes)
+    assert serial.kernels == queued.kernels == 2
+    assert serial.launches == pytest.approx(2 * 5e-6)
+    tiny = 2 * 8 * 4 / 750e9  # the tiny kernel reads and writes 32 bytes
+    assert queued.launches == pytest.approx(5e-6 - tiny)
+    assert queued.memory == pytest.approx(serial.memory)
 
 
 def test_memory_bound_gemms_run_at_the_memory_bandwidth() -> None:
