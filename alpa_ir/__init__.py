@@ -76,6 +76,8 @@ _EXPORTS: dict[str, str] = {
     "LogicalDeviceMesh": "alpa_ir.hardware.device_mesh",
     "PhysicalDeviceMesh": "alpa_ir.hardware.device_mesh",
     "get_global_physical_mesh": "alpa_ir.compat.device_cluster",
+    "get_global_virtual_physical_mesh": "alpa_ir.compat.device_cluster",
+    "set_global_virtual_physical_mesh": "alpa_ir.compat.device_cluster",
     "init": "alpa_ir.api.runtime_api",
     "shutdown": "alpa_ir.api.runtime_api",
     "save_checkpoint": "alpa_ir.api.checkpoint",

@@ -209,11 +209,18 @@ def resolve_pipeshard(
     method: PipeshardParallel, local_all_gather: bool = True
 ) -> PipeshardPipeline:
     """``method`` resolved for planning: its backend (the session's when it
-    names none), its device ids and its micro-batch count, checked."""
+    names none), its device ids (the session's virtual mesh when it names
+    none and the session has one) and its micro-batch count, checked."""
     from alpa_ir.api.runtime_api import session_backend
 
     backend = session_backend(method.backend)
     method = replace(method, backend=backend)
+    if method.devices is None:  # the session's mesh (set_global_virtual_physical_mesh), if any
+        from alpa_ir.api.session_meshes import session_virtual_mesh
+
+        kept = session_virtual_mesh()
+        if kept is not None:
+            method = replace(method, devices=kept.logical_mesh())
     devices = _device_ids(method.devices, backend)
     b = check_micro_batches(method.num_micro_batches)
     return PipeshardPipeline(method, backend, devices, b, local_all_gather)

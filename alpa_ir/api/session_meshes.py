@@ -24,6 +24,9 @@ from alpa_ir.runtime.ray_cluster import session_get, session_put
 PHYSICAL_MESH = "global_physical_mesh"
 """The session key of the mesh ``set_global_physical_mesh`` gave."""
 
+VIRTUAL_MESH = "global_virtual_physical_mesh"
+"""The session key of the mesh ``set_global_virtual_physical_mesh`` gave."""
+
 
 @dataclass(frozen=True)
 class SessionMesh:
@@ -90,11 +93,27 @@ def session_physical_mesh() -> SessionMesh | None:
     return session_mesh(PHYSICAL_MESH)
 
 
+def set_global_virtual_physical_mesh(mesh: PhysicalDeviceMesh) -> None:
+    """Alpa's ``set_global_virtual_physical_mesh``: the devices that pipelines
+    (``PipeshardParallel``) given no ``devices`` cut their stages' submeshes
+    from, and that ``get_global_virtual_physical_mesh`` returns, for the rest
+    of this Ray session (a mesh is virtual here until a step runs on it)."""
+    set_session_mesh(VIRTUAL_MESH, mesh, "set_global_virtual_physical_mesh")
+
+
+def session_virtual_mesh() -> SessionMesh | None:
+    """The mesh ``set_global_virtual_physical_mesh`` gave this session, if any."""
+    return session_mesh(VIRTUAL_MESH)
+
+
 __all__ = [
     "PHYSICAL_MESH",
+    "VIRTUAL_MESH",
     "SessionMesh",
     "session_mesh",
     "session_physical_mesh",
+    "session_virtual_mesh",
     "set_global_physical_mesh",
+    "set_global_virtual_physical_mesh",
     "set_session_mesh",
 ]

@@ -17,7 +17,13 @@ from typing import Any
 
 import jax
 
-from alpa_ir.api.session_meshes import session_physical_mesh, set_global_physical_mesh
+from alpa_ir.api.session_meshes import (
+    SessionMesh,
+    session_physical_mesh,
+    session_virtual_mesh,
+    set_global_physical_mesh,
+    set_global_virtual_physical_mesh,
+)
 from alpa_ir.errors import AlpaError
 from alpa_ir.hardware.device_mesh import PhysicalDeviceMesh
 from alpa_ir.hardware.device_mesh import get_global_physical_mesh as _local_physical_mesh
@@ -155,10 +161,22 @@ def get_global_cluster() -> DeviceCluster | None:
     return DeviceCluster()
 
 
-def get_global_virtual_physical_mesh() -> ClusterMesh | None:
-    """All the connected cluster's devices as one mesh, None without Ray."""
+def get_global_virtual_physical_mesh() -> PhysicalDeviceMesh | None:
+    """The mesh ``set_global_virtual_physical_mesh`` gave this Ray session;
+    else all the connected cluster's devices as one mesh; None without Ray."""
     cluster = get_global_cluster()
-    return None if cluster is None else cluster.get_virtual_physical_mesh()
+    if cluster is None:
+        return None
+    kept = session_virtual_mesh()
+    return cluster.get_virtual_physical_mesh() if kept is None else _kept_mesh(kept)
+
+
+def _kept_mesh(kept: SessionMesh) -> PhysicalDeviceMesh:
+    """A mesh the session keeps, as the user gave it: of the cluster's hosts,
+    or of this process's devices."""
+    if kept.host_ids is not None:
+        return DeviceCluster().get_physical_mesh(kept.host_ids, kept.shape[1])
+    return PhysicalDeviceMesh([jax.devices()[d] for d in kept.device_ids])
 
 
 def get_global_physical_mesh(create_if_not_exist: bool = True) -> PhysicalDeviceMesh | None:
@@ -168,9 +186,7 @@ def get_global_physical_mesh(create_if_not_exist: bool = True) -> PhysicalDevice
     kept = session_physical_mesh()
     if kept is None:
         return _local_physical_mesh(create_if_not_exist)
-    if kept.host_ids is not None:
-        return DeviceCluster().get_physical_mesh(kept.host_ids, kept.shape[1])
-    return PhysicalDeviceMesh([jax.devices()[d] for d in kept.device_ids])
+    return _kept_mesh(kept)
 
 
 def get_global_num_devices() -> int:
@@ -193,4 +209,5 @@ __all__ = [
     "get_global_physical_mesh",
     "get_global_virtual_physical_mesh",
     "set_global_physical_mesh",
+    "set_global_virtual_physical_mesh",
 ]

@@ -11,6 +11,7 @@ from alpa_ir.compat.device_cluster import (
     get_global_physical_mesh,
     get_global_virtual_physical_mesh,
     set_global_physical_mesh,
+    set_global_virtual_physical_mesh,
 )
 from alpa_ir.hardware.device_mesh import (
     LogicalDeviceMesh,
@@ -29,4 +30,5 @@ __all__ = [
     "get_global_physical_mesh",
     "get_global_virtual_physical_mesh",
     "set_global_physical_mesh",
+    "set_global_virtual_physical_mesh",
 ]
