@@ -39,6 +39,7 @@ from alpa_ir.dialects.sharding import (
     STRATEGY_ATTR,
     AllReduceOp,
     ReduceScatterOp,
+    ReshardOp,
     ShardingSpec,
     set_result_specs,
     spec_of_value,
@@ -50,6 +51,7 @@ from alpa_ir.hardware.device_mesh import function_mesh
 from alpa_ir.ir.module_utils import main_function
 
 _IDENTITY = ("pipeline_marker", "optimization_barrier")
+_SPLIT_KEEPING_REDUCTIONS = ("reduce_sum", "reduce_max", "reduce_min", "reduce_prod")
 
 
 def _follow(op: Operation, k: int, spec: ShardingSpec) -> dict[int, ShardingSpec] | None:
@@ -69,6 +71,12 @@ def _follow(op: Operation, k: int, spec: ShardingSpec) -> dict[int, ShardingSpec
         shape_of(r.type) == shape_of(op.operands[k].type) for r in op.results
     ):
         return {r: spec for r in range(len(op.results))}
+    if name in _SPLIT_KEEPING_REDUCTIONS and len(op.operands) == 1 and not spec.partial:
+        # a reduction over unsplit dims keeps the split: each device reduces its slice
+        axes = set(op.param("axes"))
+        if not any(spec.dims[d] for d in axes):
+            kept = tuple(dims for d, dims in enumerate(spec.dims) if d not in axes)
+            return {0: ShardingSpec(kept)}
     return None
 
 
@@ -87,6 +95,10 @@ def _required(op: Operation, k: int, result_specs: list[ShardingSpec]) -> Shardi
     if op.primitive_name == "reshape":
         back = _unit_reshape(result_specs[0], shape_of(op.results[0].type), shape_of(operand.type))
         return back if back is not None else ShardingSpec.replicated(rank)
+    if op.primitive_name in _SPLIT_KEEPING_REDUCTIONS:
+        axes = set(op.param("axes"))
+        kept = iter(result_specs[0].dims)
+        return ShardingSpec(tuple(() if d in axes else next(kept) for d in range(rank)))
     if shape_of(operand.type) == shape_of(op.results[0].type):
         return result_specs[0]
     return ShardingSpec.replicated(rank)
@@ -190,6 +202,48 @@ def _set_res_spec(function: func.FuncOp, index: int, spec: ShardingSpec) -> None
     function.res_attrs = ArrayAttr(attrs)
 
 
+def _reshards_to(op: Operation, spec: ShardingSpec) -> bool:
+    """Whether ``op`` is a reshard to ``spec`` (a value already split so needs none)."""
+    return isinstance(op, ReshardOp) and op.dst.spec == spec
+
+
+def _gathered_back(
+    function: func.FuncOp,
+    region: set[Operation],
+    new_spec: dict[SSAValue, ShardingSpec],
+    aliases: dict[int, int],
+    sharded_args: dict[int, ShardingSpec],
+) -> int:
+    """How many values of the update the rewrite would all-gather back for
+    readers outside it (sharded state returned as such needs none; a value read
+    only by reductions is not counted, as in Alpa).
+
+    One is the new parameter of a weight update: its all-gather and the
+    reduce-scatter move what the all-reduce moved. More means the all-reduced
+    value feeds other computation too (a batch norm's batch mean normalizes the
+    activations, its scale gradient the input gradient): each extra gather adds
+    its bytes and a latency on the critical path to save a little state, so
+    Alpa (``GenerateReduceScatter``: at most one all-gather) and this rewrite
+    keep such an all-reduce."""
+    ret = function.body.block.last_op
+    count = 0
+    for value, spec in new_spec.items():
+        if spec == spec_of_value(value, function):
+            continue
+        readers = [
+            u.operation
+            for u in value.uses
+            if u.operation not in region
+            and not (u.operation is ret and aliases.get(u.index) in sharded_args)
+            and not _reshards_to(u.operation, spec)
+        ]
+        if readers and not all(
+            isinstance(r, LaxOp) and r.SPEC.kind is OpKind.REDUCTION for r in readers
+        ):
+            count += 1
+    return count
+
+
 def _rewrite_one(
     function: func.FuncOp,
     ar: AllReduceOp,
@@ -248,6 +302,8 @@ def _rewrite_one(
     if not any(  # worth it only if it shards some optimizer state
         all(u.operation in region_set for u in block.args[i].uses) for i in sharded_args
     ):
+        return
+    if _gathered_back(function, region_set, new_spec, aliases, sharded_args) > 1:
         return
 
     # Rewrite the all-reduce.
@@ -308,6 +364,11 @@ def _rewrite_one(
                     continue
                 if user is ret and aliases.get(use.index) in sharded_args:
                     _set_res_spec(function, use.index, after)
+                    continue
+                if _reshards_to(user, after):
+                    # the plan already split it this way: nothing to move
+                    user.results[0].replace_all_uses_with(r)
+                    Rewriter.erase_op(user)
                     continue
                 user.operands[use.index] = insert_reshard(r, after, before, user)
 
