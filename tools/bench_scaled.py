@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from alpa_ir.costs.stage_table import StageCostTable
     from alpa_ir.hardware.clusters import Cluster
     from alpa_ir.pipeline.pipeline_replicas import ReplicatedPlan
 from alpa_ir.pipeline.pipeline_replicas import DEFAULT_MAX_PIPELINE_DEVICES
@@ -100,6 +101,7 @@ def plan_scaled(
     submesh_space: str = "all",
     cost_mode: str = "layer-sum",
     replica_zero: Sequence[int] | None = None,
+    shorten: bool = True,
 ) -> ScaledResult:
     """Zoo model ``name`` on ``cluster`` at ``num_micro_batches`` micro-batches,
     planned by the scaled search and simulated (module docstring). ``full``:
@@ -107,12 +109,18 @@ def plan_scaled(
     whole cluster, ``submesh_space`` and ``cost_mode`` as ``construct-stages``
     takes them), Alpa's plan alone, without the baselines ``alpa-bench``
     prices beside it. ``replica_zero``: the ZeRO stages across replicas the
-    search tries (None: none and ZeRO-2 with ``zero``, else none)."""
+    search tries (None: none and ZeRO-2 with ``zero``, else none).
+    ``shorten``: a model of repeated blocks with a layer per block is traced
+    with a few blocks and its ``layer-sum`` table expanded to the full depth
+    (:mod:`alpa_ir.pipeline.repeated_layers`: the same table without tracing
+    every block); off, or where the pattern does not hold, the whole model is
+    traced."""
     from alpa_ir.costs.analytical_stage_cost import AnalyticalStageCostModel
     from alpa_ir.costs.costing_workers import StartedWorkers
     from alpa_ir.costs.function_plan import bound_cost_model
     from alpa_ir.costs.stage_table import cost_table
     from alpa_ir.ir.module_utils import main_function
+    from alpa_ir.models.registry import get_config
     from alpa_ir.models.train_step import train_step_flops
     from alpa_ir.pipeline.layer_phases import layer_phase_flops
     from alpa_ir.pipeline.layer_ranges import LayerRanges
@@ -121,6 +129,7 @@ def plan_scaled(
         planned_replica_counts,
         scaled_cost_table,
     )
+    from alpa_ir.pipeline.repeated_layers import RepeatedLayers, short_blocks
     from alpa_ir.plugins.registry import default_registry
     from alpa_ir.tools.bench_outcome import outcome
     from alpa_ir.tools.bench_suite import bench_optimizer, early_workers, trace
@@ -142,22 +151,34 @@ def plan_scaled(
     options = stage_pass.cost_options()
     flops = train_step_flops(name)
     cpu0, t0 = cpu_seconds(), time.perf_counter()
+    model = AnalyticalStageCostModel(options)
     with StartedWorkers(early_workers(flops, workers)) as started:
-        module = trace(name, num_micro_batches, layers, dtype)
+
+        def costed(ranges: LayerRanges) -> StageCostTable:
+            costing: dict[str, Any] = {
+                "workers": workers,
+                "progress": progress,
+                "phase_flops": layer_phase_flops(ranges),
+                "started": started,
+            }
+            if full:
+                space = {"space": submesh_space, "cost_mode": cost_mode}
+                return cost_table(ranges, cluster, model, **space, **costing)
+            return scaled_cost_table(ranges, cluster, model, counts, **costing)
+
+        layer_sum = cost_mode == "layer-sum" or not full
+        blocks = short_blocks(get_config(name), layers) if shorten and layer_sum else None
+        repeated = None
+        if blocks is not None:
+            step = trace(name, num_micro_batches, blocks + 1, dtype, blocks)
+            short = LayerRanges(main_function(step))
+            repeated = RepeatedLayers.of(short, layers)
         t1, cpu1 = time.perf_counter(), cpu_seconds()
-        ranges = LayerRanges(main_function(module))
-        model = AnalyticalStageCostModel(options)
-        costing: dict[str, Any] = {
-            "workers": workers,
-            "progress": progress,
-            "phase_flops": layer_phase_flops(ranges),
-            "started": started,
-        }
-        if full:
-            space = {"space": submesh_space, "cost_mode": cost_mode}
-            table = cost_table(ranges, cluster, model, **space, **costing)
-        else:
-            table = scaled_cost_table(ranges, cluster, model, counts, **costing)
+        table = None if repeated is None else repeated.expand_table(costed(short))
+        if table is None:  # no repetition of one block: the whole model
+            whole = LayerRanges(main_function(trace(name, num_micro_batches, layers, dtype)))
+            t1, cpu1 = time.perf_counter(), cpu_seconds()
+            table = costed(whole)
     t2, cpu2 = time.perf_counter(), cpu_seconds()
     found = plan_replicated(
         table,

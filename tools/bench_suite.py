@@ -85,10 +85,17 @@ def early_workers(step_flops: float, workers: int) -> int:
     return workers - 1 if step_flops >= EARLY_WORKERS_FROM_FLOPS else 0
 
 
-def trace(name: str, num_micro_batches: int, layers: int, dtype: str | None = None) -> Any:
+def trace(
+    name: str,
+    num_micro_batches: int,
+    layers: int,
+    dtype: str | None = None,
+    blocks: int | None = None,
+) -> Any:
     """The zoo step ``name`` traced abstractly at the micro-batch shape with
     ``layers`` automatic layers; ``dtype``: its computation dtype (None: the
-    config's)."""
+    config's); ``blocks``: that many of its blocks (``num_layers``) instead of
+    the config's (a shortened model, :mod:`alpa_ir.pipeline.repeated_layers`)."""
     import dataclasses
 
     from alpa_ir.frontend.arguments import micro_batch_args
@@ -100,6 +107,8 @@ def trace(name: str, num_micro_batches: int, layers: int, dtype: str | None = No
     config = get_config(name)
     if dtype is not None:
         config = dataclasses.replace(config, dtype=jnp_dtype(dtype))
+    if blocks is not None:
+        config = dataclasses.replace(config, num_layers=blocks)
     step, args = make_train_step(config, abstract=True, optimizer=bench_optimizer(name)[0])
     micro = micro_batch_args(tuple(args), (1,), num_micro_batches)
     with automatic_layers(AutomaticLayers(layers, 0.5, fit_delta=True)):

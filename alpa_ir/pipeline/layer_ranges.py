@@ -134,15 +134,12 @@ class LayerRanges:
         """:meth:`internal_bytes` of every range at once: ``[first, last]``
         (``0`` below the diagonal), from 2-D prefix sums of the layer-to-layer
         bytes."""
-        edges = np.asarray(self._edges, dtype=np.float64)  # [receiver, sender]
-        if backward:
-            edges = np.triu(edges, 1)  # senders after their receivers
-        prefix = np.zeros((self.num_layers + 1, self.num_layers + 1))
-        prefix[1:, 1:] = edges.cumsum(0).cumsum(1)
-        lo = np.arange(self.num_layers)[:, None]
-        hi = np.arange(self.num_layers)[None, :] + 1
-        table = prefix[hi, hi] - prefix[lo, hi] - prefix[hi, lo] + prefix[lo, lo]
-        return np.where(lo < hi, table, 0.0)
+        return internal_bytes_of(self.edge_bytes(), backward=backward)
+
+    def edge_bytes(self) -> np.ndarray:
+        """``[receiver, sender]``: bytes of the values layer ``receiver``
+        takes from layer ``sender`` (each value once per receiver)."""
+        return np.asarray(self._edges, dtype=np.float64)
 
     def group(self, first: int, last: int) -> Group:
         """Layers ``first..last`` (inclusive): their forward and backward ops in
@@ -227,6 +224,22 @@ class LayerRanges:
         built.attributes.pop(PER_MICRO_BATCH_ATTR, None)
         same_size.append(_Built(g, built, fingerprint))
         return built
+
+
+def internal_bytes_of(edges: np.ndarray, *, backward: bool = False) -> np.ndarray:
+    """:meth:`LayerRanges.internal_bytes_table` of the layer-to-layer bytes
+    ``edges`` (``[receiver, sender]``): ``[first, last]`` bytes the range's
+    layers pass each other (with ``backward``, those later layers send back),
+    from 2-D prefix sums."""
+    num = edges.shape[0]
+    if backward:
+        edges = np.triu(edges, 1)  # senders after their receivers
+    prefix = np.zeros((num + 1, num + 1))
+    prefix[1:, 1:] = edges.cumsum(0).cumsum(1)
+    lo = np.arange(num)[:, None]
+    hi = np.arange(num)[None, :] + 1
+    table = prefix[hi, hi] - prefix[lo, hi] - prefix[hi, lo] + prefix[lo, lo]
+    return np.where(lo < hi, table, 0.0)
 
 
 @dataclass
