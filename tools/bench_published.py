@@ -30,8 +30,10 @@ the attention's query, key and value projections and the MLP's first
 projections column-parallel over the tensor axis, the attention's output and
 the MLP's last projection row-parallel, the embedding vocabulary-parallel,
 norms and biases replicated, and every activation argument split over the data
-axis (and its sequence over the context axis); the ILP keeps these
-(``keep_argument_specs``) and only routes the activations between them. The
+axis (and its sequence over the context axis, and inside the layer the
+attention's scores by their queries: :mod:`alpa_ir.autosharding.context_hints`);
+the ILP keeps these (``keep_argument_specs``, hints) and only routes the
+activations between them. The
 data-parallel replicas all-reduce their gradients (Megatron-LM's Table 1 runs
 kept the optimizer state whole on every replica); with ``zero_stage`` 1 or 2
 (Llama 3's FSDP) the cost model's ``zero`` partitions the gradients and the
@@ -189,11 +191,17 @@ def stage_devices(cluster: Cluster, config: ParallelConfig, stage: int) -> tuple
 
 
 def published_table(
-    ranges: Any, cluster: Cluster, config: ParallelConfig, model: Any, rows: int | None = None
+    ranges: Any,
+    cluster: Cluster,
+    config: ParallelConfig,
+    model: Any,
+    rows: int | None = None,
+    seq_len: int | None = None,
 ) -> tuple[StageCostTable, tuple[int, int]]:
     """Every layer priced on the stage mesh of ``config`` (first stage's devices),
     its arguments sharded as :func:`layer_specs` says (``rows``: the micro-batch's
-    sequences): a stage cost table of one submesh and one view."""
+    sequences, ``seq_len``: their length): a stage cost table of one submesh and
+    one view."""
     from alpa_ir.costs.stage_table import StageCostTable
     from alpa_ir.pipeline.layer_phases import layer_phase_flops
 
@@ -205,7 +213,7 @@ def published_table(
     table.phase_flops = layer_phase_flops(ranges)
     for k in range(ranges.num_layers):
         extracted = ranges.function(k, k)
-        function = layer_specs(extracted.function, extracted.param_args, config, rows)
+        function = layer_specs(extracted.function, extracted.param_args, config, rows, seq_len)
         try:
             cost = model.stage_cost(function, view, cluster, extracted.param_args)
         except AlpaError as error:
@@ -226,15 +234,17 @@ def simulate_published(
     num_micro_batches: int,
     model_flops: float,
     rows: int | None = None,
+    seq_len: int | None = None,
 ) -> Outcome:
     """The published plan ``config`` of the step ``ranges`` on ``cluster``, simulated
     (module docstring); ``rows``: the micro-batch's sequences (None: the
-    activations' sharding is the ILP's)."""
+    activations' sharding is the ILP's), ``seq_len``: their length (context
+    parallelism's hints)."""
     from alpa_ir.pipeline.stage_construction import StageChoice
     from alpa_ir.tools.bench_outcome import outcome
 
     config.check_cluster(cluster.num_devices, cluster.devices_per_node, "published")
-    table, submesh = published_table(ranges, cluster, config, model, rows)
+    table, submesh = published_table(ranges, cluster, config, model, rows, seq_len)
     shape = config.stage_mesh_shape
     meshes = [
         cluster.logical_mesh(shape, stage_devices(cluster, config, s))
@@ -268,11 +278,20 @@ def published_options(options: StageCostOptions) -> StageCostOptions:
     return replace(options, keep_argument_specs=True, memory_fallback=False)
 
 
-def layer_specs(function: Any, param_args: Any, config: ParallelConfig, rows: int | None) -> Any:
+def layer_specs(
+    function: Any,
+    param_args: Any,
+    config: ParallelConfig,
+    rows: int | None,
+    seq_len: int | None = None,
+) -> Any:
     """``function`` with Megatron's sharding of its parameters on the stage mesh
     of ``config`` (tensor axis last) and, given the micro-batch's ``rows``, its
     activations split over the data axis (0) and, with context parallelism, their
-    sequence over the context axis (1)."""
+    sequence over the context axis (1); with context parallelism and ``seq_len``,
+    its attention's scores split by their queries over the context axis (hints,
+    :mod:`alpa_ir.autosharding.context_hints`: Llama 3's context parallelism)."""
+    from alpa_ir.autosharding.context_hints import with_context_hints
     from alpa_ir.autosharding.megatron_specs import batch_specs, megatron_specs
     from alpa_ir.costs.function_plan import with_argument_specs
 
@@ -281,7 +300,10 @@ def layer_specs(function: Any, param_args: Any, config: ParallelConfig, rows: in
     if rows is not None:
         split = [(0, 0), (1, 1)] if config.context > 1 else [(0, 0)]
         specs.update(batch_specs(function, param_args, rows, shape, split))
-    return with_argument_specs(function, specs)
+    function = with_argument_specs(function, specs)
+    if config.context > 1 and seq_len is not None:
+        function, _ = with_context_hints(function, shape, seq_len)
+    return function
 
 
 def run_published(
@@ -324,7 +346,10 @@ def run_published(
         progress=progress,
     )
     model = AnalyticalStageCostModel(published_options(stage_pass.cost_options()))
-    result = simulate_published(ranges, cluster, config, model, micro, flops, batch // micro)
+    seq_len = int(get_config(run.model).seq_len)
+    result = simulate_published(
+        ranges, cluster, config, model, micro, flops, batch // micro, seq_len
+    )
     total = time.perf_counter() - t0
     return {
         "model": run.model,
