@@ -362,7 +362,7 @@ class AnalyticalStageCostModel:
 
         flops = function_flops(planned, local)
         block = planned.body.block
-        decisions = BlockFusion(block)  # for traffic and memory
+        decisions = BlockFusion(block, options.tiled_attention)  # for traffic and memory
         times = self.device_model(cluster, options).block_times(
             block, local, decisions, fused=options.fusion
         )

@@ -19,6 +19,16 @@ materialized. This module decides, for the top-level ops of a block:
 * when each op's computation really **runs**: a fused op runs inside each of
   its consumers, so the inputs it reads stay live until the last of them.
 
+With ``tiled_attention`` (FlashAttention, as Llama 3 and Megatron-LM run
+their attention) the attention is one tiled kernel whose ``[.., S, S]``
+values stay in on-chip memory: a result with at least three dimensions, the
+last two equal, made by a batched ``dot_general`` (the scores ``Q·Kᵀ``, or
+the probabilities' gradient ``dO·Vᵀ``) or by fusible ops from such values
+(the mask, softmax and their gradients) is never materialized; the
+kernel's inputs stay live until the kernel that reads the tiled values ends
+(the ``P·V`` or ``dS·K`` contraction). The recomputation of the scores in
+FlashAttention's backward is not priced.
+
 From these, :func:`fused_live_ranges` gives the live ranges the stage cost
 model's peak-memory estimate uses, and :func:`fused_traffic_bytes` the bytes
 moved to and from device memory (each materialized value written once and read
@@ -106,13 +116,15 @@ def streamed_inputs(op: Operation) -> int:
 class BlockFusion:
     """The fusion decisions for one block's top-level ops (module docstring)."""
 
-    def __init__(self, block: Block) -> None:
+    def __init__(self, block: Block, tiled_attention: bool = False) -> None:
         self.block = block
         self.ops = list(block.ops)
         self.position = {op: i for i, op in enumerate(self.ops)}
         self.end = len(self.ops)
         self.materialized: set[SSAValue] = set()
         self.runs_until: dict[Operation, int] = {}
+        self.tiled: set[SSAValue] = tiled_attention_values(self.ops) if tiled_attention else set()
+        """The tiled attention's values (module docstring): never materialized."""
         for op in reversed(self.ops):
             self._decide(op)
 
@@ -145,6 +157,10 @@ class BlockFusion:
         for result in op.results:
             users = self.users(result)
             if fusible and not users:  # dead: XLA removes it
+                continue
+            if result in self.tiled and users and self.block.last_op not in users:
+                for user in users:  # inside the attention kernel, up to its end
+                    fused_until = max(fused_until, self.runs_until.get(user, self.end))
                 continue
             if (
                 not fusible
@@ -190,6 +206,32 @@ class BlockFusion:
                 if result not in self.materialized:
                     stack.extend(u for u in self.users(result) if u is not self.block.last_op)
         return kernels
+
+
+def _square_tail(value: SSAValue) -> bool:
+    try:
+        shape = shape_of(value.type)
+    except Exception:  # no tensor
+        return False
+    return len(shape) >= 3 and shape[-1] == shape[-2] > 1
+
+
+def _batched_dot(op: Operation) -> bool:
+    if not (isinstance(op, LaxOp) and op.primitive_name == "dot_general"):
+        return False
+    (_, (lhs_batch, _)) = op.param("dimension_numbers")
+    return bool(lhs_batch)
+
+
+def tiled_attention_values(ops: list[Operation]) -> set[SSAValue]:
+    """The values a tiled attention kernel keeps on chip (module docstring),
+    of the top-level ``ops`` in program order."""
+    tiled: set[SSAValue] = set()
+    for op in ops:
+        if not (_batched_dot(op) or (is_fusible(op) and any(v in tiled for v in op.operands))):
+            continue
+        tiled.update(r for r in op.results if _square_tail(r))
+    return tiled
 
 
 def merge_identity_ranges(
@@ -333,6 +375,7 @@ __all__ = [
     "merge_identity_ranges",
     "moves_minor_dimension",
     "streamed_inputs",
+    "tiled_attention_values",
     "traffic_by_kernel",
     "transposed_reads",
 ]

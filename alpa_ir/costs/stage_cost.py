@@ -87,6 +87,10 @@ class StageCostOptions:
     fusion: bool = False
     """Model XLA's fusion (:mod:`alpa_ir.costs.fusion`) in the activation memory and
     the memory traffic: only fusion outputs are materialized."""
+    tiled_attention: bool = False
+    """The attention runs as one tiled kernel (FlashAttention, as Llama 3 and
+    Megatron-LM run it): its ``[.., S, S]`` scores, probabilities and their
+    gradients are never written to device memory (:class:`~alpa_ir.costs.fusion.BlockFusion`)."""
     cost_model: str = "auto"
     """Passed to auto-sharding: the registered communication cost model of the
     plans, bound to the stage's cluster if it can be (``auto``: ``calibrated``

@@ -212,3 +212,39 @@ def test_a_transpose_fused_into_two_kernels_is_read_across_rows_twice() -> None:
     block = _function(fn, *(jnp.ones((N, N)),) * 3).body.block
     reads = transposed_reads(block, lambda v: shape_of(v.type))
     assert reads == [N * N * 4.0, N * N * 4.0]
+
+
+def _attention_step(q: jax.Array, k: jax.Array, v: jax.Array, w: jax.Array) -> Any:
+    """Causal attention of (batch, heads, seq, dim) and a square weight, with
+    the gradients of q, k, v and the weight."""
+
+    def loss(q: jax.Array, k: jax.Array, v: jax.Array, w: jax.Array) -> jax.Array:
+        s = jnp.einsum("bhqd,bhkd->bhqk", q, k)
+        seq = s.shape[-1]
+        s = jnp.where(jnp.tril(jnp.ones((seq, seq), bool)), s, -1e9)
+        p = jax.nn.softmax(s, axis=-1)
+        o = jnp.einsum("bhqk,bhkd->bhqd", p, v)
+        return jnp.sum((o @ w) ** 2)
+
+    return jax.grad(loss, argnums=(0, 1, 2, 3))(q, k, v, w)
+
+
+def test_a_tiled_attention_keeps_its_scores_on_chip() -> None:
+    """FlashAttention: the (2, 2, 64, 64) scores, probabilities and their
+    gradients are never written; the square (8, 8) weight's gradient is (a
+    dot without batch dimensions), as is every other value the plain model
+    materializes; the peak and the traffic fall."""
+    args = [jnp.ones((2, 2, N, 8))] * 3 + [jnp.ones((8, 8))]
+    block = _function(_attention_step, *args).body.block
+    plain, tiled = BlockFusion(block), BlockFusion(block, tiled_attention=True)
+    scores = {r for r in plain.materialized if tuple(shape_of(r.type)[-2:]) == (N, N)}
+    assert len(scores) >= 3  # scores, probabilities, their gradient at least
+    assert tiled.tiled >= scores and not tiled.materialized & scores
+    assert tiled.materialized == plain.materialized - scores
+    weight_grad = [r for r in plain.materialized if tuple(shape_of(r.type)) == (8, 8)]
+    assert weight_grad and all(r in tiled.materialized for r in weight_grad)
+    shapes = lambda v: shape_of(v.type)  # noqa: E731
+    assert fused_traffic_bytes(block, shapes, tiled) < fused_traffic_bytes(block, shapes, plain)
+    peak = peak_live_bytes(block, set(), _nbytes, fusion=True, decisions=tiled)
+    assert peak < peak_live_bytes(block, set(), _nbytes, fusion=True, decisions=plain)
+    assert peak < 2 * 2 * N * N * 4  # less than one (2, 2, 64, 64) f32 array
