@@ -787,6 +787,7 @@ def published_row(run: PublishedRun, args: argparse.Namespace) -> dict[str, Any]
             cluster,
             micro,
             layers=default_layers(run.model),
+            tiled_attention=run.tiled_attention,
             **common,  # type: ignore[arg-type]
         )
         alpa, search = scaled.outcome, scaled.summary()

@@ -23,7 +23,7 @@ from __future__ import annotations
 import resource
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -102,6 +102,7 @@ def plan_scaled(
     cost_mode: str = "layer-sum",
     replica_zero: Sequence[int] | None = None,
     shorten: bool = True,
+    tiled_attention: bool = False,
 ) -> ScaledResult:
     """Zoo model ``name`` on ``cluster`` at ``num_micro_batches`` micro-batches,
     planned by the scaled search and simulated (module docstring). ``full``:
@@ -109,7 +110,8 @@ def plan_scaled(
     whole cluster, ``submesh_space`` and ``cost_mode`` as ``construct-stages``
     takes them), Alpa's plan alone, without the baselines ``alpa-bench``
     prices beside it. ``replica_zero``: the ZeRO stages across replicas the
-    search tries (None: none and ZeRO-2 with ``zero``, else none).
+    search tries (None: none and ZeRO-2 with ``zero``, else none);
+    ``tiled_attention``: the cost model's (FlashAttention's memory).
     ``shorten``: a model of repeated blocks with a layer per block is traced
     with a few blocks and its ``layer-sum`` table expanded to the full depth
     (:mod:`alpa_ir.pipeline.repeated_layers`: the same table without tracing
@@ -148,7 +150,7 @@ def plan_scaled(
         cost_model=cost_model,
         progress=progress,
     )
-    options = stage_pass.cost_options()
+    options = replace(stage_pass.cost_options(), tiled_attention=tiled_attention)
     flops = train_step_flops(name)
     cpu0, t0 = cpu_seconds(), time.perf_counter()
     model = AnalyticalStageCostModel(options)
