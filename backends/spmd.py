@@ -25,7 +25,7 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Block, Operation, SSAValue
 
-from alpa_ir.autosharding.gradient_reductions import accumulated_reached
+from alpa_ir.autosharding.gradient_reductions import accumulated_reached, scatter_chains
 from alpa_ir.autosharding.local_ops import (
     LOCALIZERS,
     LocalContext,
@@ -36,6 +36,14 @@ from alpa_ir.autosharding.local_ops import (
     split_indexed_dims,
 )
 from alpa_ir.backends.collective_combining import combined_all_gather, combined_reduce_scatter
+from alpa_ir.backends.grad_accumulation import (
+    GRAD_SYNC_SCOPE,
+    AccumulatingStep,
+    averaged,
+    micro_batch_program,
+    needed_ops,
+    zeros_program,
+)
 from alpa_ir.dialects.lax import ConstantOp, LaxOp, PrimitiveOp
 from alpa_ir.dialects.sharding import (
     AllGatherOp,
@@ -53,7 +61,7 @@ from alpa_ir.frontend.jax_export import bind_lax_op
 from alpa_ir.frontend.local_random import local_random_bits
 from alpa_ir.ir.module_utils import symbol_op
 from alpa_ir.pipeline.deferred_sums import DeferredSum, DeferredSums, deferred_sums
-from alpa_ir.pipeline.step_partition import StepPartition, deferred_reductions, partition_step
+from alpa_ir.pipeline.step_partition import deferred_reductions, partition_step
 from alpa_ir.runtime.devices import partition_spec
 from alpa_ir.runtime.interpreter import CompiledFunction
 from alpa_ir.runtime.program import StepProgram
@@ -164,39 +172,6 @@ class _LocalEvaluator:
             results = combine(xs, dims, self.axis_names(axes), size)
             for value, result in zip(group, results, strict=True):
                 env[value] = result
-
-    def run_accumulating(
-        self,
-        block: Block,
-        args: Sequence[Any],
-        part: StepPartition,
-        batch: Sequence[int],
-        steps: int,
-    ) -> list[Any]:
-        """Gradient accumulation: the batch arguments carry a leading
-        micro-batch dimension; ``compute`` runs once per micro-batch and the
-        values it hands on are averaged."""
-        env: dict[SSAValue, Any] = dict(zip(block.args, args, strict=True))
-        self.run_ops(part.setup, env)
-        deferred = deferred_reductions(part, self.function)
-        totals: list[Any] = []
-        for i in range(steps):
-            micro = dict(env)
-            for k in batch:
-                micro[block.args[k]] = env[block.args[k]][i]
-            self.run_ops(part.compute, micro, skip=deferred)
-            values = [micro[v] for v in part.accumulated]
-            totals = values if i == 0 else [a + b for a, b in zip(totals, values, strict=True)]
-        for value, total in zip(part.accumulated, totals, strict=True):
-            env[value] = (
-                total / steps if jnp.issubdtype(total.dtype, jnp.inexact) else total // steps
-            )
-        # the gradient reductions deferred past the micro-batches, once each
-        for op in deferred:
-            for value in accumulated_reached(op.results[0], set(part.accumulated)):
-                env[value] = self.eval_op(op, [env[value]])[0]
-        self.run_ops(part.apply, env)
-        return [env[v] for v in block.last_op.operands]  # type: ignore[union-attr]
 
     def eval_op(self, op: Operation, xs: list[Any]) -> list[Any]:
         if isinstance(op, ConstantOp):
@@ -351,12 +326,10 @@ def compile_spmd(
             outs = [env[v] for v in returned]
             return tuple(x[None] if k in sums.results else x for k, x in enumerate(outs))
     elif num_micro_batches > 1:
-        part = partition_step(function, batch_args)
-
-        def local(*flat: Any) -> tuple[Any, ...]:
-            return tuple(
-                evaluator.run_accumulating(block, flat, part, batch_args, num_micro_batches)
-            )
+        step = _accumulating_spmd(
+            evaluator, function, mesh, names, donate, num_micro_batches, batch_args
+        )
+        return step, step.in_shardings
     else:
 
         def local(*flat: Any) -> tuple[Any, ...]:
@@ -373,6 +346,162 @@ def compile_spmd(
         donate_argnums=tuple(donate),
     )
     return jitted, in_shardings
+
+
+def _accumulating_spmd(
+    evaluator: _LocalEvaluator,
+    function: func.FuncOp,
+    mesh: Mesh,
+    names: Sequence[str],
+    donate: Sequence[int],
+    steps: int,
+    batch_args: Sequence[int],
+) -> AccumulatingStep:
+    """The accumulate, accumulate-last and apply programs of ``function``'s plan
+    (:mod:`alpa_ir.backends.grad_accumulation`). An accumulator holds each
+    device's own sum until the last micro-batch: in its value's layout, except
+    behind a deferred reduce-scatter, where it keeps the layout before the
+    scatter (the whole partial sum, scattered once per step)."""
+    block = function.body.block
+    part = partition_step(function, batch_args)
+    deferred = deferred_reductions(part, function)
+    accumulated = list(part.accumulated)
+    returned = list(block.last_op.operands)  # type: ignore[union-attr]
+    acc_ops, acc_inputs = needed_ops(block, [*part.setup, *part.compute], accumulated)
+    apply_ops, apply_inputs = needed_ops(block, [*part.setup, *part.apply], returned)
+    if any(k in batch_args for k in apply_inputs):
+        raise AlpaError(
+            "gradient accumulation: the step returns or applies a batch argument itself; "
+            "return values computed from it"
+        )
+
+    def spec(value: SSAValue) -> PartitionSpec:
+        return partition_spec(ShardingSpec(spec_of_value(value, function).dims), names)
+
+    final = [spec(v) for v in accumulated]
+    carried = list(final)
+    types = [v.type for v in accumulated]
+    # a reduce-scatter whose result reaches an accumulated value through
+    # unary linear ops only (a ZeRO-2 gradient, relaid out for its update):
+    # each micro-batch's partial sum is accumulated whole, and the scatter and
+    # those ops run once, on the sum
+    chains = scatter_chains(part)
+    for end, (scatter, _) in chains.items():
+        j = accumulated.index(end)
+        carried[j], types[j] = spec(scatter.operands[0]), scatter.operands[0].type
+    deferred = frozenset(op for op in deferred if not isinstance(op, ReduceScatterOp))
+    skipped = deferred | {op for _, ops in chains.values() for op in ops if not _is_marker(op)}
+    arg_specs = [partition_spec(spec_of_value(a, function), names) for a in block.args]
+    out_specs = tuple(partition_spec(spec_of_value(v, function), names) for v in returned)
+    n_acc = len(acc_inputs)
+
+    def run_micro_batch(xs: Sequence[Any]) -> dict[SSAValue, Any]:
+        env = {block.args[k]: x for k, x in zip(acc_inputs, xs[:n_acc], strict=True)}
+        evaluator.run_ops(acc_ops, env, skip=skipped)
+        return {v: acc + env[v] for v, acc in zip(accumulated, xs[n_acc:], strict=True)}
+
+    def accumulate(*xs: Any) -> tuple[Any, ...]:
+        env = run_micro_batch(xs)
+        return tuple(env[v] for v in accumulated)
+
+    def accumulate_last(*xs: Any) -> tuple[Any, ...]:
+        env = {v: averaged(x, steps) for v, x in run_micro_batch(xs).items()}
+        with jax.named_scope(GRAD_SYNC_SCOPE):  # once per step, on the sums
+            for op in deferred:
+                for value in accumulated_reached(op.results[0], set(accumulated)):
+                    env[value] = evaluator.eval_op(op, [env[value]])[0]
+            # the scatters combined, as the per-micro-batch ones were
+            waiting = {
+                start.results[0]: (start, env[end], True) for end, (start, _) in chains.items()
+            }
+            scattered: dict[SSAValue, Any] = {}
+            evaluator._run_combined(waiting, scattered)
+            for end, (start, ops) in chains.items():
+                x = scattered[start.results[0]]
+                for op in ops[1:]:
+                    if not _is_marker(op):
+                        x = evaluator.eval_op(op, [x])[0]
+                env[end] = x
+        return tuple(env[v] for v in accumulated)
+
+    def apply(*xs: Any) -> tuple[Any, ...]:
+        n = len(apply_inputs)
+        env = {block.args[k]: x for k, x in zip(apply_inputs, xs[:n], strict=True)}
+        env.update(zip(accumulated, xs[n:], strict=True))
+        evaluator.run_ops(apply_ops, env)
+        return tuple(env[v] for v in returned)
+
+    def sharded(a: Sequence[PartitionSpec]) -> tuple[NamedSharding, ...]:
+        return tuple(NamedSharding(mesh, s) for s in a)
+
+    def program(
+        fn: Callable[..., Any],
+        ins: Sequence[PartitionSpec],
+        outs: Sequence[PartitionSpec],
+        donated: Sequence[int],
+    ) -> Any:
+        mapped = jax.shard_map(
+            fn, mesh=mesh, in_specs=tuple(ins), out_specs=tuple(outs), check_vma=False
+        )
+        return jax.jit(
+            mapped,
+            in_shardings=sharded(ins),
+            out_shardings=sharded(outs),
+            donate_argnums=tuple(donated),
+        )
+
+    acc_in = [arg_specs[k] for k in acc_inputs]
+    accs = range(n_acc, n_acc + len(accumulated))
+    same = [n_acc + j for j in range(len(accumulated)) if carried[j] == final[j]]
+    apply_in = [arg_specs[k] for k in apply_inputs]
+    kept = set(donate)
+    micro_leaves = tuple(k for k in acc_inputs if k in batch_args)
+    args = function.function_type.inputs.data
+    return AccumulatingStep(
+        num_micro_batches=steps,
+        in_shardings=tuple(
+            NamedSharding(mesh, _with_micro_batch_dim(s, k in batch_args))
+            for k, s in enumerate(arg_specs)
+        ),
+        acc_inputs=acc_inputs,
+        apply_inputs=apply_inputs,
+        micro_batch=micro_batch_program(sharded([arg_specs[k] for k in micro_leaves])),
+        micro_leaves=micro_leaves,
+        zeros=zeros_program(
+            [
+                jax.ShapeDtypeStruct(shape_of(t), dtype_of(t), sharding=NamedSharding(mesh, c))
+                for t, c in zip(types, carried, strict=True)
+            ]
+        ),
+        accumulate=program(accumulate, [*acc_in, *carried], carried, accs),
+        accumulate_last=program(accumulate_last, [*acc_in, *carried], final, same),
+        apply=program(
+            apply,
+            [*apply_in, *final],
+            out_specs,
+            [j for j, k in enumerate(apply_inputs) if k in kept],
+        ),
+        acc_structs=tuple(
+            jax.ShapeDtypeStruct(shape_of(t), dtype_of(t), sharding=NamedSharding(mesh, c))
+            for t, c in zip(types, carried, strict=True)
+        ),
+        reduced_structs=tuple(
+            jax.ShapeDtypeStruct(
+                shape_of(v.type), dtype_of(v.type), sharding=NamedSharding(mesh, f)
+            )
+            for v, f in zip(accumulated, final, strict=True)
+        ),
+        micro_structs={
+            k: jax.ShapeDtypeStruct(
+                shape_of(args[k]), dtype_of(args[k]), sharding=NamedSharding(mesh, arg_specs[k])
+            )
+            for k in micro_leaves
+        },
+    )
+
+
+def _is_marker(op: Operation) -> bool:
+    return isinstance(op, LaxOp) and op.primitive_name == "pipeline_marker"
 
 
 def _stacked_spec(deferred: DeferredSum, names: Sequence[str]) -> PartitionSpec:

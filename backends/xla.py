@@ -21,12 +21,19 @@ import jax
 from jax.sharding import Mesh, NamedSharding
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp, StringAttr, SymbolRefAttr
-from xdsl.ir import Operation, SSAValue
+from xdsl.ir import Operation
 
 from alpa_ir.autosharding.planner import OBJECTIVE_ATTR
+from alpa_ir.backends.grad_accumulation import (
+    AccumulatingStep,
+    averaged,
+    micro_batch_program,
+    needed_ops,
+)
 from alpa_ir.dialects.mesh import MESH_ATTR, LogicalMeshOp
 from alpa_ir.dialects.sharding import (
     CollectiveOp,
+    annotated_spec,
     result_specs,
     signature_spec,
 )
@@ -117,21 +124,8 @@ def _collective_classes() -> list[type]:
     ]
 
 
-def _annotated_eval(
-    function: func.FuncOp,
-    mesh: Mesh,
-    names: Sequence[str],
-    num_micro_batches: int = 1,
-    batch_args: Sequence[int] = (),
-) -> Callable[..., Any]:
-    """Evaluate @main, constraining every value whose op carries specs. With
-    ``num_micro_batches`` B > 1 the batch arguments come as ``[B, micro-batch...]``
-    and the step accumulates its gradients over them, as the planned program
-    does (:mod:`alpa_ir.pipeline.step_partition`: ``compute`` once per
-    micro-batch, the values it hands on averaged, ``apply`` once)."""
-    handlers = _identity_handlers()
-    block = function.body.block
-    returned = list(block.last_op.operands)  # type: ignore[union-attr]
+def _constrainer(mesh: Mesh, names: Sequence[str]) -> Callable[[Operation, list[Any]], list[Any]]:
+    """The hook that constrains an op's results to the specs annotated on it."""
 
     def constrain(op: Operation, results: list[Any]) -> list[Any]:
         specs = result_specs(op)
@@ -146,34 +140,117 @@ def _annotated_eval(
                 out.append(jax.lax.with_sharding_constraint(value, sharding))
         return out
 
-    if num_micro_batches == 1:
+    return constrain
 
-        def run(*flat: Any) -> Any:
-            return tuple(eval_block(block, list(flat), handlers, on_result=constrain))
 
-        return run
+def _annotated_eval(function: func.FuncOp, mesh: Mesh, names: Sequence[str]) -> Callable[..., Any]:
+    """Evaluate @main, constraining every value whose op carries specs."""
+    handlers = _identity_handlers()
+    block = function.body.block
+    constrain = _constrainer(mesh, names)
+
+    def run(*flat: Any) -> Any:
+        return tuple(eval_block(block, list(flat), handlers, on_result=constrain))
+
+    return run
+
+
+def _accumulating_annotated(
+    function: func.FuncOp,
+    mesh: Mesh,
+    names: Sequence[str],
+    steps: int,
+    batch_args: Sequence[int],
+    in_specs: Sequence[Any],
+    out_shardings: Sequence[Any],
+) -> AccumulatingStep:
+    """Gradient accumulation with the given specs propagated by XLA: the
+    accumulate, accumulate-last and apply programs
+    (:mod:`alpa_ir.backends.grad_accumulation`); XLA chooses the accumulators'
+    layout (that of the first micro-batch's values), and reduces each
+    micro-batch's gradients where its propagation puts the reductions."""
+    from jax.sharding import PartitionSpec
+
     from alpa_ir.pipeline.step_partition import partition_step
 
+    handlers = _identity_handlers()
+    block = function.body.block
+    returned = list(block.last_op.operands)  # type: ignore[union-attr]
     part = partition_step(function, batch_args)
+    accumulated = list(part.accumulated)
+    acc_ops, acc_inputs = needed_ops(block, [*part.setup, *part.compute], accumulated)
+    apply_ops, apply_inputs = needed_ops(block, [*part.setup, *part.apply], returned)
+    if any(k in batch_args for k in apply_inputs):
+        raise AlpaError(
+            "gradient accumulation: the step returns or applies a batch argument itself; "
+            "return values computed from it"
+        )
+    constrain = _constrainer(mesh, names)
+    n_acc = len(acc_inputs)
 
-    def run_accumulating(*flat: Any) -> Any:
-        env: dict[SSAValue, Any] = dict(zip(block.args, flat, strict=True))
-        eval_ops(part.setup, env, handlers, constrain)
-        totals: list[Any] = []
-        for i in range(num_micro_batches):
-            micro = dict(env)
-            for k in batch_args:
-                micro[block.args[k]] = env[block.args[k]][i]
-            eval_ops(part.compute, micro, handlers, constrain)
-            values = [micro[v] for v in part.accumulated]
-            totals = values if i == 0 else [a + b for a, b in zip(totals, values, strict=True)]
-        for value, total in zip(part.accumulated, totals, strict=True):
-            inexact = jax.numpy.issubdtype(total.dtype, jax.numpy.inexact)
-            env[value] = total / num_micro_batches if inexact else total // num_micro_batches
-        eval_ops(part.apply, env, handlers, constrain)
+    def values(xs: Sequence[Any]) -> list[Any]:
+        env = {block.args[k]: x for k, x in zip(acc_inputs, xs[:n_acc], strict=True)}
+        eval_ops(acc_ops, env, handlers, constrain)
+        return [env[v] for v in accumulated]
+
+    def first(*xs: Any) -> tuple[Any, ...]:
+        return tuple(values(xs))
+
+    def accumulate(*xs: Any) -> tuple[Any, ...]:
+        return tuple(a + x for a, x in zip(xs[n_acc:], values(xs), strict=True))
+
+    def accumulate_last(*xs: Any) -> tuple[Any, ...]:
+        return tuple(averaged(x, steps) for x in accumulate(*xs))
+
+    def apply(*xs: Any) -> tuple[Any, ...]:
+        n = len(apply_inputs)
+        env = {block.args[k]: x for k, x in zip(apply_inputs, xs[:n], strict=True)}
+        env.update(zip(accumulated, xs[n:], strict=True))
+        eval_ops(apply_ops, env, handlers, constrain)
         return tuple(env[v] for v in returned)
 
-    return run_accumulating
+    arg_shardings = [NamedSharding(mesh, s) for s in in_specs]
+    args = function.function_type.inputs.data
+    micro_leaves = tuple(k for k in acc_inputs if k in batch_args)
+    micro_structs = {
+        k: jax.ShapeDtypeStruct(shape_of(args[k]), dtype_of(args[k]), sharding=arg_shardings[k])
+        for k in micro_leaves
+    }
+    acc_in = [
+        micro_structs.get(
+            k, jax.ShapeDtypeStruct(shape_of(args[k]), dtype_of(args[k]), sharding=arg_shardings[k])
+        )
+        for k in acc_inputs
+    ]
+    first_program = jax.jit(first)
+    layouts = first_program.lower(*acc_in).compile().output_shardings
+    acc_structs = tuple(
+        jax.ShapeDtypeStruct(shape_of(v.type), dtype_of(v.type), sharding=s)
+        for v, s in zip(accumulated, layouts, strict=True)
+    )
+    return AccumulatingStep(
+        num_micro_batches=steps,
+        in_shardings=tuple(
+            NamedSharding(mesh, PartitionSpec(None, *s) if k in batch_args else s)
+            for k, s in enumerate(in_specs)
+        ),
+        acc_inputs=acc_inputs,
+        apply_inputs=apply_inputs,
+        micro_batch=micro_batch_program([arg_shardings[k] for k in micro_leaves]),
+        micro_leaves=micro_leaves,
+        zeros=None,
+        accumulate=jax.jit(
+            accumulate,
+            out_shardings=tuple(layouts),
+            donate_argnums=tuple(range(n_acc, n_acc + len(accumulated))),
+        ),
+        accumulate_last=jax.jit(accumulate_last, out_shardings=tuple(layouts)),
+        apply=jax.jit(apply, out_shardings=tuple(out_shardings)),
+        acc_structs=acc_structs,
+        reduced_structs=acc_structs,
+        micro_structs=micro_structs,
+        first=first_program,
+    )
 
 
 def compile_annotated(
@@ -198,13 +275,26 @@ def compile_annotated(
     for k in range(len(ins)):
         spec = partition_spec(signature_spec(function, k), names)
         in_specs.append(PartitionSpec(None, *spec) if accumulating and k in batch_args else spec)
-    in_shardings = tuple(NamedSharding(mesh, s) for s in in_specs)
+    # a result without a spec is laid out as XLA's propagation chooses (Alpa's
+    # UNDEFINED output sharding)
+    out_specs = [annotated_spec(function, k, result=True) for k in range(len(outs))]
     out_shardings = tuple(
-        NamedSharding(mesh, partition_spec(signature_spec(function, k, result=True), names))
-        for k, t in enumerate(outs)
+        None if s is None else NamedSharding(mesh, partition_spec(s, names)) for s in out_specs
     )
+    if accumulating:
+        step = _accumulating_annotated(
+            function,
+            mesh,
+            names,
+            num_micro_batches,
+            batch_args,
+            [partition_spec(signature_spec(function, k), names) for k in range(len(ins))],
+            out_shardings,
+        )
+        return step, step.in_shardings
+    in_shardings = tuple(NamedSharding(mesh, s) for s in in_specs)
     jitted = jax.jit(
-        _annotated_eval(function, mesh, names, num_micro_batches, batch_args),
+        _annotated_eval(function, mesh, names),
         in_shardings=in_shardings,
         out_shardings=out_shardings,
     )

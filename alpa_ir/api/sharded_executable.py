@@ -15,6 +15,7 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import FloatAttr, ModuleOp
 
 from alpa_ir.api.executable import PlannedExecutable
+from alpa_ir.backends.grad_accumulation import AccumulatingStep
 from alpa_ir.dialects.sharding import SPEC_ATTR, spec_of_value
 from alpa_ir.errors import AlpaError
 from alpa_ir.frontend.arguments import (
@@ -113,11 +114,13 @@ class ShardedExecutable(PlannedExecutable):
 
         repeated: frozenset[object] = frozenset()
         if self.num_micro_batches > 1:
+            from alpa_ir.autosharding.gradient_reductions import scatter_chains
             from alpa_ir.pipeline.step_partition import deferred_reductions, partition_step
 
             part = partition_step(self.function, self.batch_leaves)
             # gradient reductions run once per step, after the micro-batches
-            repeated = frozenset(part.compute) - deferred_reductions(part, self.function)
+            once = {start for start, _ in scatter_chains(part).values()}
+            repeated = frozenset(part.compute) - deferred_reductions(part, self.function) - once
         return predicted_collectives(
             self.function, self.mesh.shape, repeated, self.num_micro_batches
         )
@@ -128,9 +131,43 @@ class ShardedExecutable(PlannedExecutable):
 
     def measured_wire_bytes(self, *args: Any) -> float:
         """Bytes one device sends per step, by the collectives XLA compiled."""
+        from alpa_ir.api.hlo_status import compiled_text
         from alpa_ir.costs.collective_accounting import hlo_collectives, total_wire_bytes
 
-        return total_wire_bytes(hlo_collectives(self.get_hlo_text(*args)), self.mesh.size)
+        run = self._compile_local()[0]
+        if not isinstance(run, AccumulatingStep):
+            return total_wire_bytes(hlo_collectives(self.get_hlo_text(*args)), self.mesh.size)
+        # accumulate runs for all micro-batches but the last, then accumulate_last and apply
+        last, apply = (compiled_text(p.compile()) for p in self._lowered())
+        acc = compiled_text(
+            run.accumulate.lower(*run.accumulate_structs(self._input_structs())).compile()
+        )
+        return sum(
+            times * total_wire_bytes(hlo_collectives(text), self.mesh.size)
+            for text, times in ((acc, self.num_micro_batches - 1), (last, 1), (apply, 1))
+        )
+
+    @property
+    def grad_sync_channel_ids(self) -> str:
+        """Alpa's: the channel ids of the collectives that synchronise the
+        gradients, run once per step after the micro-batches (``".3.7."``;
+        ``""`` without gradient accumulation)."""
+        from alpa_ir.api.hlo_status import compiled_text
+        from alpa_ir.backends.grad_accumulation import grad_sync_channel_ids
+
+        if not isinstance(self._compile_local()[0], AccumulatingStep):
+            return ""
+        return grad_sync_channel_ids(compiled_text(self._lowered()[0].compile()))
+
+    def _lowered(self) -> list[Any]:
+        """The programs of a step lowered for its inputs' shapes and shardings:
+        with gradient accumulation Alpa's two (accumulate, with the gradient
+        synchronisation of its last call, and apply), else the one."""
+        run = self._compile_local()[0]
+        structs = self._input_structs()
+        if isinstance(run, AccumulatingStep):
+            return list(run.lowered(structs))
+        return [run.lower(*structs)]
 
     remote: Any = None
     """The Ray executable (one worker per host) when the step runs on the ray backend."""
@@ -181,7 +218,7 @@ class ShardedExecutable(PlannedExecutable):
         from alpa_ir.api.hlo_status import hlo_text, split_status
 
         _, which = split_status(args, status)
-        return hlo_text(self._compile_local()[0].lower(*self._input_structs()), which)
+        return "\n".join(hlo_text(p, which) for p in self._lowered())
 
     def plan_text(self) -> str:
         """The plan: the mesh and the sharding of every input."""
@@ -229,7 +266,7 @@ class ShardedExecutable(PlannedExecutable):
         of the program compiled for its inputs' shapes and shardings)."""
         from alpa_ir.api.executable import allocation_bytes
 
-        return allocation_bytes(self._compile_local()[0].lower(*self._input_structs()).compile())
+        return max(allocation_bytes(p.compile()) for p in self._lowered())
 
     def _input_structs(self) -> list[jax.ShapeDtypeStruct]:
         """The program's flat inputs as shapes, dtypes and shardings (batch

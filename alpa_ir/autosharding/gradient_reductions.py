@@ -207,4 +207,50 @@ def accumulated_reached(start: SSAValue, accumulated: set[SSAValue]) -> list[SSA
     return out
 
 
-__all__ = ["StepPartition", "accumulated_reached", "deferred_reductions", "gradient_ops"]
+_SCATTER_LINEAR = frozenset({"reshape", "transpose", "copy", "neg", "squeeze"})
+"""Unary ops a reduce-scatter's result may pass through in :func:`scatter_chains`."""
+
+
+def scatter_chains(part: StepPartition) -> dict[SSAValue, tuple[Operation, list[Operation]]]:
+    """Per accumulated value, the sum reduce-scatter of ``part.compute`` it
+    comes from and the ops from that scatter to it (the scatter first): a path
+    on which every value has one use, through unary linear ops (a ZeRO-2
+    gradient relaid out for its update) and pipeline markers, and whose end
+    nothing per micro-batch reads. Under gradient accumulation the path runs
+    once per step, on the sum of the scatter's operands (the same result:
+    every op on it is linear), as Alpa reduce-scatters once per step."""
+    from alpa_ir.dialects.sharding import ReduceScatterOp
+
+    accumulated = set(part.accumulated)
+    compute = set(part.compute)
+    chains: dict[SSAValue, tuple[Operation, list[Operation]]] = {}
+    for start in part.compute:
+        if not isinstance(start, ReduceScatterOp):
+            continue
+        ops: list[Operation] = [start]
+        value = start.results[0]
+        while value not in accumulated:
+            uses = list(value.uses)
+            if len(uses) != 1:
+                break
+            user, index = uses[0].operation, uses[0].index
+            name = getattr(user, "primitive_name", "")
+            if name == "pipeline_marker":
+                value = user.results[index]
+            elif isinstance(user, LaxOp) and name in _SCATTER_LINEAR and len(user.operands) == 1:
+                value = user.results[0]
+            else:
+                break
+            ops.append(user)
+        if value in accumulated and all(u.operation not in compute for u in value.uses):
+            chains[value] = (start, ops)
+    return chains
+
+
+__all__ = [
+    "StepPartition",
+    "accumulated_reached",
+    "deferred_reductions",
+    "gradient_ops",
+    "scatter_chains",
+]

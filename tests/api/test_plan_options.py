@@ -178,8 +178,11 @@ def test_propagated_manual_sharding_accumulates_micro_batches() -> None:
     executable = parallel.get_executable(params, batch)
     got = parallel(params, batch)
     _close(got, want, rtol=1e-4)
-    # each device reads its rows of both micro-batches: [2 micro-batches, 16 / 2 rows, 64]
-    assert "f32[2,8,64]" in executable.get_hlo_text()
+    # Alpa's two programs; accumulate runs once per micro-batch and each device
+    # reads its rows of one micro-batch: [32 rows / 2 micro-batches / 2 over dp, 64]
+    accumulate, _ = executable.get_hlo_text().split("HloModule")[1:]
+    entry = next(line for line in accumulate.splitlines() if line.startswith("ENTRY"))
+    assert "f32[8,64]" in entry and "f32[2," not in entry
 
 
 class _ConvAttention(nn.Module):
