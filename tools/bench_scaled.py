@@ -122,7 +122,6 @@ def plan_scaled(
     from alpa_ir.costs.function_plan import bound_cost_model
     from alpa_ir.costs.stage_table import cost_table
     from alpa_ir.ir.module_utils import main_function
-    from alpa_ir.models.registry import get_config
     from alpa_ir.models.train_step import train_step_flops
     from alpa_ir.pipeline.layer_phases import layer_phase_flops
     from alpa_ir.pipeline.layer_ranges import LayerRanges
@@ -131,10 +130,9 @@ def plan_scaled(
         planned_replica_counts,
         scaled_cost_table,
     )
-    from alpa_ir.pipeline.repeated_layers import RepeatedLayers, short_blocks
     from alpa_ir.plugins.registry import default_registry
     from alpa_ir.tools.bench_outcome import outcome
-    from alpa_ir.tools.bench_suite import bench_optimizer, early_workers, trace
+    from alpa_ir.tools.bench_suite import bench_optimizer, early_workers, shortened_trace, trace
 
     counts = (1,) if full else planned_replica_counts(cluster, num_micro_batches, max_pipeline_gpus)
     stage_pass = default_registry().get_pass("construct-stages")(
@@ -168,19 +166,16 @@ def plan_scaled(
                 return cost_table(ranges, cluster, model, **space, **costing)
             return scaled_cost_table(ranges, cluster, model, counts, **costing)
 
-        layer_sum = cost_mode == "layer-sum" or not full
-        blocks = short_blocks(get_config(name), layers) if shorten and layer_sum else None
-        repeated = None
-        if blocks is not None:
-            step = trace(name, num_micro_batches, blocks + 1, dtype, blocks)
-            short = LayerRanges(main_function(step))
-            repeated = RepeatedLayers.of(short, layers)
+        mode = (cost_mode if full else "layer-sum") if shorten else "range"  # range: whole
+        module, repeated = shortened_trace(name, num_micro_batches, layers, dtype, mode)
         t1, cpu1 = time.perf_counter(), cpu_seconds()
-        table = None if repeated is None else repeated.expand_table(costed(short))
-        if table is None:  # no repetition of one block: the whole model
-            whole = LayerRanges(main_function(trace(name, num_micro_batches, layers, dtype)))
-            t1, cpu1 = time.perf_counter(), cpu_seconds()
-            table = costed(whole)
+        table = costed(LayerRanges(main_function(module)))
+        if repeated is not None:
+            expanded = repeated.expand_table(table)
+            if expanded is None:  # interior layers priced apart: the whole model after all
+                whole = trace(name, num_micro_batches, layers, dtype)
+                expanded = costed(LayerRanges(main_function(whole)))
+            table = expanded
     t2, cpu2 = time.perf_counter(), cpu_seconds()
     found = plan_replicated(
         table,

@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # imported where used: a bad option is rejected before jax lo
     from alpa_ir.costs.stage_table import StageCostTable
     from alpa_ir.hardware.clusters import Cluster
     from alpa_ir.pipeline.layer_ranges import LayerRanges
+    from alpa_ir.pipeline.repeated_layers import RepeatedLayers
 from alpa_ir.tools.bench_baselines import deepspeed, inter_op, restricted, uniform_grid
 from alpa_ir.tools.bench_outcome import Breakdown, Outcome, outcome
 
@@ -116,6 +117,32 @@ def trace(
         return import_jax(lambda *a: step(*a), *micro, batch_argnums=(1,))
 
 
+def shortened_trace(
+    name: str,
+    num_micro_batches: int,
+    layers: int,
+    dtype: str | None = None,
+    cost_mode: str = "layer-sum",
+) -> tuple[ModuleOp, RepeatedLayers | None]:
+    """The zoo step ``name`` traced as :func:`trace` does, or, for a model of
+    repeated blocks with a layer per block in ``layer-sum`` mode, traced with
+    a few blocks and how its layers stand for the whole model's
+    (:mod:`alpa_ir.pipeline.repeated_layers`; None: the whole model was
+    traced). MoE steps are traced whole: DeepSpeed's baseline reads every layer."""
+    from alpa_ir.ir.module_utils import main_function
+    from alpa_ir.models.registry import get_config
+    from alpa_ir.pipeline.layer_ranges import LayerRanges
+    from alpa_ir.pipeline.repeated_layers import RepeatedLayers, short_blocks
+
+    blocks = short_blocks(get_config(name), layers) if cost_mode == "layer-sum" else None
+    if blocks is not None and not name.startswith("moe"):
+        short = trace(name, num_micro_batches, blocks + 1, dtype, blocks)
+        repeated = RepeatedLayers.of(LayerRanges(main_function(short)), layers)
+        if repeated is not None:
+            return short, repeated
+    return trace(name, num_micro_batches, layers, dtype), None
+
+
 def jnp_dtype(name: str) -> Any:
     """The JAX dtype named ``name`` (``float16``, ``float32``, ``bfloat16``)."""
     import jax.numpy as jnp
@@ -150,13 +177,16 @@ def bench_model(
     schedule: str = "1f1b",
     dtype: str | None = None,
     method_settings: str = "alpa",
+    shorten: bool = True,
 ) -> dict[str, Any]:
     """:func:`bench_module` for the zoo model ``name``: traced abstractly with
     ``layers`` automatic layers (``dtype``: its computation dtype, None: the
     config's), its analytic FLOPs, its suite's baselines. ``method_settings``:
     ``own``: the baselines the artifact ran with settings of their own are
     simulated again with them (:mod:`alpa_ir.tools.bench_own_settings`);
-    ``alpa``: every method with Alpa's plan's settings."""
+    ``alpa``: every method with Alpa's plan's settings. ``shorten``: a model
+    of repeated blocks is traced with a few of them (:func:`shortened_trace`:
+    the same table and plans); off: traced whole."""
     from alpa_ir.costs.costing_workers import StartedWorkers
     from alpa_ir.models.train_step import train_step_flops
 
@@ -173,7 +203,8 @@ def bench_model(
         )
     with StartedWorkers(early_workers(flops, workers)) as started:
         t0 = time.perf_counter()
-        module = trace(name, num_micro_batches, layers, dtype)
+        mode = cost_mode if shorten else "range"  # range: traced whole
+        module, repeated = shortened_trace(name, num_micro_batches, layers, dtype, mode)
         clustering = time.perf_counter() - t0
         result = bench_module(
             module,
@@ -199,6 +230,7 @@ def bench_model(
             retrace=lambda count: trace(name, num_micro_batches, count, dtype),
             baselines=baselines,
             started=started,
+            repeated=repeated,
         )
     if method_settings == "own":
         with_own_settings(
@@ -303,6 +335,7 @@ def bench_module(
     baselines: Baselines | None = None,
     schedule: str = "1f1b",
     started: StartedWorkers | None = None,
+    repeated: RepeatedLayers | None = None,
 ) -> dict[str, Any]:
     """Alpa's plan and the baselines of a step already imported at the
     micro-batch shape with its automatic layers (``module``; ``name`` labels
@@ -314,7 +347,9 @@ def bench_module(
     plans on the layers ``module`` has); ``baselines``: more baselines;
     ``schedule``: Alpa's plan's pipeline schedule (``auto``: chosen with the
     stages, every candidate's time in ``schedules``); ``started``: costing
-    workers started ahead, taken first."""
+    workers started ahead, taken first; ``repeated``: ``module`` is a
+    shortened trace whose table this expands to the whole model
+    (:func:`shortened_trace`; the plan is then not written into ``module``)."""
     from alpa_ir.api.why_plan import stage_reasons
     from alpa_ir.costs.analytical_stage_cost import AnalyticalStageCostModel
     from alpa_ir.costs.stage_table import cost_table
@@ -322,7 +357,6 @@ def bench_module(
     from alpa_ir.passmanager.pipeline_syntax import format_pipeline
     from alpa_ir.pipeline.layer_phases import layer_phase_flops
     from alpa_ir.pipeline.layer_ranges import LayerRanges
-    from alpa_ir.pipeline.stage_assignment import count_layers
     from alpa_ir.pipeline.stage_construction import StagePlan, plan_stages, write_plan
     from alpa_ir.plugins.registry import default_registry
 
@@ -351,17 +385,30 @@ def bench_module(
     )
     options = stage_pass.cost_options()
     model = AnalyticalStageCostModel(options)
-    table = cost_table(
-        ranges,
-        cluster,
-        model,
-        space=submesh_space,
-        cost_mode=cost_mode,
-        workers=workers,
-        progress=progress,
-        phase_flops=layer_phase_flops(ranges),
-        started=started,
-    )
+
+    def costed(ranges: LayerRanges) -> StageCostTable:
+        return cost_table(
+            ranges,
+            cluster,
+            model,
+            space=submesh_space,
+            cost_mode=cost_mode,
+            workers=workers,
+            progress=progress,
+            phase_flops=layer_phase_flops(ranges),
+            started=started,
+        )
+
+    table = costed(ranges)
+    if repeated is not None:
+        expanded = repeated.expand_table(table)
+        if expanded is None:  # interior layers priced apart: the whole step after all
+            if retrace is None:
+                raise AlpaError(f"{name}: a shortened trace needs retrace for the whole step")
+            module, repeated = retrace(repeated.num_layers), None
+            ranges = LayerRanges(main_function(module))
+            expanded = costed(ranges)
+        table = expanded
     t3 = time.perf_counter()
     times.costing = t3 - t2
     flops = model_flops
@@ -370,7 +417,7 @@ def bench_module(
         "gpus": cluster.num_devices,
         "cluster": cluster.name,
         "num_micro_batches": num_micro_batches,
-        "layers": count_layers(main_function(module)),
+        "layers": table.num_layers,
         "cost_mode": cost_mode,
         "submesh_space": submesh_space,
         "cross_stage_comm": cross_stage_comm,
@@ -418,7 +465,7 @@ def bench_module(
         alpa = Outcome("alpa", error=str(error))
     t4 = time.perf_counter()
     times.dp = t4 - t3
-    if plan is not None:
+    if plan is not None and repeated is None:
         write_plan(module, plan, num_micro_batches)
     times.other = (t2 - t1) + (time.perf_counter() - t4)
     whole = max(table.submeshes, key=lambda s: s[0] * s[1])
