@@ -169,9 +169,9 @@ class PipeshardExecutable(PlannedExecutable):
     def stage_function_names(self) -> list[str]:
         """Every stage program's function in Alpa's order (that of its
         ``get_hlo_text``): the forward of each stage, then the backwards from
-        the last stage to the first, then the apply-grad rounds of each stage.
-        The last stage's forward function holds its backward too: one program
-        where Alpa compiles two."""
+        the last stage to the first, then the apply-grad rounds of each stage
+        (for two stages: forward 0, forward 1, backward 1, backward 0,
+        apply-grad 0, apply-grad 1)."""
         run = {c.function for c in self.program.calls.values()}
         stages = [stage.phase_functions() for stage in plan_stages(self.module)]
         forward = [n for s in stages for phase, n in s if phase == "forward"]

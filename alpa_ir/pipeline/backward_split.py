@@ -11,9 +11,10 @@ leaves the rest in the backward function (B):
   the W results need that B does not have. No op is computed twice.
 - W's arguments: the backward's arguments its ops read, then the values of
   B's ops it reads, which B returns after its own results.
-- ``@main`` calls B, then W; the stage's ``backward_weight`` names W. The
-  last stage, whose forward function holds its backward too, is split the same
-  way (its W holds the weight gradients of the fused function).
+- ``@main`` calls B, then W; the stage's ``backward_weight`` names W. A
+  stage without a backward function (a forward that holds its backward too)
+  is split the same way (its W holds the weight gradients of the fused
+  function).
 
 Sharding specs follow the values: B and W keep the specs of the original
 arguments and results, and a value passed from B to W carries the spec of

@@ -49,9 +49,10 @@ def _kept_slice(layer: int, ops: list[Operation], ranges: LayerRanges) -> set[Op
 
 
 def layer_phase_flops(ranges: LayerRanges) -> np.ndarray:
-    """``[layer, phase]`` FLOPs (phases: forward, B, W) of the marked step. The
-    last layer's backward is fused into its forward (as its stage's function
-    is): its B counts as forward, W is split off all the same."""
+    """``[layer, phase]`` FLOPs (phases: forward, B, W) of the marked step. A
+    layer without backward ops (a step whose last layer has no ``backward``
+    marker before its backward) counts its B as forward, W split off all the
+    same."""
     out = np.zeros((ranges.num_layers, 3))
     for layer, (forward, backward) in enumerate(ranges.layer_ops()):
         if backward:

@@ -55,6 +55,16 @@ def is_layer_marker(op: Operation) -> bool:
     )
 
 
+def is_backward_marker(op: Operation) -> bool:
+    """The operand-free marker before the first op of the backward pass
+    (:mod:`alpa_ir.frontend.differentiation`)."""
+    return (
+        isinstance(op, LaxOp)
+        and op.primitive_name == "pipeline_marker"
+        and op.param("kind") == "backward"
+    )
+
+
 def is_forward_only(function: func.FuncOp) -> bool:
     """Whether ``@main`` computes no gradients (an inference step): it has no
     gradient marker, which every differentiated step has (``alpa_ir.grad``'s,
@@ -149,8 +159,15 @@ class Assignment:
         self.batch_dependent = set(partition.compute)
         segments: dict[Operation, int] = {}
         after_grad: set[Operation] = set()
+        last = num_layers - 1
+        # the ops of segment ``last`` after the ``backward`` marker: the last
+        # layer's backward, outlined apart from its forward (as Alpa does)
+        last_backward: set[Operation] = set()
         segment = 0
+        in_backward = False
         for op in self.ops:
+            if is_backward_marker(op):
+                in_backward = True
             if is_layer_marker(op) or is_grad_marker(op):
                 for result, operand in zip(op.results, op.operands, strict=True):
                     self.alias[result] = operand
@@ -161,15 +178,16 @@ class Assignment:
                 self.floating.add(op)
             else:
                 segments[op] = segment
+                if segment == last and in_backward:
+                    last_backward.add(op)
                 if op not in self.batch_dependent and op not in grad_dependent:
                     after_grad.add(op)
         apply_ops = _apply_phase(self.ops, grad_dependent, after_grad, block.last_op)
-        last = num_layers - 1
         apply_ops |= _deferred_gradient_sums(self.ops, segments, last, self.resolve)
         for op, s in segments.items():
             if op not in apply_ops:
                 layer = _layer_of_segment(s, last)
-                phase = "forward" if s <= last else "backward"
+                phase = "backward" if s > last or op in last_backward else "forward"
                 self.group[op] = (stage_of_layer[layer], phase)
         self._assign_apply([op for op in self.ops if op in apply_ops])
 
@@ -274,7 +292,7 @@ def _apply_phase(
 def _layer_of_segment(segment: int, last: int) -> int:
     """The layer of an op in ``segment`` of the step (segments counted across
     the layer markers): segments ``0..last`` hold the forward of layers
-    ``0..last`` (the last also its backward), the later ones the backward of
+    ``0..last`` (the last also its backward, after the ``backward`` marker), the later ones the backward of
     the layers before it, mirrored (segment ``last + 1`` is layer ``last - 1``)."""
     return segment if segment <= last else 2 * last - segment
 

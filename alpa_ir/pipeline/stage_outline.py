@@ -9,9 +9,12 @@ Layers come from the markers' positions. Differentiation mirrors every
 forward marker into the backward computation (the marker's transpose), so a
 step with ``L`` layers has ``2(L − 1)`` layer markers in program order:
 segment ``s`` (the ops after ``s`` markers) is the forward of layer ``s`` for
-``s < L − 1``, the last layer's forward *and* backward for ``s = L − 1``, and
-the backward of layer ``2(L − 1) − s`` after that. The backward ops of a layer
-thus land with its forward ops (Alpa §5.1, constraint 1).
+``s < L − 1``, the last layer's forward *and* backward for ``s = L − 1`` (the
+``backward`` marker between them), and the backward of layer ``2(L − 1) − s``
+after that. The backward ops of a layer thus land on its forward's stage
+(Alpa §5.1, constraint 1), in a backward function of their own: the last
+stage too has a forward and a backward function, as in Alpa, so that every
+stage's programs are forward, backward and apply-grad.
 
 Ops after the gradient marker that depend on the gradients, or that depend on
 neither the batch nor the gradients and are used only by such ops or the

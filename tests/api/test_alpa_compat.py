@@ -141,16 +141,17 @@ def test_manual_pipeline_with_alpa_grad() -> None:
     executable = manual_pipeline_train_step.get_executable(state, batch)
     assert len(executable.placements) == 2  # the boundary made two layers, two stages
     # one compiled program per stage function, in Alpa's order: forwards, backwards
-    # from the last stage, apply-grads (the last stage's forward holds its backward)
+    # from the last stage, apply-grads (the last stage too has a backward of its own)
     assert executable.stage_function_names() == [
         "stage0_forward",
         "stage1_forward",
+        "stage1_backward",
         "stage0_backward",
         "stage0_apply_grad",
         "stage1_apply_grad",
     ]
     texts = executable.get_hlo_text()
-    assert len(texts) == 5 and all(t.startswith("HloModule") for t in texts)
+    assert len(texts) == 6 and all(t.startswith("HloModule") for t in texts)
 
 
 def test_automatic_pipeline_with_automatic_stages() -> None:

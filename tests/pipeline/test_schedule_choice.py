@@ -27,17 +27,15 @@ def test_each_layer_splits_its_backward_into_input_and_weight_gradients() -> Non
     """Four tanh(h @ w) layers of a 8x16 batch: each backward has one 8x16x16
     matmul for w's gradient (W) and, but for the first layer, one for the
     gradient of h (B); the forward has the layer's matmul. The last layer's
-    backward is fused into its forward (as its stage's function is): its B
-    counts as forward."""
+    backward is apart from its forward (as its stage's functions are)."""
     ranges = LayerRanges(main_function(_deep_module()))
     flops = layer_phase_flops(ranges)
     matmul = 2.0 * 8 * 16 * 16
     assert flops.shape == (4, 3)
     assert flops[0, 1] == 0  # nothing before the first layer needs a gradient
-    assert all(matmul <= flops[k, 1] < 2 * matmul for k in (1, 2))
+    assert all(matmul <= flops[k, 1] < 2 * matmul for k in (1, 2, 3))
     assert all(matmul <= flops[k, 2] < 2 * matmul for k in range(4))
-    assert all(matmul <= flops[k, 0] < 2 * matmul for k in range(3))
-    assert flops[3, 1] == 0 and 2 * matmul <= flops[3, 0] < 3 * matmul
+    assert all(matmul <= flops[k, 0] < 2 * matmul for k in range(4))
     forward, backward = ranges.layer_ops()[2]
     assert flops[2, 0] == sum(op_flops(op) for op in forward)
     assert flops[2, 1] + flops[2, 2] == sum(op_flops(op) for op in backward)
