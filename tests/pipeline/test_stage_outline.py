@@ -221,3 +221,21 @@ def test_a_tied_parameters_gradient_parts_are_added_once_per_step() -> None:
     assert first.backward_bytes == 8 * 16 * 4  # the activations' gradient, not 64 x 16
     method = PipeshardParallel(num_micro_batches=2, stage_option=UniformStageOption(num_stages=2))
     _assert_same_steps(_tied_step, method, state, tokens)
+
+
+def test_the_last_stage_has_a_backward_function_of_its_own() -> None:
+    """As in Alpa, every stage's programs are forward, backward and apply-grad:
+    the last stage's backward is cut from its forward at the ``backward``
+    marker, the forward returning what the backward needs."""
+    module, _ = _outlined_adam(2)
+    names = [c.callee.string_value() for c in _calls(module)]
+    assert names[:4] == ["stage0_forward", "stage1_forward", "stage1_backward", "stage0_backward"]
+    forward = symbol_op(module, "stage1_forward", func.FuncOp)
+    assert isinstance(forward, func.FuncOp)
+    # the forward ends at the loss: no transpose of a matmul (a dot_general of
+    # the loss's cotangent) is left in it
+    dots = [op for op in forward.body.walk() if op.name == "lax.dot_general"]
+    backward = symbol_op(module, "stage1_backward", func.FuncOp)
+    assert isinstance(backward, func.FuncOp)
+    backward_dots = [op for op in backward.body.walk() if op.name == "lax.dot_general"]
+    assert len(dots) >= 1 and len(backward_dots) >= 2 * len(dots)
