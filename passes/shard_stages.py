@@ -29,7 +29,11 @@ from alpa_ir.dialects.attrs import BATCH_ATTR
 from alpa_ir.dialects.mesh import MESH_ATTR, ClusterOp, LogicalMeshOp
 from alpa_ir.ir.collection import frozen_heap
 from alpa_ir.ir.module_utils import main_function, symbol_op, top_level_ops
-from alpa_ir.pipeline.stage_specs import shard_in_call_order
+from alpa_ir.pipeline.stage_specs import (
+    force_stage_input_specs,
+    parse_stage_specs,
+    shard_in_call_order,
+)
 
 STAGE_PIPELINE = "merge-trivial-ops,auto-sharding"
 
@@ -72,6 +76,11 @@ class ShardStages(ModulePass):
     """The passes run on each stage function (as ``@main`` of its own module),
     a pipeline string without ``builtin.module(...)``."""
 
+    input_specs: str = ""
+    """Specs every stage's inputs must have (Alpa's ``stage_input_shardings``;
+    :func:`alpa_ir.pipeline.stage_specs.format_stage_specs`' text), given to
+    the functions before they are sharded; empty: none."""
+
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         from alpa_ir.passmanager.pass_manager import PassManager
         from alpa_ir.passmanager.pipeline_syntax import parse_pipeline
@@ -97,5 +106,7 @@ class ShardStages(ModulePass):
             op.body.block.insert_op_before(planned, original)
             op.body.block.erase_op(original)
 
+        if self.input_specs:
+            force_stage_input_specs(op, parse_stage_specs(self.input_specs))
         with frozen_heap():  # the module outlives the planning of its functions
             shard_in_call_order(op, shard)

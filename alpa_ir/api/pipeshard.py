@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from alpa_ir.api.sharding_options import AutoShardingOption
+from alpa_ir.dialects.sharding import ShardingSpec
 from alpa_ir.errors import AlpaError
 from alpa_ir.hardware.device_mesh import Devices, LogicalDeviceMesh
 from alpa_ir.hardware.memory_budget import check_memory_option
@@ -275,8 +276,26 @@ class PipeshardParallel:
     ``ALPA_DEVICE_MEMORY``, else what the local devices have
     (:mod:`alpa_ir.hardware.memory_budget`). Automatic stages are planned to
     fit it; any plan that needs more is refused before it compiles."""
+    stage_input_shardings: Sequence[Sequence[ShardingSpec | None]] | None = None
+    """Alpa's option: per stage, the spec each of its inputs must have, as an
+    executable's ``stage_input_shard_specs`` gives them (the arguments of the
+    stage's forward, then of its apply-grad); a None leaves that input to the
+    planner. A plan for another batch size can so keep an earlier plan's
+    layouts."""
 
     def __post_init__(self) -> None:
+        given = self.stage_input_shardings
+        if given is not None:
+            if isinstance(given, str | bytes) or not all(
+                isinstance(stage, Sequence)
+                and all(s is None or isinstance(s, ShardingSpec) for s in stage)
+                for stage in given
+            ):
+                raise AlpaError(
+                    "stage_input_shardings must be, per stage, a sequence of sharding specs "
+                    "(an executable's stage_input_shard_specs)"
+                )
+            object.__setattr__(self, "stage_input_shardings", tuple(tuple(s) for s in given))
         layer = self.layer_option
         if isinstance(layer, str):
             if layer != "manual":

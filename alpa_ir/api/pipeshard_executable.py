@@ -184,6 +184,16 @@ class PipeshardExecutable(PlannedExecutable):
         apply = [n for s in stages for phase, n in s if phase == "apply_grad"]
         return [n for n in forward + backward + apply if n in run]
 
+    @property
+    def stage_input_shard_specs(self) -> tuple[tuple[Any, ...], ...]:
+        """Alpa's: per stage, the sharding spec the plan gave each of its inputs
+        (the arguments of its forward, then of its apply-grad; None where none
+        was given); ``PipeshardParallel(stage_input_shardings=...)`` takes them
+        to plan another step with the same layouts."""
+        from alpa_ir.pipeline.stage_specs import stage_input_specs
+
+        return stage_input_specs(self.module)
+
     def get_hlo_text(self, status: Any = None) -> list[str]:
         """The HLO XLA compiled for each stage program, in Alpa's order (see
         :meth:`stage_function_names`); as lowered for ``HloStatus.UNOPTIMIZED``

@@ -80,9 +80,15 @@ class PipeshardPipeline:
         crossing = "cross-mesh-resharding"
         if not self.local_all_gather:
             crossing += "{local-all-gather=false}"
+        given = self.method.stage_input_shardings
+        forced = ""
+        if given is not None:
+            from alpa_ir.pipeline.stage_specs import format_stage_specs
+
+            forced = f' input-specs="{format_stage_specs(given)}"'  # type: ignore[arg-type]
         return [
             self._stage_pass(num_layers, schedules),
-            f'shard-stages{{stage-pipeline="{inner}"}}',
+            f'shard-stages{{stage-pipeline="{inner}"{forced}}}',
             *self._split_pass(),
             crossing,
             "emit-instructions",

@@ -80,3 +80,119 @@ def shard_in_call_order(module: ModuleOp, shard: Callable[[str], None]) -> None:
         for r, spec in zip(call.results, _specs(planned.res_attrs, len(call.results)), strict=True):
             if spec is not None:
                 known[(r, mesh)] = spec
+
+
+INPUT_PHASES = ("forward", "apply_grad")
+"""The functions whose arguments are a stage's inputs (Alpa's
+``stage_input_shard_specs``): its forward (parameters, the batch, activations
+from the previous stage) and its apply-grad (optimizer state); the backward's
+other arguments are the forward's results or gradients from the next stage."""
+
+
+def stage_input_functions(module: ModuleOp) -> list[list[func.FuncOp]]:
+    """Per stage of the outlined ``module``, its functions of :data:`INPUT_PHASES`
+    in that order (each apply-grad round after the first apply-grad)."""
+    from alpa_ir.dialects.pipeline import plan_stages
+
+    out: list[list[func.FuncOp]] = []
+    for stage in plan_stages(module):
+        functions = []
+        for phase, name in stage.phase_functions():
+            if phase in INPUT_PHASES:
+                function = symbol_op(module, name, func.FuncOp)
+                assert isinstance(function, func.FuncOp)
+                functions.append(function)
+        out.append(functions)
+    return out
+
+
+def stage_input_specs(module: ModuleOp) -> tuple[tuple[ShardingSpec | None, ...], ...]:
+    """Per stage, the spec of every input (:func:`stage_input_functions`'
+    arguments in order; None where a function gives none)."""
+    return tuple(
+        tuple(s for f in functions for s in _specs(f.arg_attrs, len(f.args)))
+        for functions in stage_input_functions(module)
+    )
+
+
+def _spec_code(spec: ShardingSpec | None) -> str:
+    if spec is None:
+        return "*"
+    if not spec.dims:
+        return "()"
+    return ".".join("S" + "".join(map(str, d)) if d else "R" for d in spec.dims)
+
+
+def _spec_of_code(code: str, where: str) -> ShardingSpec | None:
+    from alpa_ir.errors import AlpaError
+
+    if code == "*":
+        return None
+    if code == "()":
+        return ShardingSpec(())
+    dims: list[tuple[int, ...]] = []
+    for part in code.split("."):
+        if part == "R":
+            dims.append(())
+        elif part.startswith("S") and part[1:].isdigit():
+            dims.append(tuple(int(c) for c in part[1:]))
+        else:
+            raise AlpaError(f"{where}: bad spec '{code}' (expected R or S<mesh axes> per dim)")
+    return ShardingSpec(tuple(dims))
+
+
+def format_stage_specs(specs: tuple[tuple[ShardingSpec | None, ...], ...]) -> str:
+    """``specs`` as ``shard-stages``' ``input-specs`` option: stages separated
+    by ``;``, inputs by ``,``, a spec's dims by ``.`` (``R``, ``S0``, ``S01``;
+    ``()`` a scalar's, ``*`` none given)."""
+    return ";".join(",".join(_spec_code(s) for s in stage) for stage in specs)
+
+
+def parse_stage_specs(text: str) -> tuple[tuple[ShardingSpec | None, ...], ...]:
+    """The inverse of :func:`format_stage_specs`."""
+    return tuple(
+        tuple(_spec_of_code(c, f"input-specs of stage {k}") for c in stage.split(",") if c)
+        for k, stage in enumerate(text.split(";"))
+    )
+
+
+def force_stage_input_specs(
+    module: ModuleOp, specs: tuple[tuple[ShardingSpec | None, ...], ...]
+) -> None:
+    """Give every stage's inputs (:func:`stage_input_functions`) the specs of
+    ``specs`` (Alpa's ``stage_input_shardings``), as annotations auto-sharding
+    keeps; a None leaves that input free."""
+    from alpa_ir.dialects.mesh import LogicalMeshOp
+    from alpa_ir.dialects.types import shape_of
+    from alpa_ir.errors import AlpaError
+
+    stages = stage_input_functions(module)
+    if len(specs) != len(stages):
+        raise AlpaError(
+            f"stage_input_shardings gives {len(specs)} stages, the pipeline has {len(stages)}"
+        )
+    for k, (functions, given) in enumerate(zip(stages, specs, strict=True)):
+        count = sum(len(f.args) for f in functions)
+        if len(given) != count:
+            raise AlpaError(
+                f"stage_input_shardings: stage {k} has {count} inputs, {len(given)} specs given"
+            )
+        position = 0
+        for function in functions:
+            mesh = symbol_op(module, mesh_name_of(function) or "", LogicalMeshOp)
+            rank = len(mesh.mesh_shape) if isinstance(mesh, LogicalMeshOp) else None
+            chosen: dict[int, ShardingSpec] = {}
+            for j, arg in enumerate(function.args):
+                spec = given[position + j]
+                if spec is None:
+                    continue
+                try:
+                    spec.validate(shape_of(arg.type), rank)
+                except ValueError as e:
+                    raise AlpaError(
+                        f"stage_input_shardings: stage {k} input {position + j}: {e}"
+                    ) from None
+                chosen[j] = spec
+            position += len(function.args)
+            if chosen:
+                _constrain(function, chosen)
