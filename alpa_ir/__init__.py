@@ -78,6 +78,7 @@ _EXPORTS: dict[str, str] = {
     "get_global_physical_mesh": "alpa_ir.compat.device_cluster",
     "get_global_virtual_physical_mesh": "alpa_ir.compat.device_cluster",
     "set_global_virtual_physical_mesh": "alpa_ir.compat.device_cluster",
+    "prefetch": "alpa_ir.compat.device_cluster",
     "init": "alpa_ir.api.runtime_api",
     "shutdown": "alpa_ir.api.runtime_api",
     "save_checkpoint": "alpa_ir.api.checkpoint",

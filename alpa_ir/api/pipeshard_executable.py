@@ -73,6 +73,9 @@ class PipeshardExecutable(PlannedExecutable):
         self.last_timeline: Any = None
         """The measured timeline of the last recorded step (a ``SimResult``);
         ``plot("timeline", ...)`` draws it beside the simulated one."""
+        self.recorded_events: list[RuntimeEvent] = []
+        """Every instruction of every step run with :attr:`record_timeline`
+        (Alpa's trace, :meth:`get_stage_execution_info`)."""
 
     @property
     def remote(self) -> Any:
@@ -114,8 +117,49 @@ class PipeshardExecutable(PlannedExecutable):
         runner.record_events = self.record_timeline
         outputs = runner.run_flat(flat)
         if self.record_timeline:
+            self.recorded_events.extend(runner.events)
             self.last_timeline = self._measured_timeline(runner.events)
         return self.signature.unflatten_outputs(outputs)
+
+    def get_stage_execution_info(
+        self,
+    ) -> list[list[tuple[float, float, tuple[int, ...], tuple[int, ...]]]]:
+        """Alpa's: per stage program (in :meth:`stage_function_names`' order),
+        each run recorded since steps record their timeline
+        (``global_config.collect_trace`` or :attr:`record_timeline`) as
+        ``(start, stop, node_ids, devices)``: wall-clock seconds, the hosts
+        and the device ids of its mesh."""
+        names = self.stage_function_names()
+        info: list[list[tuple[float, float, tuple[int, ...], tuple[int, ...]]]] = [
+            [] for _ in names
+        ]
+        where = {name: self._run_place(name) for name in names}
+        for event in self.recorded_events:
+            if event.kind != "run" or event.target not in self.program.calls:
+                continue
+            name = self.program.calls[event.target].function
+            if name in where:
+                nodes, devices = where[name]
+                info[names.index(name)].append((event.start, event.end, nodes, devices))
+        return info
+
+    def _run_place(self, name: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The hosts and device ids of the mesh stage program ``name`` runs on
+        (one host, 0, on the local backend)."""
+        from alpa_ir.hardware.device_mesh import function_mesh
+
+        function = symbol_op(self.module, name, func.FuncOp)
+        mesh = function_mesh(self.module, function)
+        assert mesh is not None and mesh.devices is not None
+        devices = tuple(mesh.devices)
+        if self.remote is None:
+            return (0,), devices
+        from alpa_ir.runtime.ray_cluster import cluster_hosts
+
+        host_of: list[int] = []
+        for h, host in enumerate(cluster_hosts()):
+            host_of += [h] * host.num_devices
+        return tuple(sorted({host_of[d] for d in devices if d < len(host_of)})), devices
 
     def _measured_timeline(self, events: Sequence[RuntimeEvent]) -> Any:
         from alpa_ir.plots.measured import measured_timeline

@@ -10,6 +10,7 @@ from alpa_ir.compat.device_cluster import (
     get_global_num_devices,
     get_global_physical_mesh,
     get_global_virtual_physical_mesh,
+    prefetch,
     set_global_physical_mesh,
     set_global_virtual_physical_mesh,
 )
@@ -29,6 +30,7 @@ __all__ = [
     "get_global_num_devices",
     "get_global_physical_mesh",
     "get_global_virtual_physical_mesh",
+    "prefetch",
     "set_global_physical_mesh",
     "set_global_virtual_physical_mesh",
 ]
