@@ -42,7 +42,8 @@ class AutoShardingOption:
     force_zero_stage_3_all_gather_threshold: int = 1 << 25
     """Alpa's all-gather combiner threshold: XLA combines here; a value set is warned of."""
     allow_recompute_heavy_op: bool = False
-    """Alpa's replicated dot computation: not a strategy here; ``True`` is warned of."""
+    """Alpa's replicated dot computation: a matmul or convolution may leave a mesh
+    axis unused, each device of that axis computing the same thing."""
     force_simple_heuristic: str = ""
     """Alpa's heuristic instead of the ILP: any name means :attr:`heuristic`."""
     all_reduce_threshold: int = 1 << 60
@@ -79,6 +80,7 @@ class AutoShardingOption:
             "allow-all-to-all": self.allow_all_to_all and not data_parallel,
             "allow-replicated-parameters": self.allow_replicated_parameters,
             "allow-mixed-mesh-shape": self.allow_mixed_mesh_shape,
+            "allow-recompute-heavy-op": self.allow_recompute_heavy_op,
             "force-batch-dim-to-mesh-dim": -1
             if self.force_batch_dim_to_mesh_dim is None
             else self.force_batch_dim_to_mesh_dim,
@@ -102,7 +104,6 @@ class AutoShardingOption:
 
 _NO_MEANING = {
     "force_zero_stage_3_all_gather_threshold": "XLA's all-gather combiner decides",
-    "allow_recompute_heavy_op": "replicated dot computation is not a strategy here",
     "all_reduce_threshold": "XLA's all-reduce combiner decides",
 }
 

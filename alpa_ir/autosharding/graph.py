@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from xdsl.dialects import func
@@ -216,6 +216,7 @@ class GraphBuilder:
         batch_axis: tuple[dict[SSAValue, int], int] | None = None,
         allow_mixed_mesh_shape: bool = True,
         hints: dict[Operation, list[ShardingSpec]] | None = None,
+        allow_recompute_heavy_op: bool = False,
     ) -> None:
         self.function = function
         self.groups = groups
@@ -225,6 +226,8 @@ class GraphBuilder:
         self.arg_filter = arg_filter
         self.batch_axis = batch_axis
         self.allow_mixed_mesh_shape = allow_mixed_mesh_shape
+        self.allow_recompute_heavy_op = allow_recompute_heavy_op
+        """Heavy ops may leave mesh axes unused (replicated computation on them)."""
         self.hints = hints or {}
         """The user's sharding hints (:mod:`alpa_ir.autosharding.hints`): the only
         specs a hint op's value may take, its operand arriving in the same."""
@@ -280,6 +283,8 @@ class GraphBuilder:
             rule_fn = self.rule_lookup(op.primitive_name)
             if rule_fn is not None:
                 rule = rule_fn(op)
+                if rule.heavy and self.allow_recompute_heavy_op:
+                    rule = replace(rule, heavy=False)
                 strategies = enumerate_strategies(rule, self.mesh_shape)  # type: ignore[arg-type]
                 if pending is not None:
                     strategies += deferred_strategies(rule, strategies, self.mesh_shape, pending)  # type: ignore[arg-type]
@@ -404,12 +409,17 @@ class GraphBuilder:
         # A group on the way of a pending sum (see pending_sum_ops) also tries
         # its followers taking pending sums as they arrive: greedy followers
         # would complete them before they meet the addend from outside.
-        modes = ["cheapest", "keep"]
+        # A third time, followers keep to those specs even where another
+        # strategy communicates less inside the group: a bias gradient summed
+        # from a batch-split activation, completed whole, so that the bias and
+        # its optimizer state can stay replicated, which a plan without
+        # all-gathers needs (the cheaper split sum would force them split).
+        modes = ["cheapest", "keep", "agree"]
         if any(f in self.pending for f in followers):
             modes.append("pass")
         variants = [(lead, mode) for lead in self.op_strategies(leader) for mode in modes]
         for lead, mode in variants:
-            keep = mode == "keep"
+            keep = mode in ("keep", "agree")
             specs: dict[SSAValue, ShardingSpec] = dict(
                 zip(leader.results, lead.final_result_specs, strict=True)
             )
@@ -429,14 +439,19 @@ class GraphBuilder:
                 if keep:
                     shapes = [*result_shapes[f], *(shape for _, shape, _ in operand_info[f])]
                     preferred = tuple(usual.get(shape) for shape in shapes)
-                key = (f, arriving, preferred, mode == "pass")
+                key = (f, arriving, preferred, mode == "pass", mode == "agree")
                 if key not in best_for:
                     best_for[key] = (
                         _passing_follower(options[f], own_cost[f], arriving)
                         if mode == "pass"
                         else None
                     ) or self._best_follower(
-                        options[f], own_cost[f], operand_info[f], arriving, preferred
+                        options[f],
+                        own_cost[f],
+                        operand_info[f],
+                        arriving,
+                        preferred,
+                        agree=mode == "agree",
                     )
                 index, best_cost = best_for[key]
                 best = options[f][index]
@@ -464,49 +479,79 @@ class GraphBuilder:
         operand_info: list[tuple[SSAValue, tuple[int, ...], int]],
         arriving: tuple[ShardingSpec | None, ...],
         preferred: tuple[ShardingSpec | None, ...] = (),
+        agree: bool = False,
     ) -> tuple[int, float]:
         # Usually a strategy takes the operands exactly as they arrive (an
         # element-wise op follows its input): try those first. Among equally
         # cheap ones, the one that keeps most of its results and outside
         # operands in the specs the group already uses for their shapes.
+        # With ``agree``, the strategies that take the operands as they arrive
+        # (no new split, even where a split would make a sum cheaper) and keep
+        # most of those specs come first, the cheapest of them chosen.
         positions = [k for k, src in enumerate(arriving) if src is not None]
+
+        def agreement(i: int) -> int:
+            cand = options[i]
+            free = [
+                None if arriving[k] is not None else spec
+                for k, spec in enumerate(cand.operand_specs)
+            ]
+            specs = [*cand.final_result_specs, *free]
+            return sum(
+                1
+                for got, want in zip(specs, preferred, strict=True)
+                if want is not None and got == want
+            )
+
         exact = [
             i
             for i, cand in enumerate(options)
             if all(cand.operand_specs[k] == arriving[k] for k in positions)
         ]
-        if exact:
+        if exact and not (agree and preferred):
             cheapest = min(own_cost[i] for i in exact)
             if cheapest == 0.0:
                 ties = [i for i in exact if own_cost[i] == 0.0]
                 if len(ties) == 1 or not preferred:
                     return ties[0], 0.0
-
-                def agreement(i: int) -> int:
-                    cand = options[i]
-                    free = [
-                        None if arriving[k] is not None else spec
-                        for k, spec in enumerate(cand.operand_specs)
-                    ]
-                    specs = [*cand.final_result_specs, *free]
-                    return sum(
-                        1
-                        for got, want in zip(specs, preferred, strict=True)
-                        if want is not None and got == want
-                    )
-
                 return max(ties, key=lambda i: (agreement(i), -i)), 0.0
+        if agree and preferred:  # the most agreeing of the feasible, then the cheapest
+            costs = [self._follower_cost(i, options, own_cost, operand_info, arriving, INF)
+                     for i in range(len(options))]  # fmt: skip
+            feasible = [i for i in exact if costs[i] < INF] or [
+                i for i, c in enumerate(costs) if c < INF
+            ]
+            if feasible:
+                best = min(feasible, key=lambda i: (-agreement(i), costs[i], i))
+                return best, costs[best]
         best, best_cost = 0, INF
-        for index, cand in enumerate(options):
-            c = own_cost[index]
-            for k in positions:
-                if c >= best_cost:
-                    break
-                _, shape, itemsize = operand_info[k]
-                c += self.coster.cost(arriving[k], cand.operand_specs[k], shape, itemsize)  # type: ignore[arg-type]
+        for index in range(len(options)):
+            c = self._follower_cost(index, options, own_cost, operand_info, arriving, best_cost)
             if c < best_cost:
                 best, best_cost = index, c
         return best, best_cost
+
+    def _follower_cost(
+        self,
+        index: int,
+        options: list[Strategy],
+        own_cost: list[float],
+        operand_info: list[tuple[SSAValue, tuple[int, ...], int]],
+        arriving: tuple[ShardingSpec | None, ...],
+        bound: float,
+    ) -> float:
+        """Strategy ``index``'s own cost and that of resharding the in-group
+        operands that arrive into it (summed until it reaches ``bound``)."""
+        cand = options[index]
+        c = own_cost[index]
+        for k, src in enumerate(arriving):
+            if src is None:
+                continue
+            if c >= bound:
+                break
+            _, shape, itemsize = operand_info[k]
+            c += self.coster.cost(src, cand.operand_specs[k], shape, itemsize)
+        return c
 
     def _edges(
         self,

@@ -128,6 +128,10 @@ class ShardingOptions:
     a 2-d mesh: Alpa's "1-d strategies in a 2-d mesh")."""
     force_batch_dim_to_mesh_dim: int = -1
     """Every op splits its batch dimension over this mesh axis where it can; -1: free."""
+    allow_recompute_heavy_op: bool = False
+    """Let heavy ops (matmuls, convolutions) leave a mesh axis unused, computing
+    the same thing on its devices (Alpa's ``allow_recompute_heavy_op``); by
+    default a heavy op divides its work over every axis that can split it."""
     prefer_reduce_scatter: bool = False
     """Finish with ``reduce-scatter-rewrite{mode=zero2}``: gradients reduce-scattered
     and the weight update sharded wherever that shards optimizer state."""
@@ -288,9 +292,14 @@ class ShardingPlanner:
                 coster,
                 rule_lookup=registry.sharding_rules.get,  # the built-in rules and the plugins'
                 arg_filter=self._arg_cost(mesh, batch, given),
-                cache=cache if batch_axis is None and self.options.allow_mixed_mesh_shape else None,
+                cache=cache
+                if batch_axis is None
+                and self.options.allow_mixed_mesh_shape
+                and not self.options.allow_recompute_heavy_op
+                else None,
                 batch_axis=batch_axis,
                 allow_mixed_mesh_shape=self.options.allow_mixed_mesh_shape,
+                allow_recompute_heavy_op=self.options.allow_recompute_heavy_op,
                 hints=hints if hinted else None,
             ).build()
             node_scale = None

@@ -8,6 +8,7 @@ donated the state, ``donate_argnums="auto"`` (Alpa's default: only
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import flax.linen as nn
@@ -91,9 +92,14 @@ def test_donate_argnums_auto_donates_train_states_only() -> None:
 
 def test_options_without_meaning_here_are_warned_of() -> None:
     option = alpa_ir.AutoShardingOption()
-    option.allow_recompute_heavy_op = True
-    with pytest.warns(UserWarning, match="allow_recompute_heavy_op has no effect here"):
+    option.all_reduce_threshold = 1 << 20
+    with pytest.warns(UserWarning, match="all_reduce_threshold has no effect here"):
         option.pipeline(1)
+    option = alpa_ir.AutoShardingOption()
+    option.allow_recompute_heavy_op = True  # has a meaning: no warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert "allow-recompute-heavy-op=true" in option.pipeline(1)
     option.force_simple_heuristic = "shard-largest"
     assert "strategy-space=heuristic" in option.pipeline(1)
 
