@@ -111,3 +111,20 @@ def test_short_blocks_only_for_a_layer_per_block() -> None:
     assert short_blocks(config, 8) is None  # other layers than one per block
     assert short_blocks(get_config("gpt-tiny"), 3) is None  # too few blocks
     assert short_blocks(get_config("wresnet-tiny"), 3) is None  # no repeated block count
+
+
+def test_llama_layers_stand_for_the_whole_model_and_moe_is_traced_whole() -> None:
+    """Llama's blocks (RoPE, grouped-query attention) repeat: the short trace's
+    layers have the whole model's structure, bytes and FLOPs by role; MoE's
+    alternating blocks do not, and the expansion is refused."""
+    whole = LayerRanges(main_function(trace("llama-tiny", 2, BLOCKS + 1, None, BLOCKS)))
+    short = LayerRanges(main_function(trace("llama-tiny", 2, SHORT_BLOCKS + 1, None, SHORT_BLOCKS)))
+    repeated = RepeatedLayers.of(short, whole.num_layers)
+    assert repeated is not None
+    assert np.array_equal(repeated.edges, whole.edge_bytes())
+    assert np.array_equal(repeated.expand_rows(layer_phase_flops(short)), layer_phase_flops(whole))
+    for k in range(whole.num_layers):
+        source = repeated.source(k)
+        assert whole.fingerprint(k, k) == short.fingerprint(source, source)
+    moe = LayerRanges(main_function(trace("moe-tiny", 2, SHORT_BLOCKS + 1, None, SHORT_BLOCKS)))
+    assert RepeatedLayers.of(moe, BLOCKS + 1) is None
