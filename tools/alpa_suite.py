@@ -178,6 +178,7 @@ _NAMES = {
     ),
     "pipeline_parallel/stage_construction.py": (
         "from alpa_ir import UniformStageOption, ManualStageOption, AutoStageOption  # noqa\n"
+        "from alpa_ir.api.stage_result import get_last_dp_result  # noqa\n"
         "StageOption = object\n"
     ),
     "shard_parallel/__init__.py": "",

@@ -28,6 +28,8 @@ from alpa_ir.api.global_config import apply_to_executable, global_config
 from alpa_ir.api.plan_step import compile_step
 from alpa_ir.api.shard_parallel import ManualShardParallel, Method, ShardParallel
 from alpa_ir.api.sharded_executable import ShardedExecutable
+from alpa_ir.api.stage_result import record_dp_result
+from alpa_ir.api.strategy_table import print_if_asked
 from alpa_ir.errors import AlpaError
 from alpa_ir.frontend.arguments import (
     StaticArgnums,
@@ -107,6 +109,8 @@ class ParallelizedFunction:
                 self._cache[key].method = method  # its plan is read from it
             seconds = time.perf_counter() - started
             apply_to_executable(self._cache[key], self.global_options, self.fn, seconds)
+            print_if_asked(self._cache[key])  # ALPA_DEBUG_PRINT_AS_STRATEGY
+            record_dp_result(self._cache[key])  # get_last_dp_result()
         self.last_executable = self._cache[key]
         return self._cache[key]
 
