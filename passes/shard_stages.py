@@ -27,6 +27,7 @@ from xdsl.passes import ModulePass
 
 from alpa_ir.dialects.attrs import BATCH_ATTR
 from alpa_ir.dialects.mesh import MESH_ATTR, ClusterOp, LogicalMeshOp
+from alpa_ir.dialects.pipeline import plan_stages
 from alpa_ir.ir.collection import frozen_heap
 from alpa_ir.ir.module_utils import main_function, symbol_op, top_level_ops
 from alpa_ir.pipeline.stage_specs import (
@@ -76,6 +77,12 @@ class ShardStages(ModulePass):
     """The passes run on each stage function (as ``@main`` of its own module),
     a pipeline string without ``builtin.module(...)``."""
 
+    stage_pipelines: str = ""
+    """Per stage (``;`` between stages), the passes run on that stage's
+    functions instead of ``stage_pipeline`` (Alpa's
+    ``submesh_autosharding_option_dicts``); an empty entry, or none: the
+    default."""
+
     input_specs: str = ""
     """Specs every stage's inputs must have (Alpa's ``stage_input_shardings``;
     :func:`alpa_ir.pipeline.stage_specs.format_stage_specs`' text), given to
@@ -87,12 +94,27 @@ class ShardStages(ModulePass):
         from alpa_ir.plugins.registry import registry_of
 
         registry = registry_of(ctx)
-        passes = tuple(parse_pipeline(f"builtin.module({self.stage_pipeline})", registry))
-        without_batch = tuple(_without_batch_forcing(p) for p in passes)
+        texts = self.stage_pipelines.split(";") if self.stage_pipelines else []
+        stage_of = {
+            name: k
+            for k, stage in enumerate(plan_stages(op))
+            for _, name in stage.phase_functions()
+        }
+        parsed: dict[str, tuple[tuple[ModulePass, ...], tuple[ModulePass, ...]]] = {}
+
+        def passes_of(name: str) -> tuple[tuple[ModulePass, ...], tuple[ModulePass, ...]]:
+            """The passes for function ``name`` (with and without batch forcing)."""
+            k = stage_of.get(name, -1)
+            text = texts[k] if 0 <= k < len(texts) and texts[k] else self.stage_pipeline
+            if text not in parsed:
+                passes = tuple(parse_pipeline(f"builtin.module({text})", registry))
+                parsed[text] = (passes, tuple(_without_batch_forcing(p) for p in passes))
+            return parsed[text]
 
         def shard(name: str) -> None:
             single = function_module(op, name)
             batch = BATCH_ATTR in main_function(single).attributes
+            passes, without_batch = passes_of(name)
             stage_passes = passes if batch else without_batch
             # the outer pipeline verifies the planned module (each stage's
             # own verification took a tenth of shard-stages on GPT-2 small)

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from alpa_ir.api.sharding_options import AutoShardingOption
 from alpa_ir.dialects.sharding import ShardingSpec
@@ -77,11 +77,45 @@ class UniformStageOption:
 @dataclass(frozen=True)
 class ManualStageOption:
     """Stage ``i`` holds layers ``forward_stage_layer_ids[i]`` (consecutive) on
-    a submesh of ``submesh_logical_shapes[i]``; submeshes take the devices in
-    order."""
+    a submesh of ``submesh_physical_shapes[i]`` devices, viewed as the logical
+    mesh ``submesh_logical_shapes[i]`` (default: the physical shape) and
+    auto-sharded with the method's ``AutoShardingOption`` changed by
+    ``submesh_autosharding_option_dicts[i]`` (Alpa's fields, in Alpa's order);
+    submeshes take the devices in order. Given two shapes lists only, the
+    second is both."""
 
     forward_stage_layer_ids: Sequence[Sequence[int]]
-    submesh_logical_shapes: Sequence[tuple[int, int]]
+    submesh_physical_shapes: Sequence[tuple[int, int]] | None = None
+    submesh_logical_shapes: Sequence[tuple[int, int]] | None = None
+    submesh_autosharding_option_dicts: Sequence[Any] | None = None
+    """Per stage, the ``AutoShardingOption`` fields it changes (kept as
+    ``(name, value)`` pairs, so that the option stays hashable)."""
+
+    def __post_init__(self) -> None:
+        physical, logical = self.submesh_physical_shapes, self.submesh_logical_shapes
+        if physical is None and logical is None:
+            raise AlpaError(
+                "ManualStageOption needs submesh_physical_shapes or submesh_logical_shapes"
+            )
+        if logical is None:
+            object.__setattr__(self, "submesh_logical_shapes", physical)
+        dicts = self.submesh_autosharding_option_dicts
+        if dicts is not None:
+            if len(dicts) != len(self.forward_stage_layer_ids):
+                raise AlpaError(
+                    f"ManualStageOption has {len(self.forward_stage_layer_ids)} stages but "
+                    f"{len(dicts)} submesh_autosharding_option_dicts"
+                )
+            items = tuple(
+                tuple(sorted(dict(d).items())) if isinstance(d, Mapping) else tuple(d)
+                for d in dicts
+            )
+            object.__setattr__(self, "submesh_autosharding_option_dicts", items)
+
+    def stage_option_changes(self) -> list[dict[str, Any]]:
+        """Per stage, the ``AutoShardingOption`` fields it changes."""
+        dicts = self.submesh_autosharding_option_dicts
+        return [dict(d) for d in dicts] if dicts else [{} for _ in self.forward_stage_layer_ids]
 
 
 @dataclass(frozen=True)
@@ -441,18 +475,26 @@ def uniform_placements(
 def manual_placements(
     num_layers: int, devices: Sequence[int], option: ManualStageOption
 ) -> list[StagePlacement]:
-    if len(option.forward_stage_layer_ids) != len(option.submesh_logical_shapes):
+    logical = option.submesh_logical_shapes
+    assert logical is not None
+    physical = option.submesh_physical_shapes or logical
+    if len(option.forward_stage_layer_ids) != len(logical) or len(physical) != len(logical):
         raise AlpaError(
             f"ManualStageOption has {len(option.forward_stage_layer_ids)} stages but "
-            f"{len(option.submesh_logical_shapes)} submesh shapes"
+            f"{len(logical)} submesh shapes"
+            + (f" and {len(physical)} physical shapes" if len(physical) != len(logical) else "")
         )
-    need = sum(math.prod(s) for s in option.submesh_logical_shapes)
+    for k, (p, lg) in enumerate(zip(physical, logical, strict=True)):
+        if math.prod(p) != math.prod(lg):
+            raise AlpaError(
+                f"ManualStageOption: stage {k}'s physical submesh {tuple(p)} has "
+                f"{math.prod(p)} devices, its logical mesh {tuple(lg)} {math.prod(lg)}"
+            )
+    need = sum(math.prod(s) for s in logical)
     if need != len(devices):
         raise AlpaError(f"the submeshes hold {need} devices but the plan has {len(devices)}")
     out, start = [], 0
-    for layers, shape in zip(
-        option.forward_stage_layer_ids, option.submesh_logical_shapes, strict=True
-    ):
+    for layers, shape in zip(option.forward_stage_layer_ids, logical, strict=True):
         layers = list(layers)
         if not layers or layers != list(range(layers[0], layers[0] + len(layers))):
             raise AlpaError(f"stage layers {layers} are not consecutive")

@@ -88,11 +88,39 @@ class PipeshardPipeline:
             forced = f' input-specs="{format_stage_specs(given)}"'  # type: ignore[arg-type]
         return [
             self._stage_pass(num_layers, schedules),
-            f'shard-stages{{stage-pipeline="{inner}"{forced}}}',
+            f'shard-stages{{stage-pipeline="{inner}"{self._stage_pipelines()}{forced}}}',
             *self._split_pass(),
             crossing,
             "emit-instructions",
         ]
+
+    def _stage_pipelines(self) -> str:
+        """``shard-stages``' ``stage-pipelines`` option where a
+        ``ManualStageOption`` changes a stage's auto-sharding option, else ''."""
+        import dataclasses
+
+        option = self.method.stage_option
+        if not isinstance(option, ManualStageOption):
+            return ""
+        changes = option.stage_option_changes()
+        if not any(changes):
+            return ""
+        base = self.method.auto_sharding_option
+        texts = []
+        for k, change in enumerate(changes):
+            if not change:
+                texts.append("")
+                continue
+            try:
+                changed = dataclasses.replace(base, **change)
+            except TypeError:
+                names = ", ".join(sorted(change))
+                raise AlpaError(
+                    f"ManualStageOption: stage {k}'s submesh_autosharding_option_dicts names "
+                    f"{names}; AutoShardingOption has no such field"
+                ) from None
+            texts.append(changed.pipeline(1).removeprefix("builtin.module(")[:-1])
+        return f' stage-pipelines="{";".join(texts)}"'
 
     def _split_pass(self) -> list[str]:
         """``split-backward`` where the schedule runs B and W apart, or may."""

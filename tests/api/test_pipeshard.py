@@ -56,13 +56,15 @@ def test_manual_stages_on_meshes_of_different_shapes() -> None:
 
 def test_transfers_follow_their_tile_plans_with_a_local_all_gather() -> None:
     """Values cross meshes as the plans of cross-mesh-resharding say: each
-    tile once, then an all-gather on the destination mesh (BROADCAST)."""
+    tile once, then an all-gather on the destination mesh (BROADCAST). The
+    last stage keeps its batch on the size-1 mesh axis, so the activation it
+    receives is replicated there (left free, it splits the batch as the
+    sender does, and nothing is gathered)."""
     state, batch = _example()
-    method = PipeshardParallel(
-        num_micro_batches=2,
-        stage_option=UniformStageOption(num_stages=3, submesh_logical_shape=(1, 2)),
-        devices=range(6),
+    stages = ManualStageOption(
+        [[0], [1], [2]], [(1, 2)] * 3, None, [{}, {}, dict(force_batch_dim_to_mesh_dim=0)]
     )
+    method = PipeshardParallel(num_micro_batches=2, stage_option=stages, devices=range(6))
     _assert_same_steps(_step, method, state, batch)
     executable = alpa_ir.parallelize(_step, method=method).get_executable(state, batch)
     program = executable.program
