@@ -54,6 +54,20 @@ class PlannedExecutable(ABC):
         if self.remote is not None:
             self.remote.close()
 
+    def sync(self) -> None:
+        """Alpa's: wait until the steps this executable launched have finished
+        (to time them). A step on the ray backend returns when its workers
+        have; on this process's devices JAX dispatches asynchronously, and a
+        device runs its programs in order, so a tiny computation is run and
+        waited for on every local device."""
+        if self.remote is not None:
+            return
+        import jax
+        import numpy as np
+
+        for device in jax.local_devices():
+            (jax.device_put(np.zeros((), np.int32), device) + 1).block_until_ready()
+
     def sync_move_workers(self) -> None:
         """Wait until the checkpoints saved with a ``local_cache_dir`` are moved
         into their directories (Alpa's; :mod:`alpa_ir.api.checkpoint.cache_moves`)."""

@@ -24,6 +24,7 @@ from alpa_ir.api.follow_parallel import (
     follow_method,
     place_like,
 )
+from alpa_ir.api.follow_pipeline import follow_pipeline, follows_pipeline
 from alpa_ir.api.global_config import apply_to_executable, global_config
 from alpa_ir.api.plan_step import compile_step
 from alpa_ir.api.shard_parallel import ManualShardParallel, Method, ShardParallel
@@ -71,14 +72,20 @@ class ParallelizedFunction:
         """The executable for these arguments (compiled on first use)."""
         key = signature_key(step_arguments(self.fn, args, self.static_argnums))
         fresh, started = key not in self._cache, time.perf_counter()
-        method = self.method
+        method, fn = self.method, self.fn
         if fresh and isinstance(method, CreateStateParallel | FollowParallel):
             # a method following another step's executable, read now
-            if isinstance(method, FollowParallel):
+            if isinstance(method, FollowParallel) and follows_pipeline(method):
+                fn, method = follow_pipeline(
+                    method.src_func.get_last_executable(), self.fn, args,
+                    method.num_micro_batches, batch_argnums=self.batch_argnums,
+                    static_argnums=self.static_argnums,
+                )  # fmt: skip
+            elif isinstance(method, FollowParallel):
                 method = follow_method(method)
             else:
                 method = place_like(method, self.fn, args)
-            if not isinstance(method, ShardParallel):
+            if isinstance(method, PlacedStateExecutable):
                 self._cache[key] = method
         if fresh:  # a call again finds its executable (a follower's method is resolved once)
             _check_method(method)
@@ -87,7 +94,7 @@ class ParallelizedFunction:
             from alpa_ir.api.pipeshard_executable import compile_pipeshard
 
             self._cache[key] = compile_pipeshard(  # type: ignore[assignment]
-                self.fn,
+                fn,
                 args,
                 method,  # type: ignore[arg-type]
                 donate_argnums=donate_argnums,

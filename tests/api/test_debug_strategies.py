@@ -45,6 +45,9 @@ def test_the_strategy_table_is_printed_when_asked(
     assert len(table) == len(rows) + 2 and table[0].split()[:2] == ["function", "op"]
     step.get_executable(w, x)  # compiled once: printed once
     assert capsys.readouterr().out == ""
+    out_w = step(w, x)
+    executable.sync()  # Alpa's: waits for the step's work on the devices
+    assert out_w.is_fully_replicated or out_w.shape == w.shape
 
 
 def test_without_ray_the_last_dp_result_is_alpas_empty_one() -> None:
