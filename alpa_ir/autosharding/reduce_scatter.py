@@ -25,6 +25,8 @@ forward pass reads them, and again where the backward pass reads them.
 
 from __future__ import annotations
 
+import math
+
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, IntegerAttr, ModuleOp, StringAttr, i64
 from xdsl.ir import Block, Operation, SSAValue
@@ -54,9 +56,13 @@ _IDENTITY = ("pipeline_marker", "optimization_barrier")
 _SPLIT_KEEPING_REDUCTIONS = ("reduce_sum", "reduce_max", "reduce_min", "reduce_prod")
 
 
-def _follow(op: Operation, k: int, spec: ShardingSpec) -> dict[int, ShardingSpec] | None:
+def _follow(
+    op: Operation, k: int, spec: ShardingSpec, update_shape: tuple[int, ...]
+) -> dict[int, ShardingSpec] | None:
     """The specs of ``op``'s results when its operand ``k`` has ``spec``, for
-    layout-preserving ops; None for any other op."""
+    layout-preserving ops; None for any other op. A broadcast is followed only
+    up to the size of ``update_shape`` (the gradient's: Adafactor's factored
+    moments expanded for the update), never out to activations."""
     if not isinstance(op, LaxOp):
         return None
     name = op.primitive_name
@@ -71,6 +77,18 @@ def _follow(op: Operation, k: int, spec: ShardingSpec) -> dict[int, ShardingSpec
         shape_of(r.type) == shape_of(op.operands[k].type) for r in op.results
     ):
         return {r: spec for r in range(len(op.results))}
+    if name == "broadcast_in_dim" and k == 0 and not spec.partial:
+        # the split dims keep their size: each device broadcasts its slice
+        src, dst = shape_of(op.operands[0].type), shape_of(op.results[0].type)
+        if math.prod(dst) > math.prod(update_shape):
+            return None
+        where = op.param("broadcast_dimensions")
+        if any(spec.dims[d] and src[d] != dst[where[d]] for d in range(len(src))):
+            return None
+        dims: list[tuple[int, ...]] = [()] * len(dst)
+        for d, at in enumerate(where):
+            dims[at] = spec.dims[d]
+        return {0: ShardingSpec(tuple(dims))}
     if name in _SPLIT_KEEPING_REDUCTIONS and len(op.operands) == 1 and not spec.partial:
         # a reduction over unsplit dims keeps the split: each device reduces its slice
         axes = set(op.param("axes"))
@@ -95,12 +113,23 @@ def _required(op: Operation, k: int, result_specs: list[ShardingSpec]) -> Shardi
     if op.primitive_name == "reshape":
         back = _unit_reshape(result_specs[0], shape_of(op.results[0].type), shape_of(operand.type))
         return back if back is not None else ShardingSpec.replicated(rank)
+    if op.primitive_name == "broadcast_in_dim":
+        src, dst = shape_of(operand.type), shape_of(op.results[0].type)
+        where = op.param("broadcast_dimensions")
+        out = result_specs[0].dims
+        return ShardingSpec(
+            tuple(out[at] if src[d] == dst[at] else () for d, at in enumerate(where))
+        )
     if op.primitive_name in _SPLIT_KEEPING_REDUCTIONS:
         axes = set(op.param("axes"))
         kept = iter(result_specs[0].dims)
         return ShardingSpec(tuple(() if d in axes else next(kept) for d in range(rank)))
-    if shape_of(operand.type) == shape_of(op.results[0].type):
+    have, out = shape_of(operand.type), shape_of(op.results[0].type)
+    if have == out:
         return result_specs[0]
+    if len(have) == len(out):  # an operand broadcast along its size-1 dims
+        dims = result_specs[0].dims
+        return ShardingSpec(tuple(dims[d] if have[d] == out[d] else () for d in range(rank)))
     return ShardingSpec.replicated(rank)
 
 
@@ -276,7 +305,7 @@ def _rewrite_one(
             user = use.operation
             if user in region:
                 continue
-            follows = _follow(user, use.index, new_spec[value])
+            follows = _follow(user, use.index, new_spec[value], shape)
             if follows is None:
                 continue
             region.append(user)
