@@ -50,15 +50,6 @@ Sources:
     reaches at most 69 TFLOP/s, a 128x64 one 92, a 128x128 one 138 (above
     [MARKIDIS]'s 93, so the large tiles run at the measured rate).
 
-[TOPO] The V100-SXM2 8-GPU baseboard (DGX-1V, HGX-1; AWS p3.16xlarge) links
-    its GPUs in a hybrid cube-mesh of NVLink 2 lanes (25 GB/s per direction
-    each, 6 per GPU), as ``nvidia-smi topo -m`` prints it on such servers
-    (NV1/NV2; e.g. OneFlow's published V100-SXM2-16GB x 8 benchmark reports):
-    GPUs 0-3 and 4-7 each fully linked (0-1, 0-2, 1-3, 4-5, 4-6, 5-7 one lane;
-    0-3, 1-2, 2-3, 4-7, 5-6, 6-7 two), and GPU i to i+4 (two lanes for 0-4 and
-    1-5, one for 2-6 and 3-7). All 8 GPUs run 6 rings ([P2]'s 135 GB/s, 90 %
-    of 150); a pair on one lane runs 1 (22.5 GB/s), GPUs 0, 2, 4, 6 run 2.
-
 Overlap: none in the built-in profiles. XLA of Alpa's time ran a step's
 collectives synchronously on the compute stream (its async collectives came
 later), and Alpa's OSDI'22 runtime sends cross-mesh tensors between stage
@@ -81,17 +72,6 @@ from alpa_ir.hardware.device_profile import (
 
 GB = 1e9
 LAUNCH_OVERHEAD_GPU = 5e-6
-P3_NVLINK_LANES = (
-    (0, 1, 1, 2, 2, 0, 0, 0),
-    (1, 0, 2, 1, 0, 2, 0, 0),
-    (1, 2, 0, 2, 0, 0, 1, 0),
-    (2, 1, 2, 0, 0, 0, 0, 1),
-    (2, 0, 0, 0, 0, 1, 1, 2),
-    (0, 2, 0, 0, 1, 0, 2, 1),
-    (0, 0, 1, 0, 1, 2, 0, 2),
-    (0, 0, 0, 1, 2, 1, 2, 0),
-)
-"""NVLink lanes between the 8 GPUs of a V100-SXM2 node ([TOPO])."""
 
 
 def _links(
@@ -130,7 +110,6 @@ def v100_sxm2_aws() -> DeviceProfile:
         l2_bandwidth=2155 * GB,  # [JIA]
         max_split_k=8,  # [TILES]
         async_launch=True,  # [GRAPHS]
-        node_lanes=P3_NVLINK_LANES,  # [TOPO]
     )
 
 

@@ -129,13 +129,6 @@ class DeviceProfile:
     for a skinny output; the fp32 partial sums go through memory); 1: none."""
     async_launch: bool = False
     """Kernels are queued ahead of the device (``launch_overhead``)."""
-    node_lanes: tuple[tuple[int, ...], ...] = ()
-    """Direct links (NVLink lanes) between the devices of one node, a symmetric
-    matrix (``nvidia-smi topo -m``'s NV#): a collective of a group inside a node
-    runs NCCL rings over the lanes among its members only, so its bus bandwidth
-    is the node level's times the group's lanes over the whole node's (each
-    ring takes one lane out of and one into every member). Empty: every group
-    of a node at the level's bandwidth (a switch)."""
     transpose_bandwidth: tuple[tuple[float, float], ...] = ()
     """``(bytes, bytes/s)``: reading an array of ``bytes`` through a transpose
     that moves its minor dimension (module docstring); empty: at
@@ -165,16 +158,6 @@ class DeviceProfile:
             math.isfinite(self.l2_bandwidth) and self.l2_bandwidth >= 0
         ):
             raise AlpaError(f"{where}: max_split_k must be >= 1 and l2_bandwidth >= 0")
-        lanes = self.node_lanes
-        if lanes and (
-            any(len(row) != len(lanes) for row in lanes)
-            or any(lanes[a][b] != lanes[b][a] or lanes[a][b] < 0 for a, b in _pairs(len(lanes)))
-            or ring_lanes(lanes, range(len(lanes))) < 1
-        ):
-            raise AlpaError(
-                f"{where}: node_lanes must be a symmetric square matrix of lanes >= 0 "
-                "that links every device"
-            )
         if not (math.isfinite(self.launch_overhead) and self.launch_overhead >= 0):
             raise AlpaError(f"{where}: launch_overhead must be >= 0 s, got {self.launch_overhead}")
         if not (math.isfinite(self.solo_speedup) and self.solo_speedup >= 1.0):
@@ -273,7 +256,6 @@ class DeviceProfile:
                 l2_bandwidth=float(data.get("l2_bandwidth", 0.0)),
                 max_split_k=int(data.get("max_split_k", 1)),
                 async_launch=bool(data.get("async_launch", False)),
-                node_lanes=tuple(tuple(int(x) for x in row) for row in data.get("node_lanes", ())),
                 solo_speedup=float(data.get("solo_speedup", 1.0)),
                 transpose_bandwidth=tuple(
                     (float(b), float(r)) for b, r in data.get("transpose_bandwidth", ())
@@ -302,18 +284,6 @@ def load_profile(path: str | os.PathLike[str]) -> DeviceProfile:
     return DeviceProfile.loads(text, f"device profile {where}")
 
 
-def ring_lanes(lanes: tuple[tuple[int, ...], ...], members: Any) -> int:
-    """The rings NCCL can run over ``members`` (indices into ``lanes``) on
-    their lanes alone: each ring leaves and enters every member once, so at
-    most the fewest lanes any member has to the others."""
-    group = list(members)
-    return min(sum(lanes[a][b] for b in group if b != a) for a in group)
-
-
-def _pairs(n: int) -> list[tuple[int, int]]:
-    return [(a, b) for a in range(n) for b in range(n)]
-
-
 def _positive(x: float) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
 
@@ -333,5 +303,4 @@ __all__ = [
     "GemmPoint",
     "Overlap",
     "load_profile",
-    "ring_lanes",
 ]

@@ -14,7 +14,6 @@ columns = hardware levels); without one, the matrix whose device order is the me
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 import numpy as np
 from xdsl.dialects import func
@@ -23,8 +22,6 @@ from xdsl.dialects.builtin import ArrayAttr, ModuleOp, StringAttr, SymbolRefAttr
 from alpa_ir.dialects.lax_attrs import ints_attr, ints_of
 from alpa_ir.dialects.mesh import MESH_ATTR, ClusterOp, LogicalMeshOp
 from alpa_ir.errors import AlpaError
-from alpa_ir.hardware.clusters import DEVICE_PROFILE_ATTR
-from alpa_ir.hardware.device_profile import DeviceProfile, ring_lanes
 from alpa_ir.ir.module_utils import symbol_op
 from alpa_ir.p2.placement import ParallelismMatrix, device_array, enumerate_matrices
 from alpa_ir.p2.system import Interconnect, Level, System, get_system
@@ -44,34 +41,15 @@ def logical_mesh(module: ModuleOp, function: func.FuncOp, pass_name: str) -> Log
 
 
 def system_from_cluster(cluster: ClusterOp) -> System:
-    """A P² system with one switched interconnect per cluster level (see module doc).
-    Where the cluster's device profile gives the lanes between a node's devices
-    (``node_lanes``), the innermost level's switch carries the lanes of its
-    devices (the node's first ones when it has fewer), each at the level's
-    bandwidth over the whole node's rings (:func:`~alpa_ir.hardware.device_profile.ring_lanes`)."""
+    """A P² system with one switched interconnect per cluster level (see module doc)."""
     levels = tuple(Level(lv.level_name.data, lv.size.data) for lv in cluster.levels.data)
     cards = [level.cardinality for level in levels]
-    node_lanes = _node_lanes(cluster)
     links = []
     for j, lv in enumerate(cluster.levels.data):
         below = 1 if lv.shared.data else math.prod(cards[j + 1 :])
         bandwidth = lv.bandwidth.value.data * below
-        link = Interconnect(lv.level_name.data, j, bandwidth, lv.latency.value.data)
-        if j == len(cards) - 1 and node_lanes and cards[j] <= len(node_lanes):
-            lanes = tuple(tuple(row[: cards[j]]) for row in node_lanes[: cards[j]])
-            per_lane = bandwidth / ring_lanes(node_lanes, range(len(node_lanes)))
-            if cards[j] > 1 and ring_lanes(lanes, range(cards[j])) >= 1:
-                link = replace(link, lanes=lanes, lane_bandwidth=per_lane)
-        links.append(link)
+        links.append(Interconnect(lv.level_name.data, j, bandwidth, lv.latency.value.data))
     return System(cluster.sym_name.data, levels, tuple(links))
-
-
-def _node_lanes(cluster: ClusterOp) -> tuple[tuple[int, ...], ...]:
-    """The ``node_lanes`` of the cluster's device profile (empty without one)."""
-    text = cluster.attributes.get(DEVICE_PROFILE_ATTR)
-    if not isinstance(text, StringAttr):
-        return ()
-    return DeviceProfile.loads(text.data, f"cluster '{cluster.sym_name.data}'").node_lanes
 
 
 def mesh_system(module: ModuleOp, mesh: LogicalMeshOp, name: str, pass_name: str) -> System:

@@ -184,13 +184,6 @@ class Simulator:
                 size = float(sizes[group[0]])
             elif coll is Collective.ALL_GATHER:
                 size *= len(group)
-            on_lanes = self._lane_rings(coll, group, size)
-            if on_lanes is not None:  # the group's own NVLink lanes (disjoint from others')
-                res, bw, nbytes, hops, lat = on_lanes
-                loads[res] = loads.get(res, 0.0) + nbytes
-                bandwidth[res] = bw
-                latency = max(latency, hops * lat)
-                continue
             edges, hops = self._group_edges(coll, group, size)
             alpha = 0.0
             for src, dst, nbytes in edges:
@@ -203,35 +196,6 @@ class Simulator:
         time = latency + max((loads[r] / bandwidth[r] for r in loads), default=0.0)
         self._steps[key] = time
         return time
-
-    def _lane_rings(
-        self, coll: Collective, group: list[int], size: float
-    ) -> tuple[tuple, float, float, int, float] | None:
-        """A ring collective of a group inside one unit of an interconnect with
-        ``lanes``: NCCL's rings over the members' lanes among themselves (as many
-        as the member with the fewest has, each at ``lane_bandwidth``). Returns
-        the group's resource, its bandwidth, the bytes each ring edge carries in
-        all, the hops and their latency; None where the lanes do not apply."""
-        if coll not in (Collective.ALL_REDUCE, Collective.REDUCE_SCATTER, Collective.ALL_GATHER):
-            return None
-        level = len(self.system.levels) - 1
-        link = next((i for i in self.system.interconnects if i.level == level and i.lanes), None)
-        if link is None:
-            return None
-        coords = [self.system.coordinates(d) for d in group]
-        if any(c[:level] != coords[0][:level] for c in coords):
-            return None  # across units of an outer level
-        kids = [c[level] for c in coords]
-        rings = min(sum(link.lanes[a][b] for b in kids if b != a) for a in kids)
-        if rings < 1:
-            return None
-        m = len(group)
-        if coll is Collective.ALL_REDUCE:
-            per_edge, hops = 2 * (m - 1) / m * size, 2 * (m - 1)
-        else:
-            per_edge, hops = (m - 1) / m * size, m - 1
-        resource = ("lanes", link.name, coords[0][:level], tuple(sorted(kids)))
-        return resource, rings * link.lane_bandwidth, per_edge, hops, link.latency
 
     def all_to_all_time(self, groups: np.ndarray, nbytes: float) -> float:
         """Seconds for an all-to-all over all ``groups`` at once, ``nbytes`` per device:

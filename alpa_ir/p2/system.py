@@ -18,13 +18,6 @@ connects the two children:
 * ``topology="ring"``: only ring-adjacent children (``c`` and ``c ± 1 mod hj``) are connected,
   each directed link with ``bandwidth`` (the V100 NVLink ring).
 
-``lanes`` (a switch of the innermost level only): the direct links between its children (the
-NVLink lanes of a V100-SXM2 node's hybrid cube-mesh), each of ``lane_bandwidth`` per direction.
-A ring collective of a group of them runs NCCL's rings over the lanes among its members only
-(:meth:`Simulator.step_time <alpa_ir.p2.simulator.Simulator.step_time>`): as many rings as the
-member with the fewest lanes to the others has; a group where some member has none is routed as
-on the switch.
-
 ``reach`` restricts a switch to children in the same block of ``reach`` consecutive children;
 0 means the whole level. ``via`` names an interconnect of an outer level whose ports the traffic
 passes through instead of ports of its own: the paper models the link between a V100 node's two
@@ -71,8 +64,6 @@ class Interconnect:
     reach: int = 0
     via: str = ""
     through: tuple[str, ...] = ()
-    lanes: tuple[tuple[int, ...], ...] = ()
-    lane_bandwidth: float = 0.0
 
     def connects(self, child_a: int, child_b: int, cardinality: int) -> bool:
         """Whether this interconnect joins children ``child_a`` and ``child_b`` of its level."""
@@ -156,15 +147,6 @@ def _validate(system: System) -> System:
             raise AlpaError(f"system {system.name!r}: interconnect {link.name!r} has a bad level")
         if link.bandwidth <= 0 or link.latency < 0 or link.port_span < 1:
             raise AlpaError(f"system {system.name!r}: interconnect {link.name!r} is malformed")
-        if link.lanes and (
-            link.level != len(system.levels) - 1
-            or link.lane_bandwidth <= 0
-            or len(link.lanes) != system.levels[link.level].cardinality
-        ):
-            raise AlpaError(
-                f"system {system.name!r}: interconnect {link.name!r} needs one row of lanes per "
-                "device of the innermost level and a lane bandwidth > 0"
-            )
     return system
 
 

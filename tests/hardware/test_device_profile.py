@@ -100,8 +100,6 @@ def test_a_profile_of_another_version_is_refused_in_one_line(tmp_path: Path) -> 
         ({"sm_count": -1}, "sm_count"),
         ({"gemm_tiles": ((64, 0),)}, "gemm_tile"),
         ({"max_split_k": 0}, "max_split_k"),
-        ({"node_lanes": ((0, 1), (2, 0))}, "node_lanes"),
-        ({"node_lanes": ((0, 0), (0, 0))}, "node_lanes"),
         ({"l2_bandwidth": -1.0}, "l2_bandwidth"),
         ({"transpose_bandwidth": ((1024.0, 0.0),)}, "transpose_bandwidth point"),
         ({"solo_speedup": 0.5}, "solo_speedup must be >= 1"),

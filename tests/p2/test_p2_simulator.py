@@ -188,31 +188,3 @@ def test_spearman() -> None:
     assert spearman([1, 1, 2], [1, 2, 3]) == pytest.approx(
         np.corrcoef([0.5, 0.5, 2], [0, 1, 2])[0, 1]
     )
-
-
-def test_a_group_inside_a_node_runs_rings_over_its_own_nvlink_lanes() -> None:
-    """The testbed's V100 node (alpa-testbed: the p3.16xlarge's hybrid cube-mesh
-    of NVLink lanes, 22.5 GB/s each): all 8 GPUs run 6 rings, the quad 0-3 4,
-    GPUs 0, 2, 4, 6 two, the pair 0-1 on its one lane one, the pair 2-3 two; the
-    groups of a step run at once at the slowest group's rings."""
-    from alpa_ir.hardware.clusters import get_cluster
-    from alpa_ir.p2.calibrated import system_of_cluster
-
-    system = system_of_cluster(get_cluster("alpa-testbed", num_nodes=1))
-    sim = Simulator(system)
-    lane = 22.5 * GB
-    for members, rings in (
-        (list(range(8)), 6),
-        ([0, 1, 2, 3], 4),
-        ([0, 2, 4, 6], 2),
-        ([0, 1], 1),
-        ([2, 3], 2),
-    ):
-        m = len(members)
-        wire = 2 * (m - 1) / m * S
-        hops = 2 * (m - 1) * 5e-6
-        assert sim.allreduce_time(groups(members), S) == pytest.approx(hops + wire / (rings * lane))
-    both = sim.allreduce_time(groups([0, 1], [2, 3]), S)
-    assert both == pytest.approx(sim.allreduce_time(groups([0, 1]), S))
-    # a member without a lane to the others: routed on the node's switch
-    assert sim.allreduce_time(groups([0, 5]), S) < sim.allreduce_time(groups([0, 1]), S)
