@@ -145,9 +145,9 @@ class PlannedExecutable(ABC):
 
     def dump_debug_info(self, folder: str, *args: Any) -> Any:
         """Write the imported module, the pass pipeline, the planned module, the
-        plan and the compiled HLO under ``folder`` (see :mod:`alpa_ir.api.debug_info`;
+        plan, the compiled HLO and Alpa's files (memory, placements) under ``folder`` (see :mod:`alpa_ir.api.debug_info`;
         ``args``: example arguments where compiling needs them)."""
-        from alpa_ir.api.debug_info import write_debug_info
+        from alpa_ir.api.debug_info import alpa_files, write_debug_info
 
         files = {"module.mlir": str(self.module), "plan.txt": self.plan_text()}
         if self.input_module is not None:
@@ -155,6 +155,7 @@ class PlannedExecutable(ABC):
         if self.pass_pipeline:
             files["pass_pipeline.txt"] = self.pass_pipeline
         files.update(self.hlo_files(*args))
+        files.update(alpa_files(self))
         return write_debug_info(folder, files)
 
 

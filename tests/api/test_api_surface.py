@@ -95,6 +95,11 @@ def test_dump_debug_info(tmp_path: Path) -> None:
     assert {"input_module.mlir", "module.mlir", "plan.txt", "pass_pipeline.txt"} <= files
     assert "hlo/step.hlo" in files
     assert (tmp_path / "shard" / "hlo" / "step.hlo").read_text().startswith("HloModule")
+    # Alpa's files besides the HLO: memory and where inputs and outputs live
+    memory = (tmp_path / "shard" / "mem_usage.txt").read_text()
+    assert "total_allocation_size:" in memory
+    assert "P(" in (tmp_path / "shard" / "input_placement_specs.txt").read_text()
+    assert "P(" in (tmp_path / "shard" / "output_placement_specs.txt").read_text()
     pipeline = PipeshardParallel(
         layer_option=AutoLayerOption(layer_num=2), stage_option=UniformStageOption(num_stages=2)
     )
@@ -102,6 +107,8 @@ def test_dump_debug_info(tmp_path: Path) -> None:
     executable.dump_debug_info(tmp_path / "pipe")
     hlo = sorted(p.name for p in (tmp_path / "pipe" / "hlo").iterdir())
     assert hlo == sorted(f"{n}.hlo" for n in executable.stage_function_names())
+    memory = (tmp_path / "pipe" / "mem_usage.txt").read_text().splitlines()
+    assert len(memory) == len(executable.stage_function_names()) + 1  # per program, then total
 
 
 def _hlo_count(text: str, op: str) -> int:
