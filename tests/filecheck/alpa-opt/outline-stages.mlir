@@ -32,10 +32,11 @@ builtin.module {
 // CHECK-NEXT: mesh.logical_mesh @mesh1 {shape = array<i64: 2, 1>, devices = array<i64: 6, 7>
 // CHECK-NEXT: pipeline.plan @plan {stages = [@stage0, @stage1], num_micro_batches = 2, schedule = "1f1b"}
 // CHECK-NEXT: pipeline.stage @stage0 {layers = array<i64: 0, 0>, mesh = @mesh0, forward = @stage0_forward}
-// CHECK-NEXT: pipeline.stage @stage1 {layers = array<i64: 1, 1>, mesh = @mesh1, forward = @stage1_forward, apply_grad = @stage1_apply_grad}
+// CHECK-NEXT: pipeline.stage @stage1 {layers = array<i64: 1, 1>, mesh = @mesh1, forward = @stage1_forward, backward = @stage1_backward, apply_grad = @stage1_apply_grad}
 // CHECK:      func.func @stage0_forward(%0: tensor<8x16xf32>, %1: tensor<16x8xf32>) -> tensor<8x8xf32> attributes {mesh.mesh = @mesh0
 // CHECK-NOT:  sharding.spec
 // CHECK:      func.func @main(
 // CHECK:      func.call @stage0_forward
 // CHECK:      func.call @stage1_forward
+// CHECK:      func.call @stage1_backward
 // CHECK:      func.call @stage1_apply_grad
