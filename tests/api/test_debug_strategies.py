@@ -12,7 +12,7 @@ from ray_cluster_fixture import joined_cluster
 from zoo_fixtures import tiny_step
 
 import alpa_ir
-from alpa_ir.api.stage_result import NO_RESULT, get_last_dp_result, record_dp_result
+from alpa_ir.api.stage_result import NO_RESULT, get_last_dp_result
 from alpa_ir.api.strategy_table import ENV, strategy_rows
 from alpa_ir.dialects.sharding import STRATEGY_ATTR
 
@@ -56,28 +56,29 @@ def test_without_ray_the_last_dp_result_is_alpas_empty_one() -> None:
         assert get_last_dp_result() == NO_RESULT
 
 
-def _auto_plan() -> alpa_ir.Plan:
-    fn, (state, batch) = tiny_step("mlp-tiny")
+def _auto_method() -> alpa_ir.PipeshardParallel:
     option = alpa_ir.AutoStageOption(
         submesh_physical_shape_space="small_power_of_two",
         submesh_logical_shape_space="same_as_physical",
     )
-    method = alpa_ir.PipeshardParallel(
-        num_micro_batches=2, layer_option=alpa_ir.AutoLayerOption(layer_num=2), stage_option=option
+    return alpa_ir.PipeshardParallel(
+        num_micro_batches=2,
+        layer_option=alpa_ir.AutoLayerOption(layer_num=2),
+        stage_option=option,
     )
-    return alpa_ir.compile(fn, state, batch, method=method)
 
 
 @pytest.mark.ray
 def test_the_session_keeps_the_last_automatic_stage_construction() -> None:
-    plan = _auto_plan()
-    host = {"num_cpus": 1, "resources": {"alpa_cpu_device": 2}}
+    fn, (state, batch) = tiny_step("mlp-tiny")
+    host = {"num_cpus": 1, "resources": {"alpa_cpu_device": 4}}
     with joined_cluster(host):
         assert get_last_dp_result() == NO_RESULT  # none yet in this session
-        record_dp_result(plan)
+        step = alpa_ir.parallelize(fn, method=_auto_method(), donate_argnums=())
+        executable = step.get_executable(state, batch)  # parallelize records it
         cost_file, layer_ids, submeshes, logical, options = get_last_dp_result()
         assert cost_file is None
-        stages = [s for s in plan.module.walk() if s.name == "pipeline.stage"]
+        stages = [s for s in executable.module.walk() if s.name == "pipeline.stage"]
         assert len(layer_ids) == len(stages) >= 1
         assert [i for ids in layer_ids for i in ids] == [0, 1]  # the 2 layers, in order
         assert all(s[0] == 1 and s[1] & (s[1] - 1) == 0 for s in submeshes)  # small powers of 2
