@@ -131,10 +131,19 @@ def _params_leaves(executable: Any) -> list[int]:
 
 
 def follows_pipeline(method: Any) -> bool:
-    """Whether ``method`` (a ``FollowParallel``) follows a pipelined step."""
+    """Whether ``method`` (a ``FollowParallel``) follows a pipelined step; its
+    parameters' placements then come from the step (``state.params``), so a
+    ``get_input_placement_specs`` of the method's is a one-line error."""
     from alpa_ir.api.pipeshard_executable import PipeshardExecutable
 
-    return isinstance(method.src_func.get_last_executable(), PipeshardExecutable)
+    if not isinstance(method.src_func.get_last_executable(), PipeshardExecutable):
+        return False
+    if method.get_input_placement_specs is not None:
+        raise AlpaError(
+            "FollowParallel: get_input_placement_specs is not taken for a pipelined step (its "
+            "stages' state.params placements are followed)"
+        )
+    return True
 
 
 def follow_pipeline(

@@ -12,12 +12,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 from flax.training.train_state import TrainState
 
 import alpa_ir
 from alpa_ir.api.follow_pipeline import follow_layers
 from alpa_ir.dialects.sharding import ShardingSpec
 from alpa_ir.dialects.types import shape_of
+from alpa_ir.errors import AlpaError
 from alpa_ir.frontend.markers import pipeline_marker_p
 from alpa_ir.pipeline.stage_specs import stage_input_functions
 
@@ -116,3 +118,6 @@ def test_an_eval_step_follows_a_pipelined_train_step() -> None:
     assert followed == jax.tree.leaves(kept)
     assert any(not s.is_fully_replicated for s in followed)  # the split kernel is kept
     np.testing.assert_allclose(evaluate(state.params, eval_batch), loss)  # called again
+    given = alpa_ir.FollowParallel(train, get_input_placement_specs=lambda: None)
+    with pytest.raises(AlpaError, match="get_input_placement_specs is not taken for a pipelined"):
+        alpa_ir.parallelize(_eval_step, method=given)(state.params, eval_batch)
