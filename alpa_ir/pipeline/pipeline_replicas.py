@@ -301,12 +301,20 @@ def plan_replicated(
     cross_stage_comm: bool = False,
     remat: bool = False,
     replica_zero: Sequence[int] = (0,),
+    prune: bool = True,
 ) -> ReplicatedPlan:
     """The best of ``replicas`` (default: every count whose pipeline ``table``
     covers, :func:`replica_counts`) and of the ZeRO stages across replicas
     ``replica_zero`` (:data:`ZERO_STAGES`; one replica: 0 only) by one
     replica's step plus the gradients' synchronization; ``table`` is built on
-    the largest pipeline's cluster. Ties: fewer replicas, then less ZeRO."""
+    the largest pipeline's cluster. Ties: fewer replicas, then less ZeRO.
+
+    ``prune`` (with ``schedule="auto"``): each replica count's schedule choice
+    is bounded by the best step found so far (:func:`~alpa_ir.pipeline.
+    stage_construction.choose_schedule`'s branch and bound): a plan whose
+    busiest mesh alone exceeds it is not simulated. The plan found is the
+    unpruned one (tests); a losing count's candidate may then be a slower
+    plan of its own, or none (noted), where its best could not win."""
     for stage in replica_zero:
         replica_zero_table(table, 1, stage)  # checks the stage
     if replicas is None:
@@ -339,6 +347,12 @@ def plan_replicated(
                     epsilon=epsilon,
                     cross_stage_comm=cross_stage_comm,
                     remat=remat,
+                    # the best step so far: a schedule's plan that cannot beat it is not simulated
+                    bound=(
+                        min((c.iteration_time for c in tried if c.plan), default=math.inf)
+                        if prune
+                        else None
+                    ),
                 )
             except (AlpaError, PlanError) as error:
                 tried.append(ReplicaCandidate(r, None, note=str(error), zero=zero))

@@ -200,6 +200,39 @@ def evaluate_schedule(
     the DP's meshes and on every equal split of the cluster; the fastest that
     fits is the candidate. ``solved``: DP results to reuse, by the latency the
     DP ran with (GPipe's is 1F1B's)."""
+    plans = schedule_plans(
+        table,
+        num_micro_batches,
+        schedule,
+        epsilon=epsilon,
+        cross_stage_comm=cross_stage_comm,
+        submeshes=submeshes,
+        solved=solved,
+    )
+    if isinstance(plans, str):
+        return ScheduleCandidate(schedule, None, note=plans)
+    tried = [_simulated(table, p, num_micro_batches, schedule, remat) for p in plans]
+    return _fastest_plan(tried)
+
+
+def _fastest_plan(tried: Sequence[ScheduleCandidate]) -> ScheduleCandidate:
+    """One schedule's candidate among its simulated plans: the fastest that fits
+    (then the smallest peak), the first on a tie."""
+    return min(tried, key=lambda c: (not c.fits, c.iteration_time, c.peak_memory))
+
+
+def schedule_plans(
+    table: StageCostTable,
+    num_micro_batches: int,
+    schedule: str,
+    *,
+    epsilon: float = 0.0,
+    cross_stage_comm: bool = False,
+    submeshes: Sequence[tuple[int, int]] | None = None,
+    solved: dict[str, StagePlan | PlanError] | None = None,
+) -> list[StagePlan] | str:
+    """The plans :func:`evaluate_schedule` simulates for ``schedule`` (the DP's;
+    for virtual stages :func:`virtual_plans`), or why there is none."""
     key = "1f1b" if schedule == "gpipe" else schedule
     solved = {} if solved is None else solved
     if key not in solved:
@@ -216,19 +249,34 @@ def evaluate_schedule(
             solved[key] = error
     found = solved[key]
     if schedule not in VIRTUAL_STAGES:
-        if isinstance(found, PlanError):
-            return ScheduleCandidate(schedule, None, note=str(found))
-        return _simulated(table, found, num_micro_batches, schedule, remat)
+        return str(found) if isinstance(found, PlanError) else [found]
     # the chunks are cut on the DP's meshes, where it found any, and on equal splits
     plan = None if isinstance(found, PlanError) else found
     plans = virtual_plans(
         table, plan, num_micro_batches, schedule, VIRTUAL_STAGES[schedule], submeshes
     )
     if not plans:
-        note = str(found) if plan is None else "no mesh split has the layers"
-        return ScheduleCandidate(schedule, None, note=note)
-    tried = [_simulated(table, p, num_micro_batches, schedule, remat) for p in plans]
-    return min(tried, key=lambda c: (not c.fits, c.iteration_time, c.peak_memory))
+        return str(found) if plan is None else "no mesh split has the layers"
+    return plans
+
+
+def busy_bound(plan: StagePlan, num_micro_batches: int) -> float:
+    """A floor on ``plan``'s simulated step under any schedule: a mesh runs the
+    forward, B and W of each of its stages for every micro-batch one after
+    another (their phase times sum to the stage's latency, recomputation
+    included), so no step is shorter than the busiest mesh's
+    ``num_micro_batches`` times its stages' latencies."""
+    loads: dict[int, float] = {}
+    of = plan.mesh_of or tuple(range(len(plan.stages)))
+    for stage, k in zip(plan.stages, of, strict=True):
+        loads[k] = loads.get(k, 0.0) + stage.cost.latency
+    return num_micro_batches * max(loads.values(), default=0.0)
+
+
+PRUNE_MARGIN = 1e-6
+"""A plan is left unsimulated only when its :func:`busy_bound` exceeds the step
+to beat by more than this share (rounding of the two sums cannot flip a choice;
+:func:`choose_schedule`'s ties are within 1e-9)."""
 
 
 def _simulated(
@@ -345,17 +393,33 @@ def choose_schedule(
     table: StageCostTable,
     num_micro_batches: int,
     schedules: Sequence[str] = AUTO_SCHEDULES,
+    *,
+    bound: float | None = None,
     **options: object,
 ) -> tuple[ScheduleCandidate, ...]:
     """Every candidate, the chosen one first: the fastest that fits (ties go to
-    the earlier in ``schedules``); raise :class:`PlanError` if none fits."""
+    the earlier in ``schedules``); raise :class:`PlanError` if none fits.
+
+    ``bound`` (seconds; None: every plan simulated, as before): branch and
+    bound. Every schedule's plans are built first (the DPs and the chunk
+    cuts), then simulated in the order of their :func:`busy_bound`, and a plan
+    whose floor exceeds the fastest fitting step found so far, or ``bound``
+    (a step the caller already has), is not simulated: it could not be chosen
+    (its schedule's candidate is then the fastest of its simulated plans, or
+    none, noted). The choice is the unbounded one whenever that one is at most
+    ``bound`` (tests)."""
     if not schedules:
         raise AlpaError("construct-stages: no schedule to choose from")
     solved: dict[str, StagePlan | PlanError] = {}
-    candidates = [
-        evaluate_schedule(table, num_micro_batches, s, solved=solved, **options)  # type: ignore[arg-type]
-        for s in schedules
-    ]
+    if bound is None:
+        candidates = [
+            evaluate_schedule(table, num_micro_batches, s, solved=solved, **options)  # type: ignore[arg-type]
+            for s in schedules
+        ]
+    else:
+        candidates = _bounded_candidates(
+            table, num_micro_batches, schedules, bound, solved, **options
+        )
     # a candidate must beat an earlier one by more than rounding to take its place
     ranked = sorted(
         range(len(candidates)),
@@ -370,6 +434,61 @@ def choose_schedule(
     out = tuple(candidates[k] for k in ranked)
     if not out[0].fits:
         raise PlanError(out[0].note or "construct-stages: no schedule's plan fits")
+    return out
+
+
+def _bounded_candidates(
+    table: StageCostTable,
+    num_micro_batches: int,
+    schedules: Sequence[str],
+    bound: float,
+    solved: dict[str, StagePlan | PlanError],
+    *,
+    epsilon: float = 0.0,
+    cross_stage_comm: bool = False,
+    remat: bool = False,
+    submeshes: Sequence[tuple[int, int]] | None = None,
+) -> list[ScheduleCandidate]:
+    """Each schedule's candidate under :func:`choose_schedule`'s branch and bound."""
+    built: list[list[StagePlan] | str] = [
+        schedule_plans(
+            table,
+            num_micro_batches,
+            s,
+            epsilon=epsilon,
+            cross_stage_comm=cross_stage_comm,
+            submeshes=submeshes,
+            solved=solved,
+        )
+        for s in schedules
+    ]
+    queue = sorted(
+        (busy_bound(p, num_micro_batches), k, j)
+        for k, plans in enumerate(built)
+        if not isinstance(plans, str)
+        for j, p in enumerate(plans)
+    )
+    tried: list[list[tuple[int, ScheduleCandidate]]] = [[] for _ in schedules]
+    best = bound
+    for floor, k, j in queue:
+        if floor > best * (1 + PRUNE_MARGIN):
+            break  # the queue is in the order of the floors: none after it can win
+        plans = built[k]
+        assert not isinstance(plans, str)
+        found = _simulated(table, plans[j], num_micro_batches, schedules[k], remat)
+        tried[k].append((j, found))
+        if found.fits:
+            best = min(best, found.iteration_time)
+    out = []
+    for s, plans, mine in zip(schedules, built, tried, strict=True):
+        if isinstance(plans, str):
+            out.append(ScheduleCandidate(s, None, note=plans))
+        elif mine:  # in the plans' order, as evaluate_schedule breaks ties
+            out.append(_fastest_plan([c for _, c in sorted(mine, key=lambda x: x[0])]))
+        else:
+            floor = min(busy_bound(p, num_micro_batches) for p in plans)
+            note = f"not simulated: at least {floor:.6g} s, beyond the {best:.6g} s to beat"
+            out.append(ScheduleCandidate(s, None, note=note))
     return out
 
 
@@ -392,9 +511,10 @@ def plan_stages(
     epsilon: float = 0.0,
     cross_stage_comm: CrossStageComm = False,
     remat: bool = False,
+    bound: float | None = None,
 ) -> StagePlan:
     """The stages for ``schedule``, or with ``auto`` the schedule too: the fastest
-    candidate that fits (:func:`choose_schedule`). ``1f1b`` and ``gpipe`` are
+    candidate that fits (:func:`choose_schedule`; ``bound``: its branch and bound). ``1f1b`` and ``gpipe`` are
     Alpa's DP as it is; the others are simulated to fit (zero-bubble caps come
     from memory; interleaved and V chunks from :func:`virtual_plans`). With
     ``cross_stage_comm="auto"``, the faster under the simulator of the plans
@@ -413,7 +533,9 @@ def plan_stages(
         )
         return replace(plan, schedule=schedule)
     if schedule == "auto":
-        candidates = choose_schedule(table, num_micro_batches, AUTO_SCHEDULES, **options)
+        candidates = choose_schedule(
+            table, num_micro_batches, AUTO_SCHEDULES, bound=bound, **options
+        )
     else:
         candidates = (evaluate_schedule(table, num_micro_batches, schedule, **options),)
         if not candidates[0].fits:
@@ -616,11 +738,13 @@ __all__ = [
     "StageChoice",
     "StagePlan",
     "Timings",
+    "busy_bound",
     "choose_schedule",
     "construct_stages",
     "evaluate_schedule",
     "module_cluster",
     "plan_stages",
+    "schedule_plans",
     "solve_stages",
     "virtual_plans",
     "write_plan",
