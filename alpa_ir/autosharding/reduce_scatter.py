@@ -244,8 +244,10 @@ def _gathered_back(
     sharded_args: dict[int, ShardingSpec],
 ) -> int:
     """How many values of the update the rewrite would all-gather back for
-    readers outside it (sharded state returned as such needs none; a value read
-    only by reductions is not counted, as in Alpa).
+    readers outside it (sharded state returned as such needs none). Alpa does
+    not count a value read only by reductions (its partitioner reduces the
+    slices and all-reduces the small result); here such a value is gathered
+    whole (Adafactor's column moment of a row-split gradient), so it counts.
 
     One is the new parameter of a weight update: its all-gather and the
     reduce-scatter move what the all-reduce moved. More means the all-reduced
@@ -266,9 +268,7 @@ def _gathered_back(
             and not (u.operation is ret and aliases.get(u.index) in sharded_args)
             and not _reshards_to(u.operation, spec)
         ]
-        if readers and not all(
-            isinstance(r, LaxOp) and r.SPEC.kind is OpKind.REDUCTION for r in readers
-        ):
+        if readers:
             count += 1
     return count
 
@@ -332,7 +332,12 @@ def _rewrite_one(
         all(u.operation in region_set for u in block.args[i].uses) for i in sharded_args
     ):
         return
-    if _gathered_back(function, region_set, new_spec, aliases, sharded_args) > 1:
+    # ZeRO-2 saves optimizer memory only where the communication stays that of
+    # the all-reduce; ZeRO-3 is asked to shard the parameters whatever it gathers
+    if (
+        mode == "zero2"
+        and _gathered_back(function, region_set, new_spec, aliases, sharded_args) > 1
+    ):
         return
 
     # Rewrite the all-reduce.

@@ -72,3 +72,37 @@ def test_batch_norm_statistics_stay_all_reduced_under_zero2() -> None:
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     momenta = [m for m in jax.tree.leaves(actual.opt_state) if m.ndim == 4]
     assert momenta and all(not m.sharding.is_fully_replicated for m in momenta)
+
+
+class _MLP(nn.Module):
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return nn.Dense(16)(nn.relu(nn.Dense(16)(x)))
+
+
+def test_adafactor_column_moments_are_not_gathered_mid_update_under_zero2() -> None:
+    """Adafactor's column moment reduces the row-split squared gradient over its
+    split dim: the rewrite would gather the whole squared gradient for it, a
+    second all-gather beside the new parameter's, so ZeRO-2 keeps that all-reduce."""
+    x = jax.random.normal(jax.random.PRNGKey(1), (32, 16))
+    batch = {"x": x, "y": jnp.sin(x)}
+    model = _MLP()
+    params = model.init(jax.random.PRNGKey(0), x)
+    tx = optax.adafactor(learning_rate=1e-2, min_dim_size_to_factor=4)
+    state = train_state.TrainState.create(apply_fn=model.apply, params=params, tx=tx)
+
+    def step(state: train_state.TrainState, batch: dict[str, jax.Array]) -> Any:
+        def loss_fn(p: Any) -> jax.Array:
+            return jnp.mean((state.apply_fn(p, batch["x"]) - batch["y"]) ** 2)
+
+        return state.apply_gradients(grads=jax.grad(loss_fn)(state.params))
+
+    expected = jax.jit(step)(state, batch)
+    parallel = alpa.parallelize(step, method=alpa.Zero2Parallel(jax.local_devices()[:4]))
+    executable = parallel.get_executable(state, batch)
+    for op in executable.module.walk():
+        if isinstance(op, AllGatherOp):
+            assert {use.operation.name for use in op.results[0].uses} == {"func.return"}, op
+    actual = parallel(state, batch)
+    for want, got in zip(jax.tree.leaves(expected), jax.tree.leaves(actual), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
