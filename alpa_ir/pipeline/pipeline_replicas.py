@@ -325,7 +325,7 @@ def plan_replicated(
             f"and the {num_micro_batches} micro-batches with pipelines of at most "
             f"{table.cluster.num_nodes} nodes"
         )
-    tried = []
+    tried: list[ReplicaCandidate] = []
     for r in replicas:
         if r < 1 or cluster.num_nodes % r or num_micro_batches % r:
             raise AlpaError(

@@ -12,6 +12,7 @@ import pytest
 from alpa_ir.costs.stage_table import StageCostTable, ViewCost, submesh_views
 from alpa_ir.errors import PlanError
 from alpa_ir.hardware.clusters import Cluster, ClusterLevel
+from alpa_ir.pipeline import stage_construction
 from alpa_ir.pipeline.pipeline_replicas import plan_replicated
 from alpa_ir.pipeline.schedule_choice import AUTO_SCHEDULES
 from alpa_ir.pipeline.stage_construction import (
@@ -20,6 +21,7 @@ from alpa_ir.pipeline.stage_construction import (
     choose_schedule,
     schedule_plans,
 )
+from alpa_ir.pipeline.virtual_layout import balance_chunks
 
 
 def _cluster(nodes: int, memory: float) -> Cluster:
@@ -31,16 +33,19 @@ def _cluster(nodes: int, memory: float) -> Cluster:
     )
 
 
-def _table(cluster: Cluster, layers: int, seed: int) -> StageCostTable:
-    """Every range on every power-of-two view: latencies falling with the
-    view's devices (noisy, so that plans differ), parameters, gradients,
-    optimizer state and activations that make memory bind on small meshes."""
+def _table(cluster: Cluster, layers: int, seed: int, layer_sum: bool = False) -> StageCostTable:
+    """Every range (``layer_sum``: every layer, ranges their sums) on every
+    power-of-two view: latencies falling with the view's devices (noisy, so
+    that plans differ), parameters, gradients, optimizer state and
+    activations that make memory bind on small meshes."""
     rng = np.random.default_rng(seed)
     views = submesh_views(cluster, "power-of-two")
     table = StageCostTable(cluster, tuple(views), views, layers)
+    if layer_sum:
+        table.internal = (np.zeros((layers, layers)), np.zeros((layers, layers)))
     work = rng.uniform(0.5, 2.0, layers)
     for i in range(layers):
-        for j in range(i, layers):
+        for j in range(i, i + 1 if layer_sum else layers):
             for meshes in views.values():
                 for view in meshes:
                     size = int(np.prod(view.shape))
@@ -101,17 +106,30 @@ def test_bounded_choice_is_the_unbounded_one(seed: int, memory: float) -> None:
         assert got[0].plan.mesh_of == full[0].plan.mesh_of  # type: ignore[union-attr]
 
 
-@pytest.mark.parametrize("seed", range(2))
-def test_pruned_replicated_search_finds_the_unpruned_plan(seed: int) -> None:
+@pytest.mark.parametrize(("seed", "layer_sum"), [(0, False), (1, False), (0, True), (1, True)])
+def test_pruned_replicated_search_finds_the_unpruned_plan(
+    seed: int, layer_sum: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """plan_replicated(schedule=auto) with and without pruning: the same
     replica count, ZeRO stage, schedule, stages and step; pruning skipped
-    simulations on these instances (some candidate is noted not simulated)."""
+    simulations on these instances (some candidate is noted not simulated).
+    ``layer_sum``: mesh splits are also left unbalanced by their floor."""
+    balanced = {False: 0, True: 0}
+    pruning = [False]
+
+    def counted(*args: object, **kwargs: object) -> object:
+        balanced[pruning[0]] += 1
+        return balance_chunks(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(stage_construction, "balance_chunks", counted)
     skipped = False
     for memory in (600.0, 1000.0):
         cluster = _cluster(4, memory)
-        table = _table(cluster, 9, seed)
+        table = _table(cluster, 9, seed, layer_sum)
         kwargs = {"remat": True, "replica_zero": (0, 2)}
+        pruning[0] = False
         full = plan_replicated(table, cluster, 16, "auto", prune=False, **kwargs)  # type: ignore[arg-type]
+        pruning[0] = True
         pruned = plan_replicated(table, cluster, 16, "auto", **kwargs)  # type: ignore[arg-type]
         assert (pruned.replicas, pruned.zero) == (full.replicas, full.zero)
         assert pruned.plan.schedule == full.plan.schedule
@@ -125,3 +143,5 @@ def test_pruned_replicated_search_finds_the_unpruned_plan(seed: int) -> None:
             for c in r.plan.candidates
         ) or any("not simulated" in r.note for r in pruned.candidates)
     assert skipped
+    # splits whose floor is beyond the best step are not balanced (layer-sum tables only)
+    assert (balanced[True] < balanced[False]) == layer_sum
