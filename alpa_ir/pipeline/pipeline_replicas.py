@@ -326,7 +326,9 @@ def plan_replicated(
             f"{table.cluster.num_nodes} nodes"
         )
     tried: list[ReplicaCandidate] = []
-    for r in replicas:
+    # most replicas first: their pipelines run the fewest micro-batches, so their
+    # schedules simulate fastest and bound the rest (any order finds the same plan)
+    for r in sorted(replicas, reverse=True) if prune and schedule == "auto" else replicas:
         if r < 1 or cluster.num_nodes % r or num_micro_batches % r:
             raise AlpaError(
                 f"construct-stages: {r} replicas do not divide the {cluster.num_nodes} nodes "
@@ -360,6 +362,7 @@ def plan_replicated(
             step = plan.candidates[0].iteration_time if plan.candidates else plan.latency
             sync = replica_sync_seconds(cluster, plan, r, pricer, zero)
             tried.append(ReplicaCandidate(r, plan, step, sync, zero=zero))
+    tried.sort(key=lambda c: replicas.index(c.replicas))  # stable: ZeRO stages in order
     found = [c for c in tried if c.plan is not None]
     if not found:
         raise PlanError(
