@@ -1,12 +1,14 @@
 """``alpa_ir.init`` and ``alpa_ir.shutdown``: choose where steps run.
 
-- ``init()`` / ``init(cluster="local")``: the local JAX devices (the ``xla``
-  backend); nothing to start.
-- ``init(cluster="ray")``: as Alpa (``ray.init(address="auto")``), join the
+- ``init(cluster="local")``: the local JAX devices (the ``xla`` backend);
+  nothing to start. Without ``init`` at all, steps run there too.
+- ``init()`` / ``init(cluster="ray")`` (Alpa's default): as Alpa
+  (``ray.init(address="auto")``), join the
   Ray cluster running here (``RAY_ADDRESS``, else the one ``ray start``
   recorded) when one answers, else start a local Ray instance (no
   dashboard) with as many CPU devices as this process's JAX sees; one log
   line (logger ``alpa_ir.runtime.ray_cluster``, INFO) says which.
+  Alpa's ``cluster_address=`` is ``address=``.
   ``init(cluster="ray", num_devices=N)`` or ``address="local"`` always start
   a local instance (of N devices); ``address="host:port"`` joins that cluster.
   Modules then run with ``backend="ray"``: one Ray actor per host, a mesh
@@ -31,7 +33,8 @@ from alpa_ir.errors import AlpaError
 
 
 def init(
-    cluster: Literal["local", "ray"] = "local",
+    cluster: Literal["local", "ray"] = "ray",
+    cluster_address: str | None = None,
     *,
     address: str | None = None,
     num_devices: int | None = None,
@@ -44,6 +47,10 @@ def init(
     ``num_nodes=1, num_devices_per_node=N`` is ``num_devices=N``: a local
     instance of N devices (more nodes need a Ray cluster of that many hosts,
     joined without them)."""
+    if cluster_address is not None:
+        if address is not None:
+            raise AlpaError("give address or Alpa's cluster_address, not both")
+        address = cluster_address
     if num_nodes is not None or num_devices_per_node is not None:
         num_devices = _one_node_devices(cluster, num_nodes, num_devices_per_node, num_devices)
     if cluster == "local":

@@ -102,8 +102,12 @@ def test_init_joins_the_running_cluster_and_again_after_shutdown(
     alpa_ir.shutdown()
     caplog.clear()
     with caplog.at_level(logging.INFO, logger=LOGGER):
-        alpa_ir.init(cluster="ray")
+        alpa_ir.init()  # Alpa's default cluster is "ray"
     assert [r.getMessage() for r in caplog.records if r.name == LOGGER] == joined
+    assert _devices() == 3
+    alpa_ir.shutdown()
+    alpa_ir.init(cluster_address=running_head)  # Alpa's name of address=
+    assert _devices() == 3
     assert _devices() == 3
     alpa_ir.shutdown()  # leaves the cluster running
     assert running_cluster_address() == running_head
@@ -156,4 +160,6 @@ def test_alpas_node_options_are_checked(options: dict, message: str) -> None:
     with pytest.raises(alpa_ir.AlpaError, match=message):
         alpa_ir.init(cluster="ray", **options)
     with pytest.raises(alpa_ir.AlpaError, match="options of cluster='ray'"):
-        alpa_ir.init(num_nodes=1, num_devices_per_node=2)
+        alpa_ir.init(cluster="local", num_nodes=1, num_devices_per_node=2)
+    with pytest.raises(alpa_ir.AlpaError, match="not both"):
+        alpa_ir.init(cluster_address="127.0.0.1:1", address="127.0.0.1:1")
