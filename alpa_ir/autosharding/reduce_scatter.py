@@ -57,12 +57,18 @@ _SPLIT_KEEPING_REDUCTIONS = ("reduce_sum", "reduce_max", "reduce_min", "reduce_p
 
 
 def _follow(
-    op: Operation, k: int, spec: ShardingSpec, update_shape: tuple[int, ...]
+    op: Operation,
+    k: int,
+    spec: ShardingSpec,
+    update_shape: tuple[int, ...],
+    broadcasts: bool,
 ) -> dict[int, ShardingSpec] | None:
     """The specs of ``op``'s results when its operand ``k`` has ``spec``, for
     layout-preserving ops; None for any other op. A broadcast is followed only
     up to the size of ``update_shape`` (the gradient's: Adafactor's factored
-    moments expanded for the update), never out to activations."""
+    moments expanded for the update), never out to activations, and only when
+    ``broadcasts`` (ZeRO-3: the factored moments' column reductions then gather
+    the squared gradient whole, which ZeRO-2's economy does not take)."""
     if not isinstance(op, LaxOp):
         return None
     name = op.primitive_name
@@ -77,7 +83,7 @@ def _follow(
         shape_of(r.type) == shape_of(op.operands[k].type) for r in op.results
     ):
         return {r: spec for r in range(len(op.results))}
-    if name == "broadcast_in_dim" and k == 0 and not spec.partial:
+    if name == "broadcast_in_dim" and broadcasts and k == 0 and not spec.partial:
         # the split dims keep their size: each device broadcasts its slice
         src, dst = shape_of(op.operands[0].type), shape_of(op.results[0].type)
         if math.prod(dst) > math.prod(update_shape):
@@ -244,10 +250,10 @@ def _gathered_back(
     sharded_args: dict[int, ShardingSpec],
 ) -> int:
     """How many values of the update the rewrite would all-gather back for
-    readers outside it (sharded state returned as such needs none). Alpa does
-    not count a value read only by reductions (its partitioner reduces the
-    slices and all-reduces the small result); here such a value is gathered
-    whole (Adafactor's column moment of a row-split gradient), so it counts.
+    readers outside it (sharded state returned as such needs none; a value read
+    only by reductions is not counted, as in Alpa, whose partitioner reduces the
+    slices: here it is gathered whole, which is why ZeRO-2 does not follow
+    broadcasts into Adafactor's factored moments, see :func:`_follow`).
 
     One is the new parameter of a weight update: its all-gather and the
     reduce-scatter move what the all-reduce moved. More means the all-reduced
@@ -268,7 +274,9 @@ def _gathered_back(
             and not (u.operation is ret and aliases.get(u.index) in sharded_args)
             and not _reshards_to(u.operation, spec)
         ]
-        if readers:
+        if readers and not all(
+            isinstance(r, LaxOp) and r.SPEC.kind is OpKind.REDUCTION for r in readers
+        ):
             count += 1
     return count
 
@@ -305,7 +313,7 @@ def _rewrite_one(
             user = use.operation
             if user in region:
                 continue
-            follows = _follow(user, use.index, new_spec[value], shape)
+            follows = _follow(user, use.index, new_spec[value], shape, mode == "zero3")
             if follows is None:
                 continue
             region.append(user)

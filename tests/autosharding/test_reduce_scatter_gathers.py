@@ -80,10 +80,13 @@ class _MLP(nn.Module):
         return nn.Dense(16)(nn.relu(nn.Dense(16)(x)))
 
 
-def test_adafactor_column_moments_are_not_gathered_mid_update_under_zero2() -> None:
+def test_adafactor_under_zero2_keeps_alpas_collective_counts() -> None:
     """Adafactor's column moment reduces the row-split squared gradient over its
-    split dim: the rewrite would gather the whole squared gradient for it, a
-    second all-gather beside the new parameter's, so ZeRO-2 keeps that all-reduce."""
+    split dim. Under ZeRO-2 the rewrite does not follow broadcasts into the
+    factored moments (it would gather every squared gradient whole: 3 gathers
+    where Alpa's test_mlp allows 2) nor count a value read by reductions (else
+    no gradient is reduce-scattered): one combined reduce-scatter, at most two
+    all-gathers and two all-reduces, as Alpa's adafactor case asserts."""
     x = jax.random.normal(jax.random.PRNGKey(1), (32, 16))
     batch = {"x": x, "y": jnp.sin(x)}
     model = _MLP()
@@ -99,10 +102,9 @@ def test_adafactor_column_moments_are_not_gathered_mid_update_under_zero2() -> N
 
     expected = jax.jit(step)(state, batch)
     parallel = alpa.parallelize(step, method=alpa.Zero2Parallel(jax.local_devices()[:4]))
-    executable = parallel.get_executable(state, batch)
-    for op in executable.module.walk():
-        if isinstance(op, AllGatherOp):
-            assert {use.operation.name for use in op.results[0].uses} == {"func.return"}, op
+    text = parallel.get_executable(state, batch).get_hlo_text()
+    assert text.count(" reduce-scatter(") == 1
+    assert text.count(" all-gather(") <= 2 and text.count(" all-reduce(") <= 2
     actual = parallel(state, batch)
     for want, got in zip(jax.tree.leaves(expected), jax.tree.leaves(actual), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
