@@ -230,7 +230,6 @@ def schedule_plans(
     cross_stage_comm: bool = False,
     submeshes: Sequence[tuple[int, int]] | None = None,
     solved: dict[str, StagePlan | PlanError] | None = None,
-    bound: float = math.inf,
 ) -> list[StagePlan] | str:
     """The plans :func:`evaluate_schedule` simulates for ``schedule`` (the DP's;
     for virtual stages :func:`virtual_plans`), or why there is none."""
@@ -254,7 +253,7 @@ def schedule_plans(
     # the chunks are cut on the DP's meshes, where it found any, and on equal splits
     plan = None if isinstance(found, PlanError) else found
     plans = virtual_plans(
-        table, plan, num_micro_batches, schedule, VIRTUAL_STAGES[schedule], submeshes, bound
+        table, plan, num_micro_batches, schedule, VIRTUAL_STAGES[schedule], submeshes
     )
     if not plans:
         return str(found) if plan is None else "no mesh split has the layers"
@@ -335,28 +334,6 @@ def _equal_splits(
     return out
 
 
-def _split_floor(
-    table: StageCostTable, meshes: Sequence[VirtualMesh], num_micro_batches: int
-) -> float:
-    """A floor on :func:`busy_bound` of any chunking of ``meshes``, where the
-    table's range costs are sums of its layers' (``layer-sum``; 0 otherwise):
-    the busiest mesh carries at least the devices' mean load, and each layer
-    costs at least its cheapest device-seconds (either plan) on the split's views."""
-    if table.internal is None:
-        return 0.0
-    shapes = {(tuple(m.mesh.shape), m.submesh[0] * m.submesh[1]) for m in meshes}
-    devices = sum(m.submesh[0] * m.submesh[1] for m in meshes)
-    total = 0.0
-    for k in range(table.num_layers):
-        cheapest = math.inf
-        for shape, size in shapes:
-            cost = table.cost(k, k, shape)
-            latency = min(cost.latency, (cost.memory_saving or cost).latency)
-            cheapest = min(cheapest, latency * size)
-        total += cheapest
-    return num_micro_batches * total / devices
-
-
 KEEP_ESTIMATED = 1.1
 """Virtual plans the simulator times: those whose slowest mesh is estimated
 within this factor of the best one's."""
@@ -369,11 +346,8 @@ def virtual_plans(
     schedule: str,
     chunks: int,
     submeshes: Sequence[tuple[int, int]] | None = None,
-    bound: float = math.inf,
 ) -> list[StagePlan]:
     """Plans with ``chunks`` layer chunks per mesh in ``schedule``'s layout
-    (``bound``: a split of the cluster whose :func:`_split_floor` exceeds it is
-    not balanced)
     (:mod:`alpa_ir.pipeline.virtual_layout`), on the meshes of ``plan`` (the
     DP's, if any) and on each equal split of the cluster, those that fit
     and whose slowest mesh is estimated within :data:`KEEP_ESTIMATED` of the
@@ -382,12 +356,6 @@ def virtual_plans(
     configs = [] if plan is None else [[VirtualMesh(s.submesh, s.mesh) for s in plan.stages]]
     configs += _equal_splits(table, submeshes)
     configs = [m for m in configs if len(m) * chunks <= table.num_layers]
-    if math.isfinite(bound):  # mesh splits whose every plan is slower than ``bound``
-        configs = [
-            m
-            for m in configs
-            if _split_floor(table, m, num_micro_batches) <= bound * (1 + PRUNE_MARGIN)
-        ]
     bounds = [load_bound(table, m) for m in configs]
     balanced = []
     fitting: list[float] = []
@@ -483,8 +451,11 @@ def _bounded_candidates(
 ) -> list[ScheduleCandidate]:
     """Each schedule's candidate under :func:`choose_schedule`'s branch and bound:
     the schedules of one stage per mesh first (one DP plan each, cheap), then
-    the virtual ones, whose mesh splits are balanced only where their floor is
-    within the best step by then (:func:`virtual_plans`)."""
+    the virtual ones. Their mesh splits are all balanced: skipping a split
+    whose floor is beyond the bound changed :func:`virtual_plans`' choice of
+    which plans to keep (it keeps those within 10 % of the best split's
+    estimate) and so the plan found (Llama 3 405B, 8,192 GPUs: 32 replicas
+    under ZB-V, 17.79 s, instead of the unpruned 64, 18.27 s)."""
     built: list[list[StagePlan] | str] = ["" for _ in schedules]
     tried: list[list[tuple[int, ScheduleCandidate]]] = [[] for _ in schedules]
     best = bound
@@ -499,7 +470,6 @@ def _bounded_candidates(
                 cross_stage_comm=cross_stage_comm,
                 submeshes=submeshes,
                 solved=solved,
-                bound=best,
             )
         queue = sorted(
             (busy_bound(p, num_micro_batches), k, j)
