@@ -521,8 +521,8 @@ def plan_stages(
     bound: float | None = None,
 ) -> StagePlan:
     """The stages for ``schedule``, or with ``auto`` the schedule too: the fastest
-    candidate that fits (:func:`choose_schedule`; ``bound``: its branch and bound). ``1f1b`` and ``gpipe`` are
-    Alpa's DP as it is; the others are simulated to fit (zero-bubble caps come
+    candidate that fits (:func:`choose_schedule`; ``bound``: its branch and
+    bound). ``1f1b`` and ``gpipe`` are Alpa's DP as it is; the others are simulated to fit (zero-bubble caps come
     from memory; interleaved and V chunks from :func:`virtual_plans`). With
     ``cross_stage_comm="auto"``, the faster under the simulator of the plans
     without and with the transfers in the DP (Alpa's on a tie)."""
