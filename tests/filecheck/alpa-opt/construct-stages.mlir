@@ -34,11 +34,13 @@ builtin.module {
 // CHECK-NEXT: mesh.logical_mesh @mesh1 {shape = array<i64: 1, 4>, devices = array<i64: 4, 5, 6, 7>
 // CHECK-NEXT: pipeline.plan @plan {stages = [@stage0, @stage1], num_micro_batches = 2, schedule = "1f1b", construct_stages.latency = {{[0-9.e+-]+}}}
 // CHECK-NEXT: pipeline.stage @stage0 {layers = array<i64: 0, 0>, mesh = @mesh0, forward = @stage0_forward}
-// CHECK-NEXT: pipeline.stage @stage1 {layers = array<i64: 1, 1>, mesh = @mesh1, forward = @stage1_forward, apply_grad = @stage1_apply_grad}
+// CHECK-NEXT: pipeline.stage @stage1 {layers = array<i64: 1, 1>, mesh = @mesh1, forward = @stage1_forward, backward = @stage1_backward, apply_grad = @stage1_apply_grad}
 // CHECK:      func.func @stage0_forward({{.*}}mesh.mesh = @mesh0, alpa.batch_args = array<i64: 0>, pipeline.per_micro_batch
 // CHECK:      func.func @stage1_forward({{.*}}mesh.mesh = @mesh1
+// CHECK:      func.func @stage1_backward({{.*}}mesh.mesh = @mesh1
 // CHECK:      func.func @stage1_apply_grad({{.*}}mesh.mesh = @mesh1
 // CHECK:      func.func @main(
 // CHECK:        func.call @stage0_forward
 // CHECK:        func.call @stage1_forward
+// CHECK:        func.call @stage1_backward
 // CHECK:        func.call @stage1_apply_grad
