@@ -95,11 +95,15 @@ class ShardStages(ModulePass):
 
         registry = registry_of(ctx)
         texts = self.stage_pipelines.split(";") if self.stage_pipelines else []
-        stage_of = {
-            name: k
-            for k, stage in enumerate(plan_stages(op))
-            for _, name in stage.phase_functions()
-        }
+        stage_of = (  # only per-stage pipelines need the plan's stages
+            {
+                name: k
+                for k, stage in enumerate(plan_stages(op))
+                for _, name in stage.phase_functions()
+            }
+            if texts
+            else {}
+        )
         parsed: dict[str, tuple[tuple[ModulePass, ...], tuple[ModulePass, ...]]] = {}
 
         def passes_of(name: str) -> tuple[tuple[ModulePass, ...], tuple[ModulePass, ...]]:
