@@ -34,6 +34,8 @@ import numpy as np
 from jax import lax
 from xdsl.ir import Block, Operation, SSAValue
 
+from alpa_ir.errors import AlpaError
+
 GRAD_SYNC_SCOPE = "grad_sync"
 """The name scope of the deferred gradient reductions in ``accumulate_last``
 (their HLO metadata names it: :func:`grad_sync_channel_ids`)."""
@@ -53,6 +55,26 @@ def needed_ops(
     kept.reverse()
     args = tuple(k for k, a in enumerate(block.args) if a in needed)
     return kept, args
+
+
+def split_step(
+    block: Block, part: Any, batch_args: Sequence[int]
+) -> tuple[list[SSAValue], list[Operation], tuple[int, ...], list[Operation], tuple[int, ...]]:
+    """The step's split into its two programs, from its partition ``part``
+    (:func:`alpa_ir.pipeline.step_partition.partition_step`): the accumulated
+    values, the accumulate program's ops and the block arguments it reads,
+    and the apply program's ops and arguments (it returns the step's results).
+    An apply program that reads a batch argument is a one-line error."""
+    returned = list(block.last_op.operands)  # type: ignore[union-attr]
+    accumulated = list(part.accumulated)
+    acc_ops, acc_inputs = needed_ops(block, [*part.setup, *part.compute], accumulated)
+    apply_ops, apply_inputs = needed_ops(block, [*part.setup, *part.apply], returned)
+    if any(k in batch_args for k in apply_inputs):
+        raise AlpaError(
+            "gradient accumulation: the step returns or applies a batch argument itself; "
+            "return values computed from it"
+        )
+    return accumulated, acc_ops, acc_inputs, apply_ops, apply_inputs
 
 
 def averaged(total: Any, steps: int) -> Any:

@@ -41,7 +41,7 @@ from alpa_ir.backends.grad_accumulation import (
     AccumulatingStep,
     averaged,
     micro_batch_program,
-    needed_ops,
+    split_step,
     zeros_program,
 )
 from alpa_ir.dialects.lax import ConstantOp, LaxOp, PrimitiveOp
@@ -365,15 +365,8 @@ def _accumulating_spmd(
     block = function.body.block
     part = partition_step(function, batch_args)
     deferred = deferred_reductions(part, function)
-    accumulated = list(part.accumulated)
+    accumulated, acc_ops, acc_inputs, apply_ops, apply_inputs = split_step(block, part, batch_args)
     returned = list(block.last_op.operands)  # type: ignore[union-attr]
-    acc_ops, acc_inputs = needed_ops(block, [*part.setup, *part.compute], accumulated)
-    apply_ops, apply_inputs = needed_ops(block, [*part.setup, *part.apply], returned)
-    if any(k in batch_args for k in apply_inputs):
-        raise AlpaError(
-            "gradient accumulation: the step returns or applies a batch argument itself; "
-            "return values computed from it"
-        )
 
     def spec(value: SSAValue) -> PartitionSpec:
         return partition_spec(ShardingSpec(spec_of_value(value, function).dims), names)

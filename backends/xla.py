@@ -28,7 +28,7 @@ from alpa_ir.backends.grad_accumulation import (
     AccumulatingStep,
     averaged,
     micro_batch_program,
-    needed_ops,
+    split_step,
 )
 from alpa_ir.dialects.mesh import MESH_ATTR, LogicalMeshOp
 from alpa_ir.dialects.sharding import (
@@ -177,14 +177,7 @@ def _accumulating_annotated(
     block = function.body.block
     returned = list(block.last_op.operands)  # type: ignore[union-attr]
     part = partition_step(function, batch_args)
-    accumulated = list(part.accumulated)
-    acc_ops, acc_inputs = needed_ops(block, [*part.setup, *part.compute], accumulated)
-    apply_ops, apply_inputs = needed_ops(block, [*part.setup, *part.apply], returned)
-    if any(k in batch_args for k in apply_inputs):
-        raise AlpaError(
-            "gradient accumulation: the step returns or applies a batch argument itself; "
-            "return values computed from it"
-        )
+    accumulated, acc_ops, acc_inputs, apply_ops, apply_inputs = split_step(block, part, batch_args)
     constrain = _constrainer(mesh, names)
     n_acc = len(acc_inputs)
 
