@@ -40,7 +40,7 @@ the estimate errs towards materializing.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from xdsl.ir import Block, Operation, SSAValue
 
@@ -290,17 +290,24 @@ def fused_traffic_bytes(
     decisions, if made already."""
     fusion = fusion or BlockFusion(block)
     total = 0.0
-    values = [*block.args, *(r for op in fusion.ops for r in op.results)]
-    for value in values:
-        if value.owner is not block and value not in fusion.materialized:
-            continue
-        try:
-            size = math.prod(shapes(value)) * dtype_of(value.type).itemsize
-        except Exception:  # a non-tensor value (a token) moves nothing
-            continue
+    for value, size in _materialized_sizes(block, shapes, fusion):
         writes = 0 if value.owner is block else 1
         total += size * (writes + fusion.kernels_reading(value))
     return total
+
+
+def _materialized_sizes(
+    block: Block, shapes: Callable[[SSAValue], tuple[int, ...]], fusion: BlockFusion
+) -> Iterator[tuple[SSAValue, int]]:
+    """The block's arguments and materialized results with their bytes (a
+    non-tensor value, a token, moves nothing and is left out)."""
+    for value in [*block.args, *(r for op in fusion.ops for r in op.results)]:
+        if value.owner is not block and value not in fusion.materialized:
+            continue
+        try:
+            yield value, math.prod(shapes(value)) * dtype_of(value.type).itemsize
+        except Exception:
+            continue
 
 
 def traffic_by_kernel(
@@ -313,14 +320,7 @@ def traffic_by_kernel(
     reads it. The values sum to :func:`fused_traffic_bytes`."""
     fusion = fusion or BlockFusion(block)
     out: dict[Operation, float] = {}
-    values = [*block.args, *(r for op in fusion.ops for r in op.results)]
-    for value in values:
-        if value.owner is not block and value not in fusion.materialized:
-            continue
-        try:
-            size = math.prod(shapes(value)) * dtype_of(value.type).itemsize
-        except Exception:  # a non-tensor value (a token) moves nothing
-            continue
+    for value, size in _materialized_sizes(block, shapes, fusion):
         if value.owner is not block:
             owner = value.owner
             out[owner] = out.get(owner, 0.0) + size  # type: ignore[index]
