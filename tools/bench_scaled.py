@@ -68,7 +68,7 @@ class ScaledResult:
         return {
             "replicas": self.found.replicas,
             "pipeline_gpus": self.found.pipeline.num_devices,
-            "replica_counts": [c.replicas for c in self.found.candidates],
+            "replica_counts": sorted({c.replicas for c in self.found.candidates}),
             "sync_seconds": self.found.sync_seconds,
             "replica_zero": self.found.zero,
             "views": self.views,

@@ -17,9 +17,14 @@ def test_demo_trains_draws_and_matches_one_device(
     assert main(["--steps", "2", "--pictures", str(pictures)]) == 0
     out = capsys.readouterr().out
     assert "pipeline: 2 stages, 2 micro-batches" in out
-    # pipeline, data and tensor parallel at once: (2, 2) meshes, a weight split
+    # pipeline, data and tensor parallel at once: (2, 2) meshes, and a weight
+    # split or a matrix product split over both mesh axes (since the last
+    # stage's backward is a program of its own, its forward may take the
+    # weights whole and split the batch over both axes)
     assert len(re.findall(r"stage \d: layers \S+ on mesh \[2, 2\]", out)) == 2
-    assert re.search(r"input \[\d+, \d+\]: \[(R, S1|S1, R)\]", out), out
+    weight_split = re.search(r"input \[\d+, \d+\]: \[(R, S1|S1, R)\]", out)
+    both_axes = re.search(r"dot_general -> [^(]*\(strategy [^)]*->1[^)]*->0", out)
+    assert weight_split or both_axes, out
     assert sorted(p.name for p in pictures.iterdir()) == [
         "devices.png", "memory.png", "shardings.png", "timeline.png",
     ]  # fmt: skip
