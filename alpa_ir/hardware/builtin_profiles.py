@@ -34,12 +34,17 @@ Sources:
     tail; XLA's async dispatch hides launches only behind running kernels).
     Published figures: 4-6 µs per kernel (CUDA Programming Guide's measured
     launch latencies, nccl-tests' small-message floors).
-[GRAPHS] A. Gray, "Getting Started with CUDA Graphs", NVIDIA Technical Blog,
-    2019: on a V100, a chain of short kernels (2.9 µs each) took 9.6 µs per
-    kernel when the host waited for each, 3.8 µs when launched back to back
-    into a stream (the launch overlaps the previous kernel's run). Launches
-    are asynchronous on GPUs: a kernel queued behind a running one costs the
-    longer of its run and the launch floor, not their sum (``async_launch``).
+[GRAPHS] "Getting Started with CUDA Graphs", NVIDIA Technical Blog
+    (developer.nvidia.com/blog/cuda-graphs/, A. Gray, 2019). The figures
+    here are NOT VERIFIED: they were quoted from memory, and the stored copy
+    of the post that the search tools found shows only its opening. They
+    are: on a V100, a chain of short kernels (2.9 µs each) took 9.6 µs per
+    kernel when the host waited for each, and 3.8 µs when they were launched
+    back to back into a stream (the launch overlaps the previous kernel's
+    run). Launches are asynchronous on GPUs (CUDA Programming Guide,
+    "Asynchronous Concurrent Execution"): a kernel queued behind a running
+    one costs the longer of its run and the launch floor, not their sum
+    (``async_launch``).
 [TILES] NVIDIA, *Matrix Multiplication Background User's Guide* (DU-09799-001,
     §2.3 and §3): cuBLAS runs a GEMM with one of several output tiles
     (256x128, 128x128, 128x64, 64x64, ...) chosen per problem; larger tiles
