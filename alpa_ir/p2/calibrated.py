@@ -50,6 +50,7 @@ from alpa_ir.ir.module_utils import symbol_op
 from alpa_ir.p2.ir_system import SYSTEM_ATTR, system_from_cluster
 from alpa_ir.p2.semantics import P2_COLLECTIVES
 from alpa_ir.p2.simulator import ALGORITHMS, Simulator
+from alpa_ir.p2.symmetry import canonical_devices
 from alpa_ir.p2.system import System, gcp_a100, gcp_v100, get_system
 from alpa_ir.p2.system_clusters import cluster_from_system
 
@@ -169,13 +170,23 @@ class CalibratedCostModel:
     ) -> tuple[float, float]:
         """α (seconds) and β (seconds per byte on the wire) of ``kind`` over ``axes``."""
         key = (kind, mesh.shape, mesh.devices, tuple(axes))
-        if key not in self._lines:
-            n = mesh.axes_size(axes)
-            fixed = self.simulated(kind, mesh, 0.0, axes)
-            slope = (self.simulated(kind, mesh, _PROBE, axes) - fixed) / _PROBE
-            wire = collective_bytes_on_wire(CollectiveKind(kind).hlo, 1.0, n)
-            self._lines[key] = (fixed, slope / wire if wire else 0.0)
-        return self._lines[key]
+        found = self._lines.get(key)
+        if found is None:
+            # devices the simulator cannot tell apart (alpa_ir.p2.symmetry) share one line:
+            # e.g. the same stage shape at another place in a pipeline
+            same = mesh.devices
+            if same is not None and self._sim is not None:
+                same = canonical_devices(self._sim.system, same)
+            canonical = ("canonical", kind, mesh.shape, same, tuple(axes))
+            found = self._lines.get(canonical)
+            if found is None:
+                n = mesh.axes_size(axes)
+                fixed = self.simulated(kind, mesh, 0.0, axes)
+                slope = (self.simulated(kind, mesh, _PROBE, axes) - fixed) / _PROBE
+                wire = collective_bytes_on_wire(CollectiveKind(kind).hlo, 1.0, n)
+                found = self._lines[canonical] = (fixed, slope / wire if wire else 0.0)
+            self._lines[key] = found
+        return found
 
     def seconds(
         self, kind: str, mesh: LogicalDeviceMesh, nbytes: float, axes: Sequence[int]
