@@ -194,8 +194,15 @@ def replica_zero_table(table: StageCostTable, replicas: int, stage: int) -> Stag
         )
     if stage == 0 or replicas == 1:
         return table
-    costs = {key: _zero_view(cost, replicas, stage) for key, cost in table.costs.items()}
-    return replace(table, costs=costs)
+    zeroed: dict[int, ViewCost] = {}  # by identity: an expanded table's layers share costs
+
+    def zero(cost: ViewCost) -> ViewCost:
+        found = zeroed.get(id(cost))  # every cost is alive in ``table``: ids are unique
+        if found is None:
+            found = zeroed[id(cost)] = _zero_view(cost, replicas, stage)
+        return found
+
+    return replace(table, costs={key: zero(cost) for key, cost in table.costs.items()})
 
 
 def replica_sync_seconds(

@@ -265,3 +265,30 @@ def test_zero_across_replicas_costs_nothing_when_all_fit() -> None:
     assert replica_zero_table(table, 1, 2) is table
     with pytest.raises(AlpaError, match="ZeRO across replicas must be one of"):
         plan_replicated(table, cluster, 4, replica_zero=(3,))
+
+
+def test_zero_table_of_shared_costs_equals_each_cost_zeroed() -> None:
+    """An expanded table's layers share their cost objects: the ZeRO table
+    zeroes each object once (shared in the result too), and every entry equals
+    the entry zeroed on its own (the slow path)."""
+    from alpa_ir.pipeline.pipeline_replicas import _zero_view
+
+    cluster = _cluster(2)
+    views = submesh_views(cluster, "all")
+    table = StageCostTable(cluster, tuple(views), views, 6)
+    saving = ViewCost(2.0, 50.0, 10.0, 8.0, gradients=20.0, optimizer_state=25.0)
+    interior = ViewCost(1.0, 100.0, 10.0, 8.0, memory_saving=saving, gradients=30.0)
+    for meshes in views.values():
+        for view in meshes:
+            edge = ViewCost(0.5, 40.0, 5.0, 4.0, gradients=10.0, optimizer_state=20.0)
+            for k in range(6):
+                table.costs[(k, k, view.shape)] = edge if k in (0, 5) else interior
+    for stage in (1, 2):
+        zeroed = replica_zero_table(table, 4, stage)
+        assert zeroed.costs == {
+            key: _zero_view(cost, 4, stage) for key, cost in table.costs.items()
+        }
+        inner = {id(zeroed.costs[(k, k, (1, 1))]) for k in range(1, 5)}
+        assert len(inner) == 1
+        kept = 25.0 + (20.0 if stage == 2 else 0.0)  # optimizer state (and gradients)
+        assert zeroed.costs[(2, 2, (1, 1))].memory_saving.persistent == 50.0 - kept * 0.75
