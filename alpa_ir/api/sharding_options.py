@@ -15,32 +15,31 @@ class AutoShardingOption:
 
     Mutable, as Alpa's: Alpa's users and tests set fields on an option (and on
     a method) before they parallelize (``option.prefer_reduce_scatter = True``);
-    the option is read when the step is compiled, as in Alpa."""
+    the option is read when the step is compiled, as in Alpa. Alpa's fields
+    come first, in Alpa's order (``AutoShardingOption(False)`` is Alpa's
+    ``enable_auto_sharding=False``), then this planner's own."""
 
-    solver: str = "cbc"
-    time_limit: float = 600.0
-    memory_budget: float | None = None
+    enable_auto_sharding: bool = True
+    """False: no ILP; the specs of a :class:`ManualShardingOption` are only
+    propagated (by XLA's SPMD partitioner), as Alpa's ``enable_auto_sharding=False``."""
     allow_all_gather: bool = True
     allow_all_to_all: bool = True
     allow_replicated_parameters: bool = True
+    force_data_parallel: bool = False
     force_batch_dim_to_mesh_dim: int | None = None
     """Split the batch dimension of every op over this mesh axis (Alpa's option)."""
+    force_zero_stage_3: bool = False
+    """Alpa's ZeRO-3: the parameters stay sharded too, all-gathered where read
+    (``reduce_scatter="zero3"``)."""
+    force_zero_stage_3_all_gather_threshold: int = 1 << 25
+    """Alpa's all-gather combiner threshold: XLA combines here; a value set is warned of."""
+    prefer_reduce_scatter: bool = False
     allow_mixed_mesh_shape: bool = True
     """Allow a tensor dimension split over both axes of a 2-d mesh (S01). On
     by default, unlike Alpa: without it a 2-d mesh cannot express data
     parallelism over all its devices, and the ILP returned plans its own cost
     model rates worse than data parallel (a conv + attention classifier on a
     (2, 4) mesh: 51,058 against 11,962)."""
-    enable_auto_sharding: bool = True
-    """False: no ILP; the specs of a :class:`ManualShardingOption` are only
-    propagated (by XLA's SPMD partitioner), as Alpa's ``enable_auto_sharding=False``."""
-    prefer_reduce_scatter: bool = False
-    force_data_parallel: bool = False
-    force_zero_stage_3: bool = False
-    """Alpa's ZeRO-3: the parameters stay sharded too, all-gathered where read
-    (``reduce_scatter="zero3"``)."""
-    force_zero_stage_3_all_gather_threshold: int = 1 << 25
-    """Alpa's all-gather combiner threshold: XLA combines here; a value set is warned of."""
     allow_recompute_heavy_op: bool = False
     """Alpa's replicated dot computation: a matmul or convolution may leave a mesh
     axis unused, each device of that axis computing the same thing."""
@@ -48,6 +47,9 @@ class AutoShardingOption:
     """Alpa's heuristic instead of the ILP: any name means :attr:`heuristic`."""
     all_reduce_threshold: int = 1 << 60
     """Alpa's all-reduce combiner threshold: XLA combines here; a value set is warned of."""
+    solver: str = "cbc"
+    time_limit: float = 600.0
+    memory_budget: float | None = None
     heuristic: bool = False
     """Alpa's "Heuristic" baseline: shard the largest dimension of every input."""
     reduce_scatter: Literal["auto", "none", "zero2", "zero3"] = "auto"
