@@ -30,6 +30,11 @@ from alpa_ir.dialects.mesh import MESH_ATTR, ClusterOp, LogicalMeshOp
 from alpa_ir.dialects.pipeline import plan_stages
 from alpa_ir.ir.collection import frozen_heap
 from alpa_ir.ir.module_utils import main_function, symbol_op, top_level_ops
+from alpa_ir.pipeline.manual_stage_specs import (
+    constrain_user_axes,
+    parse_intermediate_axes,
+    parse_mesh_axis_names,
+)
 from alpa_ir.pipeline.stage_specs import (
     force_stage_input_specs,
     parse_stage_specs,
@@ -88,6 +93,17 @@ class ShardStages(ModulePass):
     :func:`alpa_ir.pipeline.stage_specs.format_stage_specs`' text), given to
     the functions before they are sharded; empty: none."""
 
+    mesh_axis_names: str = ""
+    """The axis names of each stage's mesh, in the stages' order (``;``
+    between meshes, ``,`` between names; one entry: every mesh), for the
+    user's specs of ``@main``'s arguments (``sharding.user_axes``, Alpa's
+    ``ManualShardingOption``); empty: none."""
+
+    intermediate_axes: str = ""
+    """``axis:dim`` pairs (``,`` between them) splitting each activation of
+    rank 2 or more a forward function receives from another mesh's forward
+    (Alpa's ``pipeline_intermediate_axes``); empty: none."""
+
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         from alpa_ir.passmanager.pass_manager import PassManager
         from alpa_ir.passmanager.pipeline_syntax import parse_pipeline
@@ -132,6 +148,12 @@ class ShardStages(ModulePass):
             op.body.block.insert_op_before(planned, original)
             op.body.block.erase_op(original)
 
+        if self.mesh_axis_names or self.intermediate_axes:
+            constrain_user_axes(
+                op,
+                parse_mesh_axis_names(self.mesh_axis_names),
+                parse_intermediate_axes(self.intermediate_axes),
+            )
         if self.input_specs:
             force_stage_input_specs(op, parse_stage_specs(self.input_specs))
         with frozen_heap():  # the module outlives the planning of its functions

@@ -30,11 +30,21 @@ from alpa_ir.errors import AlpaError
 
 @dataclass(frozen=True)
 class ManualShardingOption:
-    """Alpa's ``ManualShardingOption``: mesh axis names and input/output specs."""
+    """Alpa's ``ManualShardingOption`` (its fields in its order): mesh axis
+    names and input/output specs."""
 
     mesh_axis_names: tuple[str, ...] | None = None
+    submesh_axis_names: tuple[tuple[str, ...], ...] | None = None
+    """:class:`~alpa_ir.api.pipeshard.PipeshardParallel` only: the axis names
+    of each stage's mesh, in the stages' order (None: ``mesh_axis_names`` for
+    every mesh)."""
     in_axis_resources: Any = None
     out_axis_resources: Any = None
+    pipeline_intermediate_axes: tuple[tuple[str, int], ...] | None = None
+    """:class:`~alpa_ir.api.pipeshard.PipeshardParallel` only: ``(mesh axis,
+    dimension)`` pairs splitting every activation of rank 2 or more that a
+    stage's forward receives from another stage's forward (Alpa's data
+    parallelism across stages for values that are not step inputs)."""
 
 
 @dataclass(frozen=True)
@@ -217,3 +227,21 @@ def annotate_outputs(
     shapes = [tuple(t.get_shape()) for t in function.function_type.outputs.data]  # type: ignore[attr-defined]
     function.res_attrs = spec_entries(specs, shapes, names, mesh_shape)
     return specs
+
+
+def annotate_user_axes(function: func.FuncOp, args: Any, in_specs: Any) -> None:
+    """The arguments' user specs as mesh axis names (``sharding.user_axes``), for
+    a pipeline whose stages' meshes are not known yet: each stage function
+    that takes an argument gets its spec on its own mesh
+    (:func:`alpa_ir.pipeline.manual_stage_specs.constrain_user_axes`). As in
+    Alpa's pipelines (pjit's convention), a None leaf or subtree is
+    replicated."""
+    from alpa_ir.pipeline.manual_stage_specs import set_user_axes
+
+    axes = []
+    for spec in expand_prefix(in_specs, args, "in_axis_resources"):
+        if isinstance(spec, NamedSharding):
+            spec = spec.spec
+        entries = () if spec is None else tuple(spec)
+        axes.append(tuple(() if e is None else _axes(e) for e in entries))
+    set_user_axes(function, axes)

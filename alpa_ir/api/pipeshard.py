@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from alpa_ir.api.manual_sharding import ManualShardingOption
 from alpa_ir.api.sharding_options import AutoShardingOption
 from alpa_ir.dialects.sharding import ShardingSpec
 from alpa_ir.errors import AlpaError
@@ -316,6 +317,17 @@ class PipeshardParallel:
     stage's forward, then of its apply-grad); a None leaves that input to the
     planner. A plan for another batch size can so keep an earlier plan's
     layouts."""
+    manual_sharding_option: ManualShardingOption | None = None
+    """Alpa's option: the specs of the step's inputs (``in_axis_resources``,
+    ``PartitionSpec`` trees naming mesh axes), given to every stage function
+    that takes them on its mesh (its axis names from ``submesh_axis_names``,
+    else ``mesh_axis_names``), and ``pipeline_intermediate_axes`` splitting
+    the activations stages pass forward. As in Alpa's pipelines (pjit's
+    convention, unlike :class:`ShardParallel`'s), a None leaf is replicated;
+    all the rest is left to the planner. ``out_axis_resources`` is not
+    supported here. With ``enable_auto_sharding=False`` the stages are still
+    planned by the ILP around the given specs (Alpa only propagates them):
+    a pipeline has no propagation-only path here."""
 
     def __post_init__(self) -> None:
         given = self.stage_input_shardings
@@ -382,6 +394,23 @@ class PipeshardParallel:
         if self.backend not in ("xla", "ray", None):
             raise AlpaError(f"backend must be 'xla' or 'ray', got {self.backend!r}")
         check_memory_option(self.device_memory, "PipeshardParallel(device_memory=...)")
+        manual = self.manual_sharding_option
+        if manual is not None:
+            if not isinstance(manual, ManualShardingOption):
+                raise AlpaError(
+                    "manual_sharding_option must be a ManualShardingOption, got "
+                    f"{type(manual).__name__}"
+                )
+            if manual.mesh_axis_names is None and manual.submesh_axis_names is None:
+                raise AlpaError(
+                    "ManualShardingOption: PipeshardParallel needs mesh_axis_names or "
+                    "submesh_axis_names to read the specs' axis names"
+                )
+            if manual.out_axis_resources is not None:
+                raise AlpaError(
+                    "ManualShardingOption: out_axis_resources is not supported by "
+                    "PipeshardParallel (only ShardParallel); give in_axis_resources"
+                )
 
     @property
     def chunks_per_mesh(self) -> int:

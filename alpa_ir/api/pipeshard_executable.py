@@ -466,6 +466,11 @@ def plan_pipeshard(
         batch_argnums=batch_argnums, unroll_differentiated_loops=True, concatenated_outputs=True,
     )  # fmt: skip
     module = imported.module
+    manual = method.manual_sharding_option
+    if manual is not None and manual.in_axis_resources is not None:
+        from alpa_ir.api.manual_sharding import annotate_user_axes
+
+        annotate_user_axes(main_function(module), arguments.arrays, manual.in_axis_resources)
     # a large step's costing workers import the compiler while the layers are found
     with StartedWorkers(pipeline.early_workers(num_ops(main_function(module)))) as started:
         return _plan_imported(

@@ -88,11 +88,30 @@ class PipeshardPipeline:
             forced = f' input-specs="{format_stage_specs(given)}"'  # type: ignore[arg-type]
         return [
             self._stage_pass(num_layers, schedules),
-            f'shard-stages{{stage-pipeline="{inner}"{self._stage_pipelines()}{forced}}}',
+            f'shard-stages{{stage-pipeline="{inner}"{self._stage_pipelines()}{forced}'
+            f"{self._manual_axes()}}}",
             *self._split_pass(),
             crossing,
             "emit-instructions",
         ]
+
+    def _manual_axes(self) -> str:
+        """``shard-stages``' ``mesh-axis-names`` and ``intermediate-axes`` from
+        the method's ``ManualShardingOption`` ('' without one)."""
+        manual = self.method.manual_sharding_option
+        if manual is None:
+            return ""
+        from alpa_ir.pipeline.manual_stage_specs import (
+            format_intermediate_axes,
+            format_mesh_axis_names,
+        )
+
+        names = manual.submesh_axis_names or (manual.mesh_axis_names,)
+        text = f' mesh-axis-names="{format_mesh_axis_names(names)}"'  # type: ignore[arg-type]
+        if manual.pipeline_intermediate_axes:
+            axes = format_intermediate_axes(manual.pipeline_intermediate_axes)
+            text += f' intermediate-axes="{axes}"'
+        return text
 
     def _stage_pipelines(self) -> str:
         """``shard-stages``' ``stage-pipelines`` option where a

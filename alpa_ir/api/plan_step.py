@@ -143,6 +143,13 @@ def plan_step(
     ):
         mesh = mesh.flattened()
     manual = getattr(method, "manual_sharding_option", None)
+    if manual is not None and (
+        manual.submesh_axis_names is not None or manual.pipeline_intermediate_axes is not None
+    ):
+        raise AlpaError(
+            "ManualShardingOption: submesh_axis_names and pipeline_intermediate_axes are for "
+            f"PipeshardParallel's stages; {type(method).__name__} has one mesh"
+        )
     if manual is not None and manual.mesh_axis_names is not None:
         if len(manual.mesh_axis_names) != mesh.rank:
             raise AlpaError(
