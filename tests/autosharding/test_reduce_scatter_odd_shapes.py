@@ -11,11 +11,12 @@ not divide by the mesh:
   ``data_parallel_reduce_scatter`` test counted its one all-reduce on this
   bias (the LM head's), not on the table Alpa keeps (below);
 - a table of 2 rows on 4 devices (BERT's token-type embedding) is split along
-  its second dim. Alpa splits such a table along its rows only, so it keeps
-  its all-reduce and whole state (Alpa's test_bert
-  ``mlm_data_parallel_reduce_scatter`` asserts that one all-reduce; its
-  ZeRO-3 twin names ``token_embed`` as the table left unsharded). Same bytes
-  moved either way; this plan holds a quarter of that state per device.
+  its second dim. Alpa leaves it whole, by every sign because it splits a
+  table along its rows only: its test_bert ZeRO-3 twin names ``token_embed``
+  as the one table left unsharded, and ``mlm_data_parallel_reduce_scatter``
+  asserts one all-reduce and at most one parameter's Adam state unsharded.
+  Same bytes moved either way; this plan holds a quarter of that state per
+  device.
 """
 
 from __future__ import annotations
