@@ -476,14 +476,18 @@ def _solve_at(problem: _Problem, t_max: float, start: list[int]) -> _Solve | Non
     (at least to that plan's stage count, which the next relaxation then checks
     exactly) until it is exact. The DP's work is proportional to the states,
     and the best plans of real pipelines have few stages, so most solves need
-    a small cap. ``start``: the cap to begin with, updated to the one that sufficed.
+    a small cap. ``start``: the cap to begin with, updated to the one that sufficed
+    where a plan was found (a ``t_max`` with none may have grown the cap to the
+    exact counter, chasing relaxed plans of many stages; the next ``t_max``
+    starts low again).
     """
     exact = problem.num_states - 1
     cap = min(start[0], exact)
     while True:
         solve = _solve_capped(problem, t_max, cap)
         if solve is None or cap == exact or _meets_limits(problem, solve.stages):
-            start[0] = cap
+            if solve is not None:
+                start[0] = cap
             return solve
         cap = min(exact, max(2 * cap, len(solve.stages)))
 

@@ -68,6 +68,7 @@ from alpa_ir.pipeline.virtual_layout import (
     balance_chunks,
     chunk_layout,
     load_bound,
+    memory_floor,
 )
 
 LATENCY_ATTR = "construct_stages.latency"
@@ -256,7 +257,7 @@ def schedule_plans(
         table, plan, num_micro_batches, schedule, VIRTUAL_STAGES[schedule], submeshes
     )
     if not plans:
-        return str(found) if plan is None else "no mesh split has the layers"
+        return str(found) if plan is None else "no mesh split has the layers and fits in memory"
     return plans
 
 
@@ -285,6 +286,19 @@ def _simulated(
     """``plan`` timed and sized by the simulator under ``schedule``. A
     list-scheduled order is built with the stages' phase times and with unit
     times (both greedy; neither always wins): the faster is the plan's."""
+    floors = held_floors(plan)
+    held = max(floors, default=0.0)
+    if held > table.cluster.device_memory:  # the simulator's check would fail: skip its orders
+        k = floors.index(held)
+        return ScheduleCandidate(
+            schedule,
+            plan,
+            peak_memory=held,
+            note=f"simulate: mesh {k} is out of memory under {schedule}: it needs at least "
+            f"{format_gib(held)} per device (its stages' persistent bytes, largest transient "
+            f"and one micro-batch's largest activations), the device has "
+            f"{format_gib(table.cluster.device_memory)}",
+        )
     try:
         sim = stage_sim_plan(table, plan.stages, num_micro_batches, schedule, remat, plan.mesh_of)
         sims = [sim] if sim.phase_times is None else [sim, replace(sim, phase_times=None)]
@@ -292,6 +306,23 @@ def _simulated(
     except AlpaError as error:  # the schedule cannot run these sizes
         return ScheduleCandidate(schedule, None, note=str(error))
     return min(tried, key=lambda c: (not c.fits, c.iteration_time))
+
+
+def held_floors(plan: StagePlan) -> list[float]:
+    """Per mesh of ``plan``, a floor on the bytes per device the simulator finds
+    at its peak under any schedule: its stages' persistent bytes, the largest
+    transient and the largest one micro-batch's activations (each forward holds
+    them until its backward)."""
+    of = plan.mesh_of or tuple(range(len(plan.stages)))
+    out = []
+    for k in dict.fromkeys(of):
+        mine = [s.cost for s, m in zip(plan.stages, of, strict=True) if m == k]
+        out.append(
+            sum(c.persistent for c in mine)
+            + max(c.transient for c in mine)
+            + max(c.activations for c in mine)
+        )
+    return out
 
 
 def _simulated_order(plan: StagePlan, sim: SimPlan) -> ScheduleCandidate:
@@ -356,6 +387,9 @@ def virtual_plans(
     configs = [] if plan is None else [[VirtualMesh(s.submesh, s.mesh) for s in plan.stages]]
     configs += _equal_splits(table, submeshes)
     configs = [m for m in configs if len(m) * chunks <= table.num_layers]
+    # a split whose fullest mesh must hold more than a device has never fits:
+    # its balance would overflow and its simulation fail (dropping it is exact)
+    configs = [m for m in configs if memory_floor(table, m) <= table.cluster.device_memory]
     bounds = [load_bound(table, m) for m in configs]
     balanced = []
     fitting: list[float] = []

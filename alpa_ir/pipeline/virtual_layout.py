@@ -201,6 +201,25 @@ def load_bound(table: StageCostTable, meshes: Sequence[VirtualMesh]) -> float:
     return best
 
 
+def memory_floor(table: StageCostTable, meshes: Sequence[VirtualMesh]) -> float:
+    """A floor on the persistent bytes per device of the fullest of ``meshes``
+    under any cut of the layers into chunks and any plan choice: the device
+    bytes (bytes per device times devices) add up over the meshes, and each
+    layer holds at least its cheapest option's, so some mesh holds at least
+    their sum over all the devices. Only ``layer-sum`` tables (a range's
+    persistent bytes are its layers' sum); 0 for others."""
+    if table.internal is None:
+        return 0.0
+    devices = sum(m.submesh[0] * m.submesh[1] for m in meshes)
+    least = np.full(table.num_layers, np.inf)
+    for shape, size in {(tuple(m.mesh.shape), m.submesh[0] * m.submesh[1]) for m in meshes}:
+        for k in range(table.num_layers):
+            cost = table.cost(k, k, shape)
+            held = min(cost.persistent, (cost.memory_saving or cost).persistent)
+            least[k] = min(least[k], held * size)
+    return float(least.sum()) / devices
+
+
 @dataclass(frozen=True)
 class ChunkLayout:
     """:func:`balance_chunks`' result: the chunks in pipeline order, the bytes
@@ -266,4 +285,5 @@ __all__ = [
     "balance_chunks",
     "chunk_layout",
     "load_bound",
+    "memory_floor",
 ]

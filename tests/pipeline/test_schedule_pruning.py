@@ -1,6 +1,7 @@
 """The schedule chosen with the stages, pruned (issue #42): a plan is simulated
-only if its busiest mesh alone could still beat the best step found so far,
-and the pruned search returns the unpruned one's plan."""
+only if its busiest mesh alone could still beat the best step found so far
+and its meshes could hold their stages, a mesh split is balanced only if its
+fullest mesh could fit, and the pruned search returns the unpruned one's plan."""
 
 from __future__ import annotations
 
@@ -13,13 +14,17 @@ from alpa_ir.costs.stage_table import StageCostTable, ViewCost, submesh_views
 from alpa_ir.errors import PlanError
 from alpa_ir.hardware.clusters import Cluster, ClusterLevel
 from alpa_ir.pipeline.pipeline_replicas import plan_replicated
-from alpa_ir.pipeline.schedule_choice import AUTO_SCHEDULES
+from alpa_ir.pipeline.pipeline_simulation import simulate
+from alpa_ir.pipeline.schedule_choice import AUTO_SCHEDULES, stage_sim_plan
 from alpa_ir.pipeline.stage_construction import (
+    _equal_splits,
     _simulated,
     busy_bound,
     choose_schedule,
+    held_floors,
     schedule_plans,
 )
+from alpa_ir.pipeline.virtual_layout import balance_chunks, chunk_layout, memory_floor
 
 
 def _cluster(nodes: int, memory: float) -> Cluster:
@@ -129,3 +134,64 @@ def test_pruned_replicated_search_finds_the_unpruned_plan(seed: int, layer_sum: 
             for c in r.plan.candidates
         ) or any("not simulated" in r.note for r in pruned.candidates)
     assert skipped
+
+
+@pytest.mark.parametrize(("seed", "memory"), [(0, 450.0), (1, 450.0), (2, 700.0)])
+def test_memory_floors_are_floors(seed: int, memory: float) -> None:
+    """A mesh split's memory_floor is below the persistent bytes of its fullest
+    mesh however the chunks are cut (balance_chunks' cut here), and a plan's
+    held_floors are below the peaks the simulator finds on its meshes."""
+    table = _table(_cluster(2, memory), 7, seed, layer_sum=True)
+    checked = 0
+    for schedule in ("interleaved-1f1b", "zb-v"):
+        for meshes in _equal_splits(table, None):
+            layout = chunk_layout(schedule, len(meshes), 2)
+            if len(layout) > table.num_layers:
+                continue
+            found = balance_chunks(table, meshes, layout, schedule, 8)
+            held = [0.0] * len(meshes)
+            for chunk in found.chunks:
+                cost = table.cost(chunk.first, chunk.last, tuple(meshes[chunk.mesh].mesh.shape))
+                if chunk.choice and cost.memory_saving is not None:
+                    cost = cost.memory_saving
+                held[chunk.mesh] += cost.persistent
+            assert memory_floor(table, meshes) <= max(held) * (1 + 1e-12)
+            checked += 1
+    assert checked >= 4
+    for schedule in AUTO_SCHEDULES:
+        plans = schedule_plans(table, 8, schedule)
+        for plan in [] if isinstance(plans, str) else plans:
+            sim = stage_sim_plan(table, plan.stages, 8, schedule, True, plan.mesh_of)
+            peaks = simulate(sim, check_memory=False).peak_memory
+            assert all(f <= p * (1 + 1e-12) for f, p in zip(held_floors(plan), peaks, strict=True))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_memory_floors_keep_the_plan(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """choose_schedule with the memory floors (splits that cannot fit are not
+    balanced, plans that cannot fit are not simulated) and without them: the
+    same choice; the floors dropped something on these instances."""
+    import alpa_ir.pipeline.stage_construction as construction
+
+    dropped = 0
+    for memory in (300.0, 450.0):
+        table = _table(_cluster(4, memory), 9, seed, layer_sum=True)
+        dropped += sum(memory_floor(table, m) > memory for m in _equal_splits(table, None))
+        try:
+            with_floors = choose_schedule(table, 16, remat=True)
+        except PlanError:
+            with_floors = None
+        with monkeypatch.context() as patch:
+            patch.setattr(construction, "memory_floor", lambda table, meshes: 0.0)
+            patch.setattr(construction, "held_floors", lambda plan: [0.0])
+            try:
+                without = choose_schedule(table, 16, remat=True)
+            except PlanError:
+                assert with_floors is None
+                continue
+        assert with_floors is not None
+        assert with_floors[0].schedule == without[0].schedule
+        assert with_floors[0].iteration_time == without[0].iteration_time
+        assert _key(with_floors[0].plan) == _key(without[0].plan)
+        assert with_floors[0].plan.mesh_of == without[0].plan.mesh_of  # type: ignore[union-attr]
+    assert dropped
