@@ -274,8 +274,33 @@ def busy_bound(plan: StagePlan, num_micro_batches: int) -> float:
     return num_micro_batches * max(loads.values(), default=0.0)
 
 
+def step_floor(
+    table: StageCostTable, plan: StagePlan, num_micro_batches: int, remat: bool
+) -> float:
+    """A floor on ``plan``'s simulated step under any schedule, at least
+    :func:`busy_bound`'s: a mesh starts nothing before the first micro-batch's
+    forward has passed every chunk ahead of its first chunk (each forward
+    waits for the one before it; transfers only add), then runs its
+    ``num_micro_batches`` times its stages' latencies. The forward of a stage
+    is its share of the latency as the simulator is given it
+    (:func:`~alpa_ir.pipeline.schedule_choice.phase_times`)."""
+    of = plan.mesh_of or tuple(range(len(plan.stages)))
+    shares = table.phase_shares()
+    loads: dict[int, float] = {}
+    ahead: dict[int, float] = {}
+    before = 0.0
+    for stage, k in zip(plan.stages, of, strict=True):
+        ahead.setdefault(k, before)
+        loads[k] = loads.get(k, 0.0) + stage.cost.latency
+        forward = float(shares[stage.first, stage.last, 0])
+        if remat:  # as phase_times: the recomputed forward is part of B
+            forward /= 1.0 + forward
+        before += forward * stage.cost.latency
+    return max((ahead[k] + num_micro_batches * load for k, load in loads.items()), default=0.0)
+
+
 PRUNE_MARGIN = 1e-6
-"""A plan is left unsimulated only when its :func:`busy_bound` exceeds the step
+"""A plan is left unsimulated only when its :func:`step_floor` exceeds the step
 to beat by more than this share (rounding of the two sums cannot flip a choice;
 :func:`choose_schedule`'s ties are within 1e-9)."""
 
@@ -436,7 +461,7 @@ def choose_schedule(
 
     ``bound`` (seconds; None: every plan simulated, as before): branch and
     bound. Every schedule's plans are built first (the DPs and the chunk
-    cuts), then simulated in the order of their :func:`busy_bound`, and a plan
+    cuts), then simulated in the order of their :func:`step_floor`, and a plan
     whose floor exceeds the fastest fitting step found so far, or ``bound``
     (a step the caller already has), is not simulated: it could not be chosen
     (its schedule's candidate is then the fastest of its simulated plans, or
@@ -506,7 +531,7 @@ def _bounded_candidates(
                 solved=solved,
             )
         queue = sorted(
-            (busy_bound(p, num_micro_batches), k, j)
+            (step_floor(table, p, num_micro_batches, remat), k, j)
             for k in mine
             if not isinstance(built[k], str)
             for j, p in enumerate(built[k])  # type: ignore[arg-type]
@@ -527,7 +552,7 @@ def _bounded_candidates(
         elif mine:  # in the plans' order, as evaluate_schedule breaks ties
             out.append(_fastest_plan([c for _, c in sorted(mine, key=lambda x: x[0])]))
         else:
-            floor = min(busy_bound(p, num_micro_batches) for p in plans)
+            floor = min(step_floor(table, p, num_micro_batches, remat) for p in plans)
             note = f"not simulated: at least {floor:.6g} s, beyond the {best:.6g} s to beat"
             out.append(ScheduleCandidate(s, None, note=note))
     return out
@@ -787,6 +812,7 @@ __all__ = [
     "plan_stages",
     "schedule_plans",
     "solve_stages",
+    "step_floor",
     "virtual_plans",
     "write_plan",
 ]

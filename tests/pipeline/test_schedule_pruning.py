@@ -23,6 +23,7 @@ from alpa_ir.pipeline.stage_construction import (
     choose_schedule,
     held_floors,
     schedule_plans,
+    step_floor,
 )
 from alpa_ir.pipeline.virtual_layout import balance_chunks, chunk_layout, memory_floor
 
@@ -74,7 +75,8 @@ INSTANCES = [(seed, memory) for seed in range(3) for memory in (800.0, 1e9)]
 
 @pytest.mark.parametrize(("seed", "memory"), INSTANCES)
 def test_the_busiest_mesh_bounds_every_simulated_step(seed: int, memory: float) -> None:
-    """busy_bound is a floor: no schedule's simulated plan runs faster."""
+    """busy_bound and step_floor (with the forward ahead of each mesh) are
+    floors: no schedule's simulated plan runs faster."""
     table = _table(_cluster(2, memory), 7, seed)
     checked = 0
     for schedule in AUTO_SCHEDULES:
@@ -85,6 +87,9 @@ def test_the_busiest_mesh_bounds_every_simulated_step(seed: int, memory: float) 
             found = _simulated(table, plan, 8, schedule, True)
             if found.fits:
                 assert found.iteration_time >= busy_bound(plan, 8) * (1 - 1e-12)
+                floor = step_floor(table, plan, 8, True)
+                assert floor >= busy_bound(plan, 8)
+                assert found.iteration_time >= floor * (1 - 1e-12)
                 checked += 1
     assert checked >= 3
 
