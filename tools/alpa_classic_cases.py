@@ -69,34 +69,35 @@ def all_reduce_cost(mesh: Any, nbytes: float, axis: int) -> float:
     return mesh.alpha[axis] + mesh.beta[axis] * 2 * (n - 1) / n * nbytes + 0.01
 
 
-def alpa_price(collectives: Sequence[Any], mesh: Any) -> float:
-    """A plan's collectives (``predicted_collectives()``) priced with Alpa's
-    formulas: all-reduce, all-gather and reduce-scatter on the bytes each device
-    holds, all-to-all on the whole tensor (each device's part times the group:
-    Alpa's convention, as in its test_moe_layer closed form). A collective over
-    every device of a 2-d mesh is priced on the flattened mesh (the slowest α and
-    β, Alpa's two-axis ``AllReduceCost``); one over a group of an axis's size on
-    the costlier such axis."""
+def alpa_price(function: Any, mesh: Any) -> float:
+    """The collectives of a planned ``function`` (an executable's ``function``)
+    priced with Alpa's formulas, each on the mesh axes it runs over:
+    all-reduce, all-gather and reduce-scatter on the bytes each device holds,
+    all-to-all on the whole tensor (each device's part times the group: Alpa's
+    convention, as in its test_moe_layer closed form). A collective over both
+    axes of a 2-d mesh is priced on the flattened mesh (the slowest α and β,
+    Alpa's two-axis ``AllReduceCost``)."""
+    from alpa_ir.autosharding.plan_bytes import op_collectives
+    from alpa_ir.dialects.sharding import CollectiveOp
+
     price = 0.0
-    for c in collectives:
-        if c.group_size <= 1:
+    for op in function.body.block.ops:
+        if not isinstance(op, CollectiveOp):
+            if op_collectives(op, function, mesh.shape):
+                raise ValueError(f"alpa_price: no Alpa formula for {op.name}")
             continue
-        axes = [a for a, n in enumerate(mesh.shape) if n == c.group_size]
-        if axes:
-            view, axis = mesh, max(axes, key=lambda a: (mesh.beta[a], mesh.alpha[a]))
-        else:
-            view, axis = mesh.flattened(), 1
-        cost = {
-            "all-reduce": view.all_reduce_cost,
-            "all-gather": view.all_gather_cost,
-            "reduce-scatter": view.reduce_scatter_cost,
-        }.get(c.kind)
-        if c.kind == "all-to-all":
-            price += c.count * view.all_to_all_cost(c.bytes * c.group_size, axis)
-        elif cost is not None:
+        for c in op_collectives(op, function, mesh.shape):
+            axes = [a for a in op.mesh_axes if mesh.shape[a] > 1]
+            view, axis = (mesh, axes[0]) if len(axes) == 1 else (mesh.flattened(), 1)
+            if c.kind == "all-to-all":
+                price += c.count * view.all_to_all_cost(c.bytes * c.group_size, axis)
+                continue
+            cost = {
+                "all-reduce": view.all_reduce_cost,
+                "all-gather": view.all_gather_cost,
+                "reduce-scatter": view.reduce_scatter_cost,
+            }[c.kind]
             price += c.count * cost(c.bytes, axis)
-        else:
-            raise ValueError(f"alpa_price: no Alpa formula for a {c.kind}")
     return price
 
 
@@ -377,7 +378,7 @@ def run_case(case: ClassicCase, allow_all_to_all: bool = True) -> dict[str, Any]
         "ours": ours,
         "alpa": expected,
         "ratio": ours / expected,
-        "ours_at_alpa": alpa_price(collectives, mesh),
+        "ours_at_alpa": alpa_price(executable.function, mesh),
         "collectives": dict(Counter(c.kind for c in collectives)),
     }
 
