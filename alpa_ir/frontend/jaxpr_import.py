@@ -231,7 +231,14 @@ class _BlockEmitter:
     def _barrier(self, eqn: Any, inputs: list[SSAValue], backward: bool) -> list[SSAValue]:
         """The inputs of a rematerialized computation through an
         ``optimization_barrier``, as JAX lowers ``jax.checkpoint``: XLA may then
-        not merge the recomputation with the forward computation it repeats."""
+        not merge the recomputation with the forward computation it repeats.
+        The inputs of a transposed checkpoint include its cotangents, so on GPU
+        (barrier expanded after scheduling) the recomputation runs in the
+        backward pass. XLA on CPU expands barriers before scheduling
+        (``cse_barrier_expander``), as for plain ``jax.jit``: the recomputation
+        may run during the forward pass, and ``cpu-all-reduce-combiner`` then
+        merges its all-reduces with the forward's (Alpa's
+        test_bert_layer_model_parallel_remat: 11 all-reduced tensors in 9 ops)."""
         op = PRIMITIVE_OPS["optimization_barrier"].create(
             operands=inputs, result_types=[v.type for v in inputs]
         )
