@@ -232,17 +232,13 @@ class StageCostTable:
                             out[n][c, i, j] = getattr(choice, n)
             return out
         layers = [self.cost(k, k, shape) for k in range(num)]
-        # an expanded table's layers share cost objects: read each distinct one once
-        distinct: dict[int, int] = {}
-        index = np.array([distinct.setdefault(id(c), len(distinct)) for c in layers], dtype=np.intp)
-        unique = list({id(c): c for c in layers}.values())
         per_layer = {
             n: np.array(
                 [
-                    [getattr(c, n) for c in unique],
-                    [getattr(c.memory_saving or c, n) for c in unique],
+                    [getattr(c, n) for c in layers],
+                    [getattr(c.memory_saving or c, n) for c in layers],
                 ]
-            )[:, index]
+            )
             for n in names
         }  # [choice, layer]
         upper = np.triu(np.ones((num, num), dtype=bool))
