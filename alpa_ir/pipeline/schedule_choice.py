@@ -74,10 +74,17 @@ def dp_latencies(
 
 
 def phase_times(
-    table: StageCostTable, first: int, last: int, compute: float, remat: bool
+    table: StageCostTable,
+    first: int,
+    last: int,
+    compute: float,
+    remat: bool,
+    shares: np.ndarray | None = None,
 ) -> tuple[float, float, float]:
-    """A stage's forward, B and W seconds per micro-batch from its compute latency."""
-    f, b, w = (float(x) for x in table.phase_shares()[first, last])
+    """A stage's forward, B and W seconds per micro-batch from its compute
+    latency (``shares``: ``table.phase_shares()``, where the caller has it)."""
+    shares = table.phase_shares() if shares is None else shares
+    f, b, w = (float(x) for x in shares[first, last])
     if remat:  # the backward recomputes the forward: one more forward in B
         total = 1.0 + f
         f, b, w = f / total, (b + f) / total, w / total
@@ -139,9 +146,10 @@ def stage_sim_plan(
         else cluster.hbm_bandwidth * MEMORY_EFFICIENCY
     )
     sim = []
+    shares = table.phase_shares()  # once: the ranges' shares of every stage
     for s in stages:
         cost = s.cost  # type: ignore[attr-defined]
-        f, b, w = phase_times(table, s.first, s.last, cost.latency, remat)  # type: ignore[attr-defined]
+        f, b, w = phase_times(table, s.first, s.last, cost.latency, remat, shares)  # type: ignore[attr-defined]
         sim.append(
             SimStage(
                 forward=f,
