@@ -38,6 +38,8 @@ def canonical_devices(system: System, devices: Sequence[int]) -> tuple[int, ...]
     """``devices`` renumbered level by level (module doc): equal results, equal
     simulated times of any collective over the same positions of the list."""
     ids = np.asarray(devices, dtype=np.int64).reshape(-1)
+    if ids.size == 0 or ids.min() < 0 or ids.max() >= system.num_devices:
+        return tuple(int(d) for d in ids)  # no device of the system: left as it is (and refused)
     cards = system.hierarchy
     digits = []
     rest = ids

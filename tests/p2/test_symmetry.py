@@ -56,6 +56,8 @@ def test_only_plain_switch_levels_are_renumbered() -> None:
     assert canonical_devices(v100, [8, 10]) == (0, 2)
     assert canonical_devices(v100, [8, 9]) == (0, 1)
     assert _times(v100, np.array([[0, 2]])) != _times(v100, np.array([[0, 1]]))
+    # ids outside the system keep their numbers (the simulator refuses them)
+    assert canonical_devices(v100, [8, 40]) == (8, 40)
 
 
 def test_calibrated_lines_shared_by_stage_places() -> None:
