@@ -118,3 +118,25 @@ def test_published_suite_options(
         main(argv)
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("argv", "schedule"),
+    [
+        (["--suite=llama3"], "auto"),
+        (["--suite=llama3", "--schedule=1f1b"], "1f1b"),
+        (["--suite=megatron"], "1f1b"),
+    ],
+)
+def test_the_llama3_suite_chooses_the_schedule_by_default(
+    argv: list[str], schedule: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--schedule's default is the suite's: auto for llama3, 1F1B elsewhere."""
+    import alpa_ir.tools.alpa_bench as alpa_bench
+
+    seen: list[str] = []
+    monkeypatch.setattr(
+        alpa_bench, "_published_main", lambda parser, args: seen.append(args.schedule) or 0
+    )
+    assert alpa_bench.main(argv) == 0
+    assert seen == [schedule]
