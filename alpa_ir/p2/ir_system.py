@@ -5,6 +5,11 @@ mesh's ``p2.system`` attribute (written by ``synthesize-placement``), or from th
 ``mesh.cluster`` its ``cluster`` property names. A cluster level becomes one switched
 interconnect of that level; a ``shared`` level has one port per unit (a node's NIC), an
 unshared one a link per device below, modelled as one port of their summed bandwidth.
+A transfer across an outer level (a tier of a fat tree: scalable units, pods) also crosses
+the ports of every level between it and the innermost one at both ends (``through``): it
+leaves its node by the node's NICs and its unit by the unit's uplinks, so its NIC's
+bandwidth bounds it wherever its peer sits. Only the innermost level (the devices' own links
+inside a node) is off that path.
 
 The placement of a mesh is its ``placement`` property (P²'s matrix: rows = mesh axes,
 columns = hardware levels); without one, the matrix whose device order is the mesh's
@@ -44,11 +49,16 @@ def system_from_cluster(cluster: ClusterOp) -> System:
     """A P² system with one switched interconnect per cluster level (see module doc)."""
     levels = tuple(Level(lv.level_name.data, lv.size.data) for lv in cluster.levels.data)
     cards = [level.cardinality for level in levels]
+    names = tuple(level.name for level in levels)
     links = []
     for j, lv in enumerate(cluster.levels.data):
         below = 1 if lv.shared.data else math.prod(cards[j + 1 :])
         bandwidth = lv.bandwidth.value.data * below
-        links.append(Interconnect(lv.level_name.data, j, bandwidth, lv.latency.value.data))
+        # a transfer across a network tier also leaves through the ports of every tier
+        # below it, down to the node's NICs, at both ends; the innermost level (the
+        # devices' own links in a node) is not on that path (GPUDirect RDMA)
+        through = names[j + 1 : len(names) - 1]
+        links.append(Interconnect(names[j], j, bandwidth, lv.latency.value.data, through=through))
     return System(cluster.sym_name.data, levels, tuple(links))
 
 
