@@ -64,14 +64,6 @@ class StrategyGraph:
     alias: dict[SSAValue, SSAValue]
     # Values by which op they are consumed: (consumer op, operand index) -> resolved value.
     uses: list[tuple[Operation, int, SSAValue]]
-    output_ties: dict[int, np.ndarray] = field(default_factory=dict)
-    """Per node defining a returned value, the tie-breaking penalty of each
-    strategy the planner added (:mod:`alpa_ir.autosharding.tie_breaks`)."""
-    dead_costs: dict[int, np.ndarray] = field(default_factory=dict)
-    """Per dead node (made free for the solver), its own costs, by which its
-    strategy is picked after the solve (:mod:`alpa_ir.autosharding.tie_breaks`)."""
-    dead_edges: tuple[object, ...] = ()
-    """The edges into dead nodes, with their costs (``solvers.ilp.Edge``)."""
 
 
 def _itemsize(value: SSAValue) -> int:

@@ -56,7 +56,6 @@ from alpa_ir.autosharding.graph_copy import ModuleCopy, copy_module
 from alpa_ir.autosharding.hints import HINT_COST_ATTR, hint_specs
 from alpa_ir.autosharding.problem import Aliasing, build_problem
 from alpa_ir.autosharding.resharding import INF, ReshardCoster, ReshardOptions
-from alpa_ir.autosharding.tie_breaks import pick_dead, settle_free_choices
 from alpa_ir.dialects.attrs import BATCH_ATTR, GROUP_ATTR
 from alpa_ir.dialects.lax_attrs import ints_of
 from alpa_ir.dialects.mesh import MESH_ATTR, LogicalMeshOp
@@ -327,8 +326,7 @@ class ShardingPlanner:
                 node_scale=node_scale,
                 coster=coster,
             )
-            aliased = {a.output for a in aliases_of(function)}
-            return graph, settle_free_choices(graph, problem, function, mesh.shape, aliased)
+            return graph, problem
 
         graph, problem = build(hinted=True)
         solver = self._solver(registry.get("solvers", self.options.solver)())
@@ -378,7 +376,7 @@ class ShardingPlanner:
                 registry.get("solvers", variant.solver)(),
                 other._arg_cost(mesh, batch, given),
             )
-        apply_plan(function, graph, pick_dead(graph, solution.choice), aliases_of(function))
+        apply_plan(function, graph, solution.choice, aliases_of(function))
         function.attributes[OBJECTIVE_ATTR] = FloatAttr(objective, f64)
         record_statistic(ctx, STATISTICS_NAME, "num-nodes", len(graph.nodes), "nodes of the ILP")
         record_statistic(ctx, STATISTICS_NAME, "num-variables", variables, "ILP choice variables")
@@ -535,9 +533,7 @@ class PlanVariant:
         # they do not fit fails this plan only, not the first
         solver = self.planner._solver(self.solver)
         solution = solve_ilp(solver, problem, tied, options.time_limit)
-        graph, choice = self.copy.graph_of_choice(
-            self.graph, pick_dead(self.graph, solution.choice)
-        )
+        graph, choice = self.copy.graph_of_choice(self.graph, solution.choice)
         function = self.copy.function
         apply_plan(function, graph, choice, aliases_of(function))
         objective = _without_tie_breaks(solution.objective, self.graph, solution.choice)
@@ -563,15 +559,14 @@ def batch_leaves_with_rows(function: func.FuncOp, batch: Sequence[int]) -> set[i
 
 
 def _without_tie_breaks(objective: float, graph: object, choice: Sequence[int]) -> float:
-    """The objective less the tie-breaking penalties of the arguments and of
-    the fresh outputs (which prefer the plan that keeps less of them on each
-    device): what the plan's communication costs, 0 for a plan without any."""
+    """The objective less the arguments' tie-breaking penalties (which prefer
+    the plan that keeps less of the inputs on each device): what the plan's
+    communication costs, 0 for a plan without any."""
     ties = sum(
         node.strategies[choice[node.index]].cost
         for node in graph.nodes  # type: ignore[attr-defined]
         if node.arg is not None and math.isfinite(node.strategies[choice[node.index]].cost)
     )
-    ties += sum(float(t[choice[n]]) for n, t in graph.output_ties.items())  # type: ignore[attr-defined]
     return max(objective - ties, 0.0) if abs(objective - ties) > 1e-12 else 0.0
 
 

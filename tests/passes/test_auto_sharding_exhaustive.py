@@ -38,21 +38,20 @@ def _two_layer(params: dict[str, jax.Array], batch: dict[str, jax.Array]) -> Any
 def _problem(
     step: Any, shapes: dict[str, tuple[int, ...]], mesh: str, monkeypatch: Any, options: str = ""
 ) -> Any:
-    """The ILP ``auto-sharding`` builds for ``step`` on ``mesh`` (merged ops),
-    as the solver gets it (dead code free, fresh outputs' ties added)."""
+    """The ILP ``auto-sharding`` builds for ``step`` on ``mesh`` (merged ops)."""
     rng = np.random.default_rng(0)
     arrays = {k: jnp.asarray(rng.normal(size=s), jnp.float32) for k, s in shapes.items()}
     params = {k: v for k, v in arrays.items() if k.startswith("w")}
     batch = {k: v for k, v in arrays.items() if not k.startswith("w")}
     module = alpa_ir.import_jax(step, params, batch, batch_argnums=(1,))
     captured: list[ILPProblem] = []
-    settle = auto_sharding.settle_free_choices
+    build = auto_sharding.build_problem
 
     def keep(*args: Any, **kwargs: Any) -> ILPProblem:
-        captured.append(settle(*args, **kwargs))
+        captured.append(build(*args, **kwargs))
         return captured[-1]
 
-    monkeypatch.setattr(auto_sharding, "settle_free_choices", keep)
+    monkeypatch.setattr(auto_sharding, "build_problem", keep)
     pipeline = f"builtin.module(merge-trivial-ops,auto-sharding{{mesh-shape={mesh}{options}}})"
     PassManager(default_registry(), pipeline).execute(module)
     (problem,) = captured
@@ -75,7 +74,7 @@ def test_real_module_plan_is_the_enumerated_optimum(name: str, monkeypatch: Any)
     reference = brute_force(problem)
     solution = MipSolver("cbc").solve(problem)
     assert solution.objective == pytest.approx(reference.objective, rel=1e-9, abs=1e-9)
-    # what the pass wrote is that optimum (less the tie-breaks)
+    # what the pass wrote is that optimum (less the arguments' tie-breaks)
     from alpa_ir.ir.module_utils import main_function
 
     written = main_function(module).attributes["sharding.objective"].value.data
