@@ -296,9 +296,17 @@ class _Reducer:
         return self._restrict(v, keep, reason, memory=True)
 
     def _check_live_set(self, k: int) -> None:
-        """Drop live set ``k`` if it holds for every plan."""
+        """Drop live set ``k`` if it holds for every plan; raise
+        :class:`Infeasible` if its members left it (each of a constant memory)
+        holding more than the budget: no plan fits it."""
         if k in self.live:
             tol = MEMORY_RTOL * max(abs(self.rhs[k]), self.maxsum[k], 1.0)
+            if not self.live[k] and self.rhs[k] < -tol:
+                raise Infeasible(
+                    -1,
+                    f"a live set's fixed memory exceeds the budget by {-self.rhs[k]:g} bytes",
+                    True,
+                )
             if self.maxsum[k] <= self.rhs[k] - tol or not self.live[k]:
                 self._drop_live_set(k)
 

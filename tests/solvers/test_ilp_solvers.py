@@ -346,3 +346,74 @@ def test_presolve_deciding_every_node_over_the_budget_reports_the_budget() -> No
         memory_budget=28.0,
     )
     _check_against_reference(problem, MipSolver(name="cbc"))
+
+
+def test_a_live_set_of_fixed_memory_over_the_budget_has_no_plan() -> None:
+    """Presolve takes nodes whose strategies left have one memory out of their
+    live sets, the set's budget shrinking by each; a set left empty and over
+    its budget means no plan fits. It was dropped as a set that always holds,
+    and cbc returned a plan over the budget (52 > 49): the case hypothesis
+    found in CI at c729588."""
+    problem = ILPProblem(
+        (
+            np.array([5.0, 6.0]),
+            np.array([8.0, 7.0]),
+            np.array([3.0, np.inf]),
+            np.array([3.0, np.inf, 7.0, 0.0]),
+            np.array([7.0, 5.0, 8.0]),
+            np.array([4.0, 5.0, 3.0]),
+            np.array([9.0, np.inf, 5.0]),
+            np.array([8.0, 6.0, 7.0]),
+            np.array([7.0, 2.0, 8.0]),
+            np.array([3.0, 8.0, np.inf]),
+            np.array([2.0, 2.0, 4.0]),
+        ),
+        (
+            Edge(0, 4, np.array([1.0, 3.0, 5.0, 1.0, 3.0, 5.0]).reshape(2, 3)),
+            Edge(7, 0, np.array([5.0, 6.0, np.inf, 6.0, 9.0, 7.0]).reshape(3, 2)),
+            Edge(
+                8,
+                3,
+                np.array(
+                    [0.0, 5.0, 5.0, 5.0, np.inf, 0.0, np.inf, 5.0, 5.0, 5.0, 0.0, 5.0]
+                ).reshape(3, 4),
+            ),
+            Edge(0, 7, np.array([4.0, 5.0, 5.0, 2.0, 3.0, 3.0]).reshape(2, 3)),
+            Edge(8, 0, np.array([np.inf, 6.0, 8.0, 8.0, 8.0, 8.0]).reshape(3, 2)),
+            Edge(1, 5, np.array([0.0, 5.0, 5.0, 5.0, 0.0, 5.0]).reshape(2, 3)),
+            Edge(
+                3,
+                6,
+                np.array([7.0, 3.0, 0.0, 6.0, 0.0, 8.0, 6.0, 8.0, 7.0, 2.0, 1.0, 9.0]).reshape(
+                    4, 3
+                ),
+            ),
+            Edge(1, 5, np.array([5.0, 8.0, 8.0, 4.0, 7.0, 7.0]).reshape(2, 3)),
+            Edge(5, 0, np.array([0.0, 5.0, 5.0, 0.0, 5.0, 5.0]).reshape(3, 2)),
+            Edge(7, 5, np.array([6.0, 4.0, 4.0, np.inf, 2.0, 2.0, 6.0, 4.0, 4.0]).reshape(3, 3)),
+            Edge(4, 10, np.array([8.0, 5.0, 7.0, 2.0, np.inf, 5.0, 6.0, 2.0, 2.0]).reshape(3, 3)),
+            Edge(
+                8, 4, np.array([2.0, np.inf, np.inf, 5.0, 4.0, 6.0, np.inf, 2.0, 4.0]).reshape(3, 3)
+            ),
+        ),
+        (
+            np.array([8.0, 17.0]),
+            np.array([16.0, 7.0]),
+            np.array([1.0, 1.0]),
+            np.array([15.0, 11.0, 4.0, 4.0]),
+            np.array([15.0, 9.0, 12.0]),
+            np.array([4.0, 4.0, 9.0]),
+            np.array([17.0, 14.0, 3.0]),
+            np.array([4.0, 1.0, 5.0]),
+            np.array([6.0, 11.0, 12.0]),
+            np.array([1.0, 9.0, 4.0]),
+            np.array([12.0, 11.0, 14.0]),
+        ),
+        ((0, 1, 4, 7, 8), (1, 3, 4, 5, 6, 8, 10)),
+        49.0,
+    )
+    with pytest.raises(MemoryBudgetError) as info:
+        brute_force(problem)
+    assert info.value.min_budget == pytest.approx(50.0)
+    for solver in SOLVERS:
+        _check_against_reference(problem, solver)
