@@ -19,11 +19,11 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, ModuleOp, StringAttr
 from xdsl.ir import Attribute, BlockArgument, SSAValue
 
-from alpa_ir.dialects.mesh import LogicalMeshOp, mesh_name_of
+from alpa_ir.dialects.mesh import LogicalMeshOp
 from alpa_ir.dialects.sharding import ShardingSpec
 from alpa_ir.errors import AlpaError
 from alpa_ir.ir.module_utils import main_function, symbol_op
-from alpa_ir.pipeline.stage_specs import _constrain
+from alpa_ir.pipeline.stage_specs import _constrain, main_calls
 
 USER_AXES_ATTR = "sharding.user_axes"
 """@main argument attribute: the user's spec as mesh axis names, one string per
@@ -147,14 +147,7 @@ def constrain_user_axes(
         )
     names_of = dict(zip(meshes, (tuple(n) for n in mesh_axis_names), strict=True))
     forward_mesh: dict[SSAValue, str] = {}
-    for call in main.body.block.ops:
-        if not isinstance(call, func.CallOp):
-            continue
-        name = call.callee.root_reference.data
-        function = symbol_op(module, name, func.FuncOp)
-        assert isinstance(function, func.FuncOp)
-        mesh = mesh_name_of(function)
-        assert mesh is not None, f"@{name} has no mesh"
+    for call, name, function, mesh in main_calls(module):
         mesh_op = symbol_op(module, mesh, LogicalMeshOp)
         assert isinstance(mesh_op, LogicalMeshOp)
         names, mesh_shape = names_of.get(mesh, ()), tuple(mesh_op.mesh_shape)

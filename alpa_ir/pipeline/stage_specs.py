@@ -20,7 +20,7 @@ chose.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, ModuleOp
@@ -53,12 +53,10 @@ def _constrain(function: func.FuncOp, given: dict[int, ShardingSpec]) -> None:
     function.arg_attrs = ArrayAttr([DictionaryAttr(e) for e in entries])
 
 
-def shard_in_call_order(module: ModuleOp, shard: Callable[[str], None]) -> None:
-    """Call ``shard(name)`` for every function ``@main`` calls, in call order,
-    after giving its arguments the layouts they already have on its mesh."""
-    main = main_function(module)
-    known: dict[tuple[SSAValue, str], ShardingSpec] = {}
-    for call in main.body.block.ops:
+def main_calls(module: ModuleOp) -> Iterator[tuple[func.CallOp, str, func.FuncOp, str]]:
+    """Each call of ``@main``, in order, with its callee's name, function and
+    mesh (every stage function of an outlined module has one)."""
+    for call in main_function(module).body.block.ops:
         if not isinstance(call, func.CallOp):
             continue
         name = call.callee.root_reference.data
@@ -66,6 +64,14 @@ def shard_in_call_order(module: ModuleOp, shard: Callable[[str], None]) -> None:
         assert isinstance(function, func.FuncOp)
         mesh = mesh_name_of(function)
         assert mesh is not None, f"@{name} has no mesh"
+        yield call, name, function, mesh
+
+
+def shard_in_call_order(module: ModuleOp, shard: Callable[[str], None]) -> None:
+    """Call ``shard(name)`` for every function ``@main`` calls, in call order,
+    after giving its arguments the layouts they already have on its mesh."""
+    known: dict[tuple[SSAValue, str], ShardingSpec] = {}
+    for call, name, function, mesh in main_calls(module):
         given = {k: known[(v, mesh)] for k, v in enumerate(call.operands) if (v, mesh) in known}
         if given:
             _constrain(function, given)
