@@ -59,6 +59,7 @@ from alpa_ir.pipeline.schedule_choice import (
     VIRTUAL_STAGES,
     ScheduleCandidate,
     dp_latencies,
+    phase_times,
     stage_sim_plan,
 )
 from alpa_ir.pipeline.stage_assignment import StageSlice, fresh_mesh_names
@@ -290,12 +291,10 @@ def step_floor(
     ahead: dict[int, float] = {}
     before = 0.0
     for stage, k in zip(plan.stages, of, strict=True):
+        latency = stage.cost.latency
         ahead.setdefault(k, before)
-        loads[k] = loads.get(k, 0.0) + stage.cost.latency
-        forward = float(shares[stage.first, stage.last, 0])
-        if remat:  # as phase_times: the recomputed forward is part of B
-            forward /= 1.0 + forward
-        before += forward * stage.cost.latency
+        loads[k] = loads.get(k, 0.0) + latency
+        before += phase_times(table, stage.first, stage.last, latency, remat, shares)[0]
     return max((ahead[k] + num_micro_batches * load for k, load in loads.items()), default=0.0)
 
 
