@@ -87,6 +87,7 @@ _EXPORTS: dict[str, str] = {
     "train": "alpa_ir.api.train",
     "RecoveryOption": "alpa_ir.api.train",
     "global_config": "alpa_ir.api.global_config",
+    "set_seed": "alpa_ir.api.random_seed",
     "DeviceCluster": "alpa_ir.compat.device_cluster",
     "get_global_cluster": "alpa_ir.compat.device_cluster",
     "LocalPhysicalDeviceMesh": "alpa_ir.compat.device_cluster",

@@ -18,6 +18,11 @@ Fields of Alpa's that change what happens here:
   when it is compiled.
 - ``use_local_allgather``: ``cross-mesh-resharding``'s send-once + local
   all-gather (``local-all-gather=false`` when off).
+- ``runtime_random_seed``: assigning it is Alpa's ``set_seed``
+  (:mod:`alpa_ir.api.random_seed`): from then on every call of a
+  parallelized step draws with its keys folded with the seed and the call's
+  number. Unlike the fields above it is read at every call, as Alpa's
+  devices read their generator's state.
 
 Every other field of Alpa's ``GlobalConfig`` reads as Alpa's default; setting
 one to another value warns in one line that it has no meaning here (it names
@@ -31,6 +36,8 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from alpa_ir.errors import AlpaError
 
 
@@ -43,6 +50,18 @@ class GlobalOptions:
     use_local_allgather: bool = True
 
 
+@dataclass(frozen=True)
+class SessionRandom:
+    """The seed of the last ``set_seed`` and how many seeded calls ran since."""
+
+    seed: int
+    calls: int = 0
+
+
+ALPA_RUNTIME_SEED = 42
+"""Alpa's ``runtime_random_seed`` before any ``set_seed``."""
+
+
 WITHOUT_MEANING: dict[str, tuple[Any, str]] = {
     "backend": ("gpu", "the devices are JAX's (JAX_PLATFORMS)"),
     "has_cuda": (False, "the devices are JAX's (JAX_PLATFORMS)"),
@@ -50,7 +69,6 @@ WITHOUT_MEANING: dict[str, tuple[Any, str]] = {
     "xla_client_client_preallocate": ("true", "XLA_PYTHON_CLIENT_PREALLOCATE is JAX's"),
     "delete_remote_arrays_threshold": (50, "no remote arrays are kept"),
     "compile_random_seed": (42, "planning draws no random numbers"),
-    "runtime_random_seed": (42, "steps draw with the keys they are given"),
     "xla_server_port_start": (20000, "Ray and JAX choose their ports"),
     "xla_server_port_end": (25000, "Ray and JAX choose their ports"),
     "xla_gpu_autotune_level": (4, "set XLA_FLAGS"),
@@ -87,14 +105,36 @@ class GlobalConfig:
     def __init__(self) -> None:
         object.__setattr__(self, "_options", GlobalOptions())
         object.__setattr__(self, "_others", {k: v for k, (v, _) in WITHOUT_MEANING.items()})
+        object.__setattr__(self, "_random", None)
 
     def options(self) -> GlobalOptions:
         """The fields that mean something here, as they are now (frozen)."""
         return self._options  # type: ignore[no-any-return]
 
+    def session_random(self) -> SessionRandom | None:
+        """The seed and the number of seeded calls since ``set_seed``; None before it."""
+        return self._random  # type: ignore[no-any-return]
+
+    def seed_draws(self, seed: int | None) -> None:
+        """Alpa's ``set_seed``: seeded calls count again from 0 with ``seed``;
+        None: steps draw with their keys alone again."""
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int | np.integer)):
+            raise AlpaError(f"the random seed must be an integer or None, got {seed!r}")
+        object.__setattr__(self, "_random", None if seed is None else SessionRandom(int(seed)))
+
+    def next_call(self) -> SessionRandom:
+        """The seed and number of this seeded call (counting it); after ``set_seed``."""
+        now = self._random
+        if now is None:
+            raise AlpaError("no random seed: call set_seed(seed) first")
+        object.__setattr__(self, "_random", dataclasses.replace(now, calls=now.calls + 1))
+        return now  # type: ignore[no-any-return]
+
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
             raise AttributeError(name)
+        if name == "runtime_random_seed":
+            return ALPA_RUNTIME_SEED if self._random is None else self._random.seed
         if name in _OPTION_FIELDS:
             return getattr(self._options, name)
         if name in self._others:
@@ -102,6 +142,9 @@ class GlobalConfig:
         raise AttributeError(f"global_config has no field '{name}'")
 
     def __setattr__(self, name: str, value: Any) -> None:
+        if name == "runtime_random_seed":
+            self.seed_draws(value)
+            return
         if name in _OPTION_FIELDS:
             default = getattr(GlobalOptions(), name)
             if type(value) is not type(default):
@@ -146,4 +189,10 @@ def apply_to_executable(executable: Any, options: GlobalOptions, fn: Any, second
     return executable
 
 
-__all__ = ["GlobalConfig", "GlobalOptions", "apply_to_executable", "global_config"]
+__all__ = [
+    "GlobalConfig",
+    "GlobalOptions",
+    "SessionRandom",
+    "apply_to_executable",
+    "global_config",
+]

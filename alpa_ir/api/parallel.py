@@ -7,6 +7,8 @@
 On the first call with a given signature the step is imported, planned by
 the method's pass pipeline and compiled for the local devices; later calls
 reuse the executable. ``get_executable(*args)`` returns it without running.
+After ``set_seed`` (:mod:`alpa_ir.api.random_seed`) a step is compiled with
+one more argument, the seed and call number its draws are folded with.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from alpa_ir.frontend.arguments import (
     signature_key,
     step_arguments,
 )
+from alpa_ir.frontend.session_keys import fold_session_keys, session_word
 
 
 def _is_pipeshard(method: object) -> bool:
@@ -69,10 +72,25 @@ class ParallelizedFunction:
         self.last_executable: ShardedExecutable | None = None
 
     def get_executable(self, *args: Any) -> ShardedExecutable:
-        """The executable for these arguments (compiled on first use)."""
+        """The executable for these arguments (compiled on first use); after
+        ``set_seed``, the one that takes the session's word last."""
+        return self._executable(args, self._seeded())
+
+    def _seeded(self) -> bool:
+        """Whether calls draw with the session's seed (``set_seed``; not a follower)."""
+        follower = isinstance(self.method, CreateStateParallel | FollowParallel)
+        return global_config.session_random() is not None and not follower
+
+    def _executable(self, args: tuple[Any, ...], seeded: bool) -> ShardedExecutable:
         key = signature_key(step_arguments(self.fn, args, self.static_argnums))
+        method, fn, batch_argnums = self.method, self.fn, self.batch_argnums
+        donate_argnums = resolve_donate_argnums(self.donate_argnums, len(args))
+        if seeded:  # the session's word is one more argument, last, never batch
+            key = ("session_random", key)
+            fn = fold_session_keys(self.fn, len(args))
+            batch_argnums = tuple(k for k in batch_argnums if k < len(args))
+            args = (*args, session_word(0, 0))
         fresh, started = key not in self._cache, time.perf_counter()
-        method, fn = self.method, self.fn
         if fresh and isinstance(method, CreateStateParallel | FollowParallel):
             # a method following another step's executable, read now
             if isinstance(method, FollowParallel) and follows_pipeline(method):
@@ -89,7 +107,6 @@ class ParallelizedFunction:
                 self._cache[key] = method
         if fresh:  # a call again finds its executable (a follower's method is resolved once)
             _check_method(method)
-        donate_argnums = resolve_donate_argnums(self.donate_argnums, len(args))
         if key not in self._cache and _is_pipeshard(method):
             from alpa_ir.api.pipeshard_executable import compile_pipeshard
 
@@ -98,17 +115,17 @@ class ParallelizedFunction:
                 args,
                 method,  # type: ignore[arg-type]
                 donate_argnums=donate_argnums,
-                batch_argnums=self.batch_argnums,
+                batch_argnums=batch_argnums,
                 static_argnums=self.static_argnums,
                 local_all_gather=self.global_options.use_local_allgather,
             )
         if key not in self._cache:
             self._cache[key] = compile_step(
-                self.fn,
+                fn,
                 args,
                 method,
                 donate_argnums=donate_argnums,
-                batch_argnums=self.batch_argnums,
+                batch_argnums=batch_argnums,
                 static_argnums=self.static_argnums,
             )
         if fresh:
@@ -131,15 +148,22 @@ class ParallelizedFunction:
     def preshard_dynamic_args(self, *args: Any) -> tuple[Any, ...]:
         """The dynamic arguments placed where the step reads them (Alpa's
         ``preshard_dynamic_args``): ``state, batch = f.preshard_dynamic_args(state, batch)``."""
+        if self._seeded():  # the executable takes the session's word last
+            word = session_word(0, 0)
+            return tuple(self.get_executable(*args).preshard_dynamic_args(*args, word))[:-1]
         return self.get_executable(*args).preshard_dynamic_args(*args)
 
     def __call__(self, *args: Any) -> Any:
-        executable = self.get_executable(*args)
+        seeded = self._seeded()
+        executable = self._executable(args, seeded)
         remote = getattr(executable, "remote", None)
         if remote is not None and getattr(remote, "broken", ""):
             # its Ray workers died on an earlier call: compile and start them again
             self._cache = {k: v for k, v in self._cache.items() if v is not executable}
-            executable = self.get_executable(*args)
+            executable = self._executable(args, seeded)
+        if seeded:
+            now = global_config.next_call()
+            args = (*args, session_word(now.seed, now.calls))
         return executable(*args)
 
 
