@@ -20,8 +20,9 @@ operand of the loop.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -93,7 +94,8 @@ def _eval(
         name = eqn.primitive.name
         values = [read(v) for v in eqn.invars]
         if name == "random_bits":
-            outs: Any = eqn.primitive.bind(fold(values[0]), *values[1:], **eqn.params)
+            with _where(eqn):
+                outs: Any = eqn.primitive.bind(fold(values[0]), *values[1:], **eqn.params)
         elif any(draws(sub) for sub in _subjaxprs(eqn.params)):
             inner = _inner(eqn) if name in _INLINED else None
             if inner is None:
@@ -103,9 +105,10 @@ def _eval(
                 )
             open_inner, inner_consts = jaxpr_and_consts(inner)
             # a custom rule's call takes its constants first, as its jaxpr's inputs
-            outs = _eval(
-                open_inner, inner_consts, values[len(values) - len(open_inner.invars) :], fold
-            )
+            with _where(eqn):
+                outs = _eval(
+                    open_inner, inner_consts, values[len(values) - len(open_inner.invars) :], fold
+                )
         else:
             outs = _bind(eqn, values)
         if not eqn.primitive.multiple_results:
@@ -123,11 +126,24 @@ def _bind(eqn: Any, values: Sequence[Any]) -> Any:
     subfuns: Sequence[Any] = ()
     if isinstance(bind_params, tuple):
         subfuns, bind_params = bind_params
-    context = getattr(getattr(eqn, "ctx", None), "manager", None)
-    if context is None:
+    with _where(eqn):
         return eqn.primitive.bind(*subfuns, *values, **bind_params)
-    with context:
-        return eqn.primitive.bind(*subfuns, *values, **bind_params)
+
+
+@contextlib.contextmanager
+def _where(eqn: Any) -> Iterator[None]:
+    """Within ``eqn``'s name stack and context, as JAX's ``eval_jaxpr``: the
+    importer tells the backward pass by its name stack (``transpose(jvp(...))``)."""
+    from jax._src import source_info_util
+
+    info = eqn.source_info
+    stack = source_info_util.current_name_stack() + info.name_stack
+    with contextlib.ExitStack() as scope:
+        scope.enter_context(source_info_util.user_context(info.traceback, name_stack=stack))
+        manager = getattr(getattr(eqn, "ctx", None), "manager", None)
+        if manager is not None:
+            scope.enter_context(manager)
+        yield
 
 
 def _is_array(x: Any) -> bool:
