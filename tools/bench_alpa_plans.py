@@ -315,8 +315,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name in names:
             row = bench_published(name, args.cluster, args.workers, coarse=args.coarse)
             rows.append(row)
-            if not args.json:
-                print(format_row(row), flush=True)
+            # With --json the table goes to stderr as each row is done, so a run
+            # stopped part way still shows the rows it finished.
+            print(format_row(row), file=sys.stderr if args.json else sys.stdout, flush=True)
     except AlpaError as error:
         print(f"bench-alpa-plans: error: {error}", file=sys.stderr)
         return 1

@@ -85,3 +85,24 @@ def test_unknown_model_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> N
     with pytest.raises(SystemExit):
         main(["--models", "gpt3-1.3b,gpt3-76b"])
     assert "no published plan of 'gpt3-76b'" in capsys.readouterr().err
+
+
+def test_json_shows_each_row_on_stderr_as_it_is_done(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    import alpa_ir.tools.bench_alpa_plans as tool
+
+    done: list[str] = []
+
+    def fake_bench(name: str, *args: object, **kwargs: object) -> dict[str, object]:
+        done.append(name)
+        return {"name": name, "ratio": 1.0}
+
+    monkeypatch.setattr(tool, "bench_published", fake_bench)
+    monkeypatch.setattr(tool, "format_row", lambda row: f"row {row['name']}")
+    assert main(["--models", "gpt3-350m,gpt3-1.3b", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert err.splitlines() == ["row gpt3-350m", "row gpt3-1.3b"]
+    assert [r["name"] for r in json.loads(out)["rows"]] == done == ["gpt3-350m", "gpt3-1.3b"]
