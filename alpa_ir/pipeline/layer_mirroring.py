@@ -105,8 +105,29 @@ def mirror_layers(function: func.FuncOp) -> int:
             elif operand in residual:
                 hint = residual[operand] if hint is None else max(hint, residual[operand])
         backward_layer[op] = bound if hint is None else min(bound, hint)
+    _sink_constant_ops(regions.backward, backward_layer)
     _reorder(regions, backward_layer, num_layers)
     return num_layers
+
+
+def _sink_constant_ops(backward: tuple[Operation, ...], layer_of: dict[Operation, int]) -> None:
+    """Give each backward op computed from constants alone (the zero
+    cotangents JAX's transposes broadcast, e.g. ``select_n(mask, zeros, g)``
+    of a ReLU) the latest layer among its readers: it has no cotangent bound
+    and no hint, and in the last layer it would be a zero tensor that the
+    last stage computes and sends to every earlier stage that reads it.
+    Operand-free ops are copied into each function that uses them anyway."""
+    constant: set[Operation] = set()
+    for op in backward:
+        if all(_operand_free(o.owner) or o.owner in constant for o in op.operands):
+            constant.add(op)
+    for op in reversed(backward):
+        if op not in constant:
+            continue
+        readers = [u.operation for r in op.results for u in r.uses]
+        layers = [layer_of[r] for r in readers if r in layer_of]
+        if layers:
+            layer_of[op] = max(layers)
 
 
 def _forward_layers(forward: tuple[Operation, ...]) -> dict[Operation, int]:
@@ -269,3 +290,8 @@ def _common_suffix(a: list[Operation], b: list[Operation]) -> int:
     while n < min(len(a), len(b)) and _signature(a[-1 - n]) == _signature(b[-1 - n]):
         n += 1
     return n
+
+
+def _operand_free(owner: object) -> bool:
+    """Whether ``owner`` is an op without operands (a constant, an iota)."""
+    return isinstance(owner, Operation) and not owner.operands
