@@ -35,6 +35,7 @@ from alpa_ir.autosharding.local_ops import (
     linear_axis_index,
     split_indexed_dims,
 )
+from alpa_ir.autosharding.planner import OBJECTIVE_ATTR
 from alpa_ir.backends.collective_combining import combined_all_gather, combined_reduce_scatter
 from alpa_ir.backends.grad_accumulation import (
     GRAD_SYNC_SCOPE,
@@ -53,11 +54,12 @@ from alpa_ir.dialects.sharding import (
     ReduceScatterOp,
     ReshardOp,
     ShardingSpec,
+    signature_spec,
     spec_of_value,
 )
 from alpa_ir.dialects.types import dtype_of, shape_of
 from alpa_ir.errors import AlpaError
-from alpa_ir.frontend.jax_export import bind_lax_op
+from alpa_ir.frontend.jax_export import bind_lax_op, eval_block
 from alpa_ir.frontend.local_random import local_random_bits
 from alpa_ir.ir.module_utils import symbol_op
 from alpa_ir.pipeline.deferred_sums import DeferredSum, DeferredSums, deferred_sums
@@ -288,6 +290,7 @@ def compile_spmd(
     num_micro_batches: int = 1,
     batch_args: Sequence[int] = (),
     deferred: DeferredSums | None = None,
+    accumulators: Sequence[int] = (),
 ) -> tuple[Callable[..., Any], tuple[Any, ...]]:
     """A jitted function of the flat arguments running ``function``'s plan, and
     the input shardings it expects. With ``num_micro_batches`` B > 1 the batch
@@ -296,7 +299,13 @@ def compile_spmd(
     ``deferred`` (a pipeline stage's function, run once per micro-batch): its
     reductions are skipped and the results they reach are returned as each
     device's partial sum, stacked along a new leading axis over the reduced
-    mesh axes (:func:`finish_program` completes their accumulation)."""
+    mesh axes (:func:`finish_program` completes their accumulation).
+    ``accumulators`` (a pipeline stage's function, run once per micro-batch):
+    the indices of results summed over the micro-batches in place, as Alpa's
+    backward programs: the program takes their running sums as its first
+    parameters, donated, and returns ``sum + result`` in their place (in the
+    result's layout, stacked where its reduction is deferred); the returned
+    input shardings are those of the function's own arguments."""
     from jax.sharding import NamedSharding
 
     mesh_shape = tuple(mesh.devices.shape)
@@ -335,17 +344,73 @@ def compile_spmd(
         def local(*flat: Any) -> tuple[Any, ...]:
             return tuple(evaluator.run(block, flat))
 
+    in_shardings = tuple(NamedSharding(mesh, s) for s in in_specs)
+    if accumulators:
+        local = _summing_in_place(local, tuple(accumulators))
+        in_specs = (*(out_specs[k] for k in accumulators), *in_specs)
+        donate = (*range(len(accumulators)), *(len(accumulators) + d for d in donate))
     mapped = jax.shard_map(
         local, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False
     )
-    in_shardings = tuple(NamedSharding(mesh, s) for s in in_specs)
     jitted = jax.jit(
         mapped,
-        in_shardings=in_shardings,
+        in_shardings=tuple(NamedSharding(mesh, s) for s in in_specs),
         out_shardings=tuple(NamedSharding(mesh, s) for s in out_specs),
         donate_argnums=tuple(donate),
     )
     return jitted, in_shardings
+
+
+def compile_propagated(
+    function: func.FuncOp, mesh: Mesh, names: Sequence[str], accumulators: Sequence[int] = ()
+) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """A stage function planned by XLA's propagation (no ILP, so no
+    ``sharding.objective``: :mod:`alpa_ir.autosharding.xla_propagation`) as
+    one jitted program whose input and output shardings are its arguments'
+    and results' specs; XLA's SPMD partitioner lays out the rest.
+    ``accumulators`` as :func:`compile_spmd`'s."""
+    block = function.body.block
+    ins = [partition_spec(signature_spec(function, k), names) for k in range(len(block.args))]
+    outs = [partition_spec(s, names) for s in _result_specs(function)]
+
+    def run(*flat: Any) -> tuple[Any, ...]:
+        return tuple(eval_block(block, list(flat)))
+
+    in_shardings = tuple(NamedSharding(mesh, s) for s in ins)
+    n = len(accumulators)
+    program = _summing_in_place(run, tuple(accumulators)) if n else run
+    jitted = jax.jit(
+        program,
+        in_shardings=(*(NamedSharding(mesh, outs[k]) for k in accumulators), *in_shardings),
+        out_shardings=tuple(NamedSharding(mesh, s) for s in outs),
+        donate_argnums=tuple(range(n)),
+    )
+    return jitted, in_shardings
+
+
+def _result_specs(function: func.FuncOp) -> list[ShardingSpec]:
+    """The spec of each result of ``function``: on the op that computes it
+    after the ILP, on the signature after XLA's propagation."""
+    returned = list(function.body.block.last_op.operands)  # type: ignore[union-attr]
+    if OBJECTIVE_ATTR in function.attributes:
+        return [spec_of_value(v, function) for v in returned]
+    return [signature_spec(function, k, result=True) for k in range(len(returned))]
+
+
+def _summing_in_place(
+    local: Callable[..., tuple[Any, ...]], accumulators: tuple[int, ...]
+) -> Callable[..., tuple[Any, ...]]:
+    """``local`` taking the running sums of its results ``accumulators`` first
+    and returning ``sum + result`` in their place."""
+    n = len(accumulators)
+
+    def summed(*xs: Any) -> tuple[Any, ...]:
+        outs = list(local(*xs[n:]))
+        for acc, k in zip(xs[:n], accumulators, strict=True):
+            outs[k] = acc + outs[k]
+        return tuple(outs)
+
+    return summed
 
 
 def _accumulating_spmd(
@@ -543,7 +608,13 @@ def compile_mesh_functions(
         function = symbol_op(module, name, func.FuncOp)
         assert isinstance(function, func.FuncOp)
         sums = deferred_sums(function, program.once_per_step.get(name, ()))
-        run, in_shardings = compile_spmd(module, function, jmesh, info.axis_names, deferred=sums)
+        in_place = program.summed_in_place(program.calls[name])
+        if OBJECTIVE_ATTR in function.attributes:
+            run, in_shardings = compile_spmd(
+                module, function, jmesh, info.axis_names, deferred=sums, accumulators=in_place
+            )
+        else:  # no ILP ran (enable_auto_sharding=False): XLA propagates its specs
+            run, in_shardings = compile_propagated(function, jmesh, info.axis_names, in_place)
         finish = {k: finish_program(d, jmesh, info.axis_names) for k, d in sums.results.items()}
         finish_shardings = {
             k: NamedSharding(jmesh, partition_spec(ShardingSpec(d.dims), info.axis_names))
@@ -558,7 +629,25 @@ def compile_mesh_functions(
             )
             for k, d in sums.results.items()
         }
+        out_specs = _result_specs(function)
+        acc_structs = tuple(
+            finish_inputs[k]
+            if k in finish_inputs
+            else jax.ShapeDtypeStruct(
+                shape_of(results[k]),
+                dtype_of(results[k]),
+                sharding=NamedSharding(jmesh, partition_spec(out_specs[k], info.axis_names)),
+            )
+            for k in in_place
+        )
         compiled[name] = CompiledFunction(
-            run, in_shardings, finish, finish_shardings, finish_inputs
+            run,
+            in_shardings,
+            finish,
+            finish_shardings,
+            finish_inputs,
+            in_place,
+            acc_structs,
+            zeros_program(acc_structs) if in_place else None,
         )
     return jmesh, compiled

@@ -81,6 +81,16 @@ class CompiledFunction:
     finish_inputs: Mapping[int, Any] = field(default_factory=dict)
     """Per index of ``finish``, its input (``jax.ShapeDtypeStruct`` with its
     sharding), to lower the program without a step's values."""
+    accumulators: tuple[int, ...] = ()
+    """The result indices ``run`` sums over the micro-batches in place
+    (:meth:`~alpa_ir.runtime.program.StepProgram.summed_in_place`): it takes
+    their running sums first (donated, not in :attr:`in_shardings`) and
+    returns ``sum + result`` in their place."""
+    acc_structs: tuple[Any, ...] = ()
+    """Per index of :attr:`accumulators`, its running sum's shape, dtype and
+    sharding (``jax.ShapeDtypeStruct``), to lower ``run``."""
+    zeros: Callable[[], Sequence[Any]] | None = None
+    """The zero running sums the first micro-batch adds to."""
 
 
 CompileFunctions = Callable[
@@ -236,9 +246,21 @@ class MeshInterpreter:
         compiled = self.functions[call.function]
         args = [self.read(k) for k in self.program.operand_keys(call, micro_batch)]
         placed = jax.device_put(args, list(compiled.in_shardings))
-        results = compiled.run(*placed)
+        sums: list[Any] = []
+        if compiled.accumulators:  # summed in place: the running sums go first, donated
+            names = [call.results[k] for k in compiled.accumulators]
+            if any(self.counts.get(v, 0) == 0 for v in names):
+                assert compiled.zeros is not None
+                sums = list(compiled.zeros())
+            else:
+                sums = [self.sums[v] for v in names]
+        results = compiled.run(*sums, *placed)
         program = self.program
         for k, (value, result) in enumerate(zip(call.results, results, strict=True)):
+            if k in compiled.accumulators:
+                self.sums[value] = result
+                self.counts[value] = self.counts.get(value, 0) + 1
+                continue
             if micro_batch is not None and value in program.accumulated:
                 self._accumulate(value, result, k in call.per_micro_batch)
                 if value not in program.read_per_micro_batch:

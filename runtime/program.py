@@ -136,6 +136,23 @@ class StepProgram:
         call = self.producer(value)
         return call.mesh if call is not None else None
 
+    def summed_in_place(self, call: Call) -> tuple[int, ...]:
+        """The result indices of ``call`` that its program sums over the
+        micro-batches itself (its running sums are its first parameters,
+        donated, as Alpa's backward programs): with several micro-batches,
+        each accumulated result of a per-micro-batch call that depends on the
+        batch and is read only once per step (not concatenated)."""
+        if self.num_micro_batches <= 1 or call.per_step:
+            return ()
+        return tuple(
+            k
+            for k, v in enumerate(call.results)
+            if v in self.accumulated
+            and k in call.per_micro_batch
+            and v not in self.read_per_micro_batch
+            and v not in self.concatenated
+        )
+
     def operand_keys(self, call: Call, micro_batch: int | None) -> list[Key]:
         """The buffers a RUN of ``call`` at ``micro_batch`` reads."""
         keys: list[Key] = []

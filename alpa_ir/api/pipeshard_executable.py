@@ -288,7 +288,8 @@ class PipeshardExecutable(PlannedExecutable):
         return jax.tree.unflatten(self.out_tree, leaves)
 
     def _lowered(self, name: str) -> Any:
-        """The stage program ``name`` lowered from its input shapes and shardings."""
+        """The stage program ``name`` lowered from its input shapes and shardings
+        (a backward's running gradient sums first, as Alpa's)."""
         from alpa_ir.dialects.types import dtype_of, shape_of
 
         function = symbol_op(self.module, name, func.FuncOp)
@@ -298,7 +299,7 @@ class PipeshardExecutable(PlannedExecutable):
             jax.ShapeDtypeStruct(shape_of(t), dtype_of(t), sharding=s)
             for t, s in zip(function.function_type.inputs.data, compiled.in_shardings, strict=True)
         ]
-        return compiled.run.lower(*avals)  # type: ignore[attr-defined]
+        return compiled.run.lower(*compiled.acc_structs, *avals)  # type: ignore[attr-defined]
 
     def get_allocation_sizes(self) -> dict[str, int]:
         """Bytes one device of its mesh allocates for each stage program, by
