@@ -104,6 +104,12 @@ class ShardStages(ModulePass):
     rank 2 or more a forward function receives from another mesh's forward
     (Alpa's ``pipeline_intermediate_axes``); empty: none."""
 
+    propagate: bool = False
+    """No ILP (Alpa's ``enable_auto_sharding=False``): each function's
+    arguments keep their given specs (replicated where none is given) and
+    XLA's sharding propagation chooses its results' specs
+    (:mod:`alpa_ir.autosharding.xla_propagation`); ``stage-pipeline`` is not run."""
+
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         from alpa_ir.passmanager.pass_manager import PassManager
         from alpa_ir.passmanager.pipeline_syntax import parse_pipeline
@@ -131,6 +137,17 @@ class ShardStages(ModulePass):
                 parsed[text] = (passes, tuple(_without_batch_forcing(p) for p in passes))
             return parsed[text]
 
+        def propagate(name: str) -> None:
+            from alpa_ir.autosharding.xla_propagation import propagate_function  # loads JAX
+
+            function = symbol_op(op, name, func.FuncOp)
+            assert isinstance(function, func.FuncOp)
+            ref = function.attributes[MESH_ATTR]
+            assert isinstance(ref, SymbolRefAttr)
+            mesh = symbol_op(op, ref.root_reference.data, LogicalMeshOp)
+            assert isinstance(mesh, LogicalMeshOp)
+            propagate_function(function, mesh)
+
         def shard(name: str) -> None:
             single = function_module(op, name)
             batch = BATCH_ATTR in main_function(single).attributes
@@ -157,4 +174,4 @@ class ShardStages(ModulePass):
         if self.input_specs:
             force_stage_input_specs(op, parse_stage_specs(self.input_specs))
         with frozen_heap():  # the module outlives the planning of its functions
-            shard_in_call_order(op, shard)
+            shard_in_call_order(op, propagate if self.propagate else shard)

@@ -325,9 +325,10 @@ class PipeshardParallel:
     the activations stages pass forward. As in Alpa's pipelines (pjit's
     convention, unlike :class:`ShardParallel`'s), a None leaf is replicated;
     all the rest is left to the planner. ``out_axis_resources`` is not
-    supported here. With ``enable_auto_sharding=False`` the stages are still
-    planned by the ILP around the given specs (Alpa only propagates them):
-    a pipeline has no propagation-only path here."""
+    supported here. With ``AutoShardingOption(enable_auto_sharding=False)``
+    no ILP runs, as in Alpa: each stage function keeps the given specs
+    (replicated where none is given) and XLA's sharding propagation lays out
+    the rest (``shard-stages{propagate=true}``)."""
 
     def __post_init__(self) -> None:
         given = self.stage_input_shardings

@@ -10,6 +10,7 @@ resolved :class:`PipeshardPipeline` for each piece, never the method again.
 
 from __future__ import annotations
 
+import logging
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -29,6 +30,8 @@ from alpa_ir.errors import AlpaError
 from alpa_ir.frontend.arguments import check_micro_batches
 from alpa_ir.hardware.memory_budget import MemoryBudget
 from alpa_ir.pipeline.schedule_kinds import SPLIT_SCHEDULES
+
+LOG = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,13 @@ class PipeshardPipeline:
         ``split-backward`` where the schedule needs it, the cross-mesh plan
         and the instructions."""
         inner = self.method.auto_sharding_option.pipeline(1).removeprefix("builtin.module(")[:-1]
+        propagate = ""
+        if not self.method.auto_sharding_option.enable_auto_sharding:
+            propagate = " propagate=true"
+            LOG.info(
+                "PipeshardParallel: enable_auto_sharding=False: no ILP; each stage keeps "
+                "the given specs and XLA's sharding propagation lays out the rest"
+            )
         crossing = "cross-mesh-resharding"
         if not self.local_all_gather:
             crossing += "{local-all-gather=false}"
@@ -89,7 +99,7 @@ class PipeshardPipeline:
         return [
             self._stage_pass(num_layers, schedules),
             f'shard-stages{{stage-pipeline="{inner}"{self._stage_pipelines()}{forced}'
-            f"{self._manual_axes()}}}",
+            f"{self._manual_axes()}{propagate}}}",
             *self._split_pass(),
             crossing,
             "emit-instructions",

@@ -134,3 +134,50 @@ def test_options_it_cannot_honour_are_refused() -> None:
     params, batch = _args()
     with pytest.raises(AlpaError, match="are for PipeshardParallel's stages"):
         alpa_ir.parallelize(_step, method=shard).get_executable(params, batch)
+
+
+def test_without_auto_sharding_no_ilp_runs_and_xla_propagates_the_given_specs(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``AutoShardingOption(enable_auto_sharding=False)`` (Alpa's): no stage
+    function is planned by the ILP; each keeps the given specs and XLA's
+    propagation lays out the rest, and the step still equals one device."""
+    from alpa_ir.autosharding.planner import OBJECTIVE_ATTR
+    from alpa_ir.pipeline.stage_specs import main_calls
+
+    params, batch = _args()
+    option = ManualShardingOption(
+        None, SUBMESH_NAMES, IN_SPECS, pipeline_intermediate_axes=(("data", 0),)
+    )
+    method = PipeshardParallel(
+        devices=list(range(4)),
+        num_micro_batches=2,
+        layer_option="manual",
+        stage_option=ManualStageOption([[0], [1]], [(1, 2)] * 2, [(1, 2)] * 2, [{}] * 2),
+        manual_sharding_option=option,
+        default_auto_sharding_option=AutoShardingOption(False),
+    )
+    parallel = alpa_ir.parallelize(_step, method=method, batch_argnums=(1,))
+    with caplog.at_level("INFO", logger="alpa_ir.api.pipeshard_pipeline"):
+        executable = parallel.get_executable(params, batch)
+    assert any("no ILP" in r.getMessage() for r in caplog.records)
+    assert "propagate=true" in executable.pass_pipeline
+    functions = [f for _, _, f, _ in main_calls(executable.module)]
+    assert functions and not any(OBJECTIVE_ATTR in f.attributes for f in functions)
+    specs = executable.stage_input_shard_specs
+    split, rep = ShardingSpec(((), (1,))), ShardingSpec(((), ()))
+    assert specs[0][:5] == (
+        rep, split, ShardingSpec(((1,),)), ShardingSpec(((1,), ())), ShardingSpec(((),))
+    )  # fmt: skip
+    assert specs[1][0] == ShardingSpec(((1,), ()))  # the intermediate split by rows
+    l0_fwd, _, l1_bwd, _, _, _ = executable.get_hlo_text()
+    # stage 0's activation: replicated, as XLA's propagation leaves it after
+    # the row-split w1's all-reduce; stage 1 returns its gradient in the
+    # layout the activation arrived in (propagated, not chosen by an ILP)
+    assert "f32[32,10]" in HloParser.parse_root_shapes(HloParser.get_root_line(l0_fwd))
+    assert "f32[16,10]" in HloParser.parse_root_shapes(HloParser.get_root_line(l1_bwd))
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5),
+        parallel(params, batch),
+        jax.jit(_step)(params, batch),
+    )
