@@ -147,6 +147,8 @@ def stage_dp(
     *,
     epsilon: float = 0.0,
     bottleneck: npt.ArrayLike | None = None,
+    sum_scale: float = 1.0,
+    solves: dict[float, object] | None = None,
 ) -> StageDPResult:
     """Solve Alpa's stage construction (Eq. 2–5) exactly; see the module docstring.
 
@@ -165,6 +167,14 @@ def stage_dp(
         bottleneck: optional ``[L, L, M]`` array, the value of each stage in
             the ``(B − 1)·max`` term (default: ``costs``); must be ``>= 0``
             where the cost is finite.
+        sum_scale: the weight of the latency sum,
+            ``T = sum_scale·Σ_i t_i + (B − 1)·max_j u_j`` (virtual stages: ``1 / v``,
+            the bubble a mesh's ``v`` chunks share); ``> 0``.
+        solves: a dict the caller keeps across calls on the same ``costs``,
+            ``bottleneck``, limits, sizes and devices (any ``B``, ``epsilon``
+            or ``sum_scale``): each ``t_max``'s DP solve (``G(t_max)`` and its
+            plan, which depend on nothing else) is done once and read again
+            (1F1B and interleaved 1F1B share them; ZB-H1 and ZB-V).
 
     Raises:
         AlpaError: malformed inputs.
@@ -185,8 +195,10 @@ def stage_dp(
             "stage_dp: no stage fits any submesh (every cost is inf or its submesh "
             f"is larger than the {problem.num_devices} devices)"
         )
+    if not (np.isfinite(sum_scale) and sum_scale > 0):
+        raise AlpaError(f"stage_dp: sum_scale must be a finite number > 0, got {sum_scale!r}")
     reps = _candidate_thresholds(np.unique(valid), float(epsilon))
-    return _branch_and_bound(problem, reps)
+    return _branch_and_bound(problem, reps, float(sum_scale), {} if solves is None else solves)
 
 
 def _prepare(
@@ -344,13 +356,16 @@ class _Solve:
     def max_stage(self) -> float:
         return max(self.stage_paces)
 
-    def plan_latency(self, micro_batches: int) -> float:
+    def plan_latency(self, micro_batches: int, sum_scale: float = 1.0) -> float:
         """Eq. 2 for this plan, summed in stage order (independent of the DP's order)."""
-        return sum(self.stage_latencies) + (micro_batches - 1) * self.max_stage
+        return sum_scale * sum(self.stage_latencies) + (micro_batches - 1) * self.max_stage
 
 
-def _branch_and_bound(problem: _Problem, reps: np.ndarray) -> StageDPResult:
-    """Minimise ``G(t) + (B − 1)·t`` over the candidate thresholds ``reps``.
+def _branch_and_bound(
+    problem: _Problem, reps: np.ndarray, scale: float, solved: dict[float, object]
+) -> StageDPResult:
+    """Minimise ``scale·G(t) + (B − 1)·t`` over the candidate thresholds ``reps``
+    (``solved``: the solves of ``G`` known so far, by ``t``; new ones are added).
 
     Invariant of a queued range ``(lo, hi, g_right)``: the candidates with
     index ``lo+1 .. hi-1`` are unsettled and each has ``G >= g_right``. Only
@@ -364,12 +379,21 @@ def _branch_and_bound(problem: _Problem, reps: np.ndarray) -> StageDPResult:
     solves = 0
     cap = [0]  # the memory counter's cap the last solve needed (_solve_at)
 
+    def solve_at(t_max: float) -> _Solve | None:
+        nonlocal solves
+        if t_max not in solved:
+            solved[t_max] = _solve_at(problem, t_max, cap)
+            solves += 1
+        found = solved[t_max]
+        assert found is None or isinstance(found, _Solve)
+        return found
+
     def settle(index: int, solve: _Solve) -> int:
         """Record a solved candidate; return the index where its constant range starts."""
         nonlocal best_bound, best, best_total
         first = int(np.searchsorted(reps, solve.max_stage, side="left"))
-        best_bound = min(best_bound, solve.latency_sum + slope * float(reps[first]))
-        total = solve.plan_latency(problem.num_micro_batches)
+        best_bound = min(best_bound, scale * solve.latency_sum + slope * float(reps[first]))
+        total = solve.plan_latency(problem.num_micro_batches, scale)
         if total < best_total:
             best_total, best = total, solve
         return min(first, index)
@@ -380,13 +404,12 @@ def _branch_and_bound(problem: _Problem, reps: np.ndarray) -> StageDPResult:
         if lo + 1 <= hi - 1:
             below = float(reps[lo]) / problem.pace_ratio if lo >= 0 else 0.0
             floor = max(g_right, below)
-            bound = floor + slope * float(reps[lo + 1])
+            bound = scale * floor + slope * float(reps[lo + 1])
             if bound < best_bound:
                 heapq.heappush(queue, (bound, lo, hi, g_right))
 
     top = reps.size - 1
-    solve = _solve_at(problem, float(reps[top]), cap)
-    solves += 1
+    solve = solve_at(float(reps[top]))
     if solve is None:
         raise PlanError(
             f"stage_dp: no slicing of the {problem.num_layers} layers onto submeshes of sizes "
@@ -399,8 +422,7 @@ def _branch_and_bound(problem: _Problem, reps: np.ndarray) -> StageDPResult:
         if bound >= best_bound:
             break
         mid = (lo + hi) // 2
-        solve = _solve_at(problem, float(reps[mid]), cap)
-        solves += 1
+        solve = solve_at(float(reps[mid]))
         if solve is None:
             push(mid, hi, g_right)
             continue
@@ -444,11 +466,19 @@ def _candidates(
 
 
 def _row(
-    problem: _Problem, cost: np.ndarray, lam: np.ndarray | None, shifted: np.ndarray, k: int
+    problem: _Problem,
+    cost: np.ndarray,
+    lam: np.ndarray | None,
+    shifted: np.ndarray,
+    k: int,
+    scratch: np.ndarray,
 ) -> np.ndarray:
     """``[S(after), width]``: the minimum of :func:`_candidates` over its
     middle axis, one submesh at a time and only over the stages that may be
-    chosen (a finite cost): below ``t_max`` most stages are not."""
+    chosen (a finite cost): below ``t_max`` most stages are not. The sums are
+    written into ``scratch`` (``[S, ≥ span, width]``, reused by every row: no
+    fresh pages per row), and a run of consecutive end layers (the usual
+    case: a stage fits up to some length) is read as a slice, not gathered."""
     num_states = shifted.shape[0]
     stage_cost = cost[k, :, k:]  # [M, span]
     finite = np.isfinite(stage_cost)
@@ -460,7 +490,13 @@ def _row(
     best = np.full((num_states, shifted.shape[-1]), np.inf)
     for m in np.nonzero(finite.any(axis=1))[0]:
         lasts = np.nonzero(finite[m])[0]
-        sums = stage_cost[:, m, lasts, None] + shifted[:, m, k + 1 + lasts, :]
+        first, last, count = int(lasts[0]), int(lasts[-1]), lasts.size
+        sums = scratch[:, :count, :]
+        if last - first + 1 == count:  # consecutive: slices, no copies
+            rest = shifted[:, m, k + 1 + first : k + 2 + last, :]
+            np.add(stage_cost[:, m, first : last + 1, None], rest, out=sums)
+        else:
+            np.add(stage_cost[:, m, lasts, None], shifted[:, m, k + 1 + lasts, :], out=sums)
         np.minimum(best, sums.min(axis=1), out=best)
     return best
 
@@ -525,8 +561,9 @@ def _solve_capped(problem: _Problem, t_max: float, cap: int) -> _Solve | None:
     last_row[0, 0] = 0.0
     shifted[:, :, num_layers, :] = last_row[:, problem.shift_index]
     row = np.empty((num_states, width + 1))
+    scratch = np.empty((num_states, num_layers, width))  # _row's sums, every row's
     for k in range(num_layers - 1, -1, -1):
-        best = _row(problem, cost, lam, shifted, k)  # [S(after), width]
+        best = _row(problem, cost, lam, shifted, k, scratch)  # [S(after), width]
         # Counter after this stage: min(after + 1, S − 1).
         if num_states == 1:
             row[0, :width] = best[0]

@@ -125,6 +125,11 @@ class StagePlan:
     inputs arrive) the zero-bubble order is built with."""
 
 
+ONE_CHUNK = {"interleaved-1f1b": "1f1b", "zb-v": "zb-h1"}
+"""The schedule of one chunk per mesh whose DP values a virtual schedule's are
+(divided by its chunks per mesh, :func:`~alpa_ir.pipeline.schedule_choice.dp_latencies`)."""
+
+
 def solve_stages(
     table: StageCostTable,
     num_micro_batches: int,
@@ -133,9 +138,18 @@ def solve_stages(
     cross_stage_comm: bool = False,
     submeshes: Sequence[tuple[int, int]] | None = None,
     schedule: str = "1f1b",
+    dp_solves: dict[str, dict[float, object]] | None = None,
 ) -> StagePlan:
     """The DP over the table (step 2) with ``schedule``'s latency
-    (:func:`~alpa_ir.pipeline.schedule_choice.dp_latencies`) and the placement (step 3)."""
+    (:func:`~alpa_ir.pipeline.schedule_choice.dp_latencies`) and the placement (step 3).
+
+    A schedule of ``v`` chunks per mesh sums its one-chunk schedule's values
+    divided by ``v`` (interleaved 1F1B: 1F1B's; ZB-V: ZB-H1's) and keeps the
+    same values in the max, so its DP runs on the one-chunk schedule's arrays
+    with the sum weighted ``1 / v`` (the same plan: halving is exact) and reads
+    the solves that schedule's DP made, by ``t_max`` (``dp_solves``: per
+    one-chunk schedule, kept by the caller across calls on this ``table``,
+    ``submeshes`` and ``cross_stage_comm``; :func:`~alpa_ir.algorithms.stage_dp.stage_dp`)."""
     cluster = table.cluster
     chosen = list(submeshes or table.submeshes)
     num = table.num_layers
@@ -151,7 +165,8 @@ def solve_stages(
     costs = np.stack([p.latency for p in picks], axis=-1)
     pace = np.stack([p.pace for p in picks], axis=-1)
     compute = np.stack([p.compute for p in picks], axis=-1)
-    summed = dp_latencies(schedule, costs, compute, table.phase_shares())
+    one_chunk = ONE_CHUNK.get(schedule, schedule)
+    summed = dp_latencies(one_chunk, costs, compute, table.phase_shares())
     limit = np.stack([p.max_stages_after for p in picks], axis=-1)
     sizes = [a * b for a, b in chosen]
     try:
@@ -163,6 +178,8 @@ def solve_stages(
             limit,
             epsilon=epsilon,
             bottleneck=pace if cross_stage_comm else (None if summed is costs else costs),
+            sum_scale=1.0 / VIRTUAL_STAGES.get(schedule, 1),
+            solves=None if dp_solves is None else dp_solves.setdefault(one_chunk, {}),
         )
     except PlanError as error:
         whole = [m for m, s in enumerate(sizes) if s == devices]
@@ -196,12 +213,13 @@ def evaluate_schedule(
     remat: bool = False,
     submeshes: Sequence[tuple[int, int]] | None = None,
     solved: dict[str, StagePlan | PlanError] | None = None,
+    dp_solves: dict[str, dict[float, object]] | None = None,
 ) -> ScheduleCandidate:
     """The DP's plan for ``schedule``, simulated under it. For the schedules with
     several chunks per mesh, the chunks are cut anew (:func:`virtual_plans`) on
     the DP's meshes and on every equal split of the cluster; the fastest that
     fits is the candidate. ``solved``: DP results to reuse, by the latency the
-    DP ran with (GPipe's is 1F1B's)."""
+    DP ran with (GPipe's is 1F1B's); ``dp_solves``: :func:`solve_stages`'."""
     plans = schedule_plans(
         table,
         num_micro_batches,
@@ -210,6 +228,7 @@ def evaluate_schedule(
         cross_stage_comm=cross_stage_comm,
         submeshes=submeshes,
         solved=solved,
+        dp_solves=dp_solves,
     )
     if isinstance(plans, str):
         return ScheduleCandidate(schedule, None, note=plans)
@@ -232,9 +251,11 @@ def schedule_plans(
     cross_stage_comm: bool = False,
     submeshes: Sequence[tuple[int, int]] | None = None,
     solved: dict[str, StagePlan | PlanError] | None = None,
+    dp_solves: dict[str, dict[float, object]] | None = None,
 ) -> list[StagePlan] | str:
     """The plans :func:`evaluate_schedule` simulates for ``schedule`` (the DP's;
-    for virtual stages :func:`virtual_plans`), or why there is none."""
+    for virtual stages :func:`virtual_plans`), or why there is none
+    (``dp_solves``: :func:`solve_stages`')."""
     key = "1f1b" if schedule == "gpipe" else schedule
     solved = {} if solved is None else solved
     if key not in solved:
@@ -246,6 +267,7 @@ def schedule_plans(
                 cross_stage_comm=cross_stage_comm,
                 submeshes=submeshes,
                 schedule=key,
+                dp_solves=dp_solves,
             )
         except PlanError as error:
             solved[key] = error
@@ -469,14 +491,22 @@ def choose_schedule(
     if not schedules:
         raise AlpaError("construct-stages: no schedule to choose from")
     solved: dict[str, StagePlan | PlanError] = {}
+    dp_solves: dict[str, dict[float, object]] = {}  # the DP's solves, shared by its schedules
     if bound is None:
         candidates = [
-            evaluate_schedule(table, num_micro_batches, s, solved=solved, **options)  # type: ignore[arg-type]
+            evaluate_schedule(
+                table,
+                num_micro_batches,
+                s,
+                solved=solved,
+                dp_solves=dp_solves,
+                **options,  # type: ignore[arg-type]
+            )
             for s in schedules
         ]
     else:
         candidates = _bounded_candidates(
-            table, num_micro_batches, schedules, bound, solved, **options
+            table, num_micro_batches, schedules, bound, solved, dp_solves, **options
         )
     # a candidate must beat an earlier one by more than rounding to take its place
     ranked = sorted(
@@ -501,6 +531,7 @@ def _bounded_candidates(
     schedules: Sequence[str],
     bound: float,
     solved: dict[str, StagePlan | PlanError],
+    dp_solves: dict[str, dict[float, object]],
     *,
     epsilon: float = 0.0,
     cross_stage_comm: bool = False,
@@ -528,6 +559,7 @@ def _bounded_candidates(
                 cross_stage_comm=cross_stage_comm,
                 submeshes=submeshes,
                 solved=solved,
+                dp_solves=dp_solves,
             )
         queue = sorted(
             (step_floor(table, p, num_micro_batches, remat), k, j)

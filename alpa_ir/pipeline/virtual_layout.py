@@ -76,21 +76,26 @@ def chunk_layout(schedule: str, meshes: int, chunks: int) -> tuple[int, ...]:
 class _Prices:
     """Per mesh, the table's ``[choice][first][last]`` values on its view, as
     nested lists (the local search reads single entries, which lists serve
-    faster than arrays)."""
+    faster than arrays), and ``ranges[first][last]``: a range's eight values
+    in one tuple (latency, persistent, transient and activations, each of
+    choice 0 then 1), which :func:`_score` reads with one lookup."""
 
     def __init__(self, table: StageCostTable, meshes: Sequence[VirtualMesh]) -> None:
         by_shape: dict[tuple[int, ...], dict[str, list]] = {}
+        names = ("latency", "persistent", "transient", "activations")
         for m in meshes:
             shape = tuple(m.mesh.shape)
             if shape not in by_shape:
                 arrays = table.arrays(shape)
-                names = ("latency", "persistent", "transient", "activations")
                 by_shape[shape] = {n: arrays[n].tolist() for n in names}
+                columns = [arrays[n][c] for n in names for c in (0, 1)]  # 8 of [first, last]
+                by_shape[shape]["ranges"] = np.stack(columns, axis=-1).tolist()
         of = [by_shape[tuple(m.mesh.shape)] for m in meshes]
         self.latency = [a["latency"] for a in of]
         self.persistent = [a["persistent"] for a in of]
         self.transient = [a["transient"] for a in of]
         self.activations = [a["activations"] for a in of]
+        self.ranges = [a["ranges"] for a in of]
 
 
 def _chunks_of(cuts: Sequence[int], num_layers: int) -> list[tuple[int, int]]:
@@ -127,18 +132,26 @@ def _score(
     fixed = [[0.0, 0.0] for _ in range(meshes)]
     running = [[0.0, 0.0] for _ in range(meshes)]
     transient = [[0.0, 0.0] for _ in range(meshes)]
-    for pos, ((first, last), k) in enumerate(
-        zip(_chunks_of(cuts, num_layers), layout, strict=True)
-    ):
-        for c in (0, 1):
-            load[k][c] += prices.latency[k][c][first][last]
-            fixed[k][c] += prices.persistent[k][c][first][last]
-            transient[k][c] = max(transient[k][c], prices.transient[k][c][first][last])
-            per = prices.activations[k][c][first][last]
-            if demand.held is None:  # ZB-V: the larger chunk's counts (its caps' rule)
-                running[k][c] = max(running[k][c], 2 * per)
-            else:
-                running[k][c] += demand.held[pos] * per
+    edges = [0, *cuts, num_layers]
+    held_of = demand.held
+    for pos, k in enumerate(layout):
+        # latency, persistent, transient, activations; choice 0 then 1 (_Prices.ranges)
+        lat0, lat1, per0, per1, tra0, tra1, act0, act1 = prices.ranges[k][edges[pos]][
+            edges[pos + 1] - 1
+        ]
+        ld, fx, tr, rn = load[k], fixed[k], transient[k], running[k]
+        ld[0] += lat0
+        ld[1] += lat1
+        fx[0] += per0
+        fx[1] += per1
+        tr[0] = max(tr[0], tra0)
+        tr[1] = max(tr[1], tra1)
+        if held_of is None:  # ZB-V: the larger chunk's counts (its caps' rule)
+            rn[0] = max(rn[0], 2 * act0)
+            rn[1] = max(rn[1], 2 * act1)
+        else:
+            rn[0] += held_of[pos] * act0
+            rn[1] += held_of[pos] * act1
     choices: list[int] = []
     need_of: list[float] = []
     overflow = 0.0

@@ -453,3 +453,31 @@ def test_bad_inputs_raise_alpa_error(kwargs: dict, message: str) -> None:
         stage_dp(**args)
     assert "\n" not in str(info.value)
     assert not isinstance(info.value, PlanError)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(instances())
+def test_a_weighted_sum_reads_the_solves_of_the_unweighted_one(instance) -> None:
+    """A virtual schedule's DP (sum halved, the costs kept in the max) run as the
+    one-chunk DP's arrays with ``sum_scale=0.5`` and the solves that DP left in
+    ``solves``: the same result, bit for bit, as the DP on the halved sum alone,
+    and it solves no ``t_max`` twice."""
+    costs, sizes, devices, micro_batches, limits = instance
+    halved = costs / 2
+    try:
+        alone = stage_dp(halved, sizes, devices, micro_batches, limits, bottleneck=costs)
+    except PlanError:
+        with pytest.raises(PlanError):
+            stage_dp(costs, sizes, devices, micro_batches, limits, sum_scale=0.5)
+        return
+    solves: dict[float, object] = {}
+    one_chunk = stage_dp(costs, sizes, devices, micro_batches, limits, solves=solves)
+    known = len(solves)
+    assert one_chunk.dp_solves == known
+    shared = stage_dp(costs, sizes, devices, micro_batches, limits, sum_scale=0.5, solves=solves)
+    assert shared.total_latency == alone.total_latency
+    assert shared.stages == alone.stages
+    assert shared.max_stage_latency == alone.max_stage_latency
+    assert shared.dp_solves == len(solves) - known  # only the t_max not solved before
+    with pytest.raises(AlpaError, match="sum_scale"):
+        stage_dp(costs, sizes, devices, micro_batches, limits, sum_scale=0.0)

@@ -23,6 +23,7 @@ from alpa_ir.pipeline.stage_construction import (
     choose_schedule,
     held_floors,
     schedule_plans,
+    solve_stages,
     step_floor,
 )
 from alpa_ir.pipeline.virtual_layout import balance_chunks, chunk_layout, memory_floor
@@ -200,3 +201,28 @@ def test_memory_floors_keep_the_plan(seed: int, monkeypatch: pytest.MonkeyPatch)
         assert _key(with_floors[0].plan) == _key(without[0].plan)
         assert with_floors[0].plan.mesh_of == without[0].plan.mesh_of  # type: ignore[union-attr]
     assert dropped
+
+
+@pytest.mark.parametrize(("seed", "memory"), INSTANCES)
+def test_virtual_schedules_read_the_one_chunk_dp_solves(seed: int, memory: float) -> None:
+    """Interleaved 1F1B and ZB-V run their DP on 1F1B's and ZB-H1's values with
+    the sum halved, reading the solves those DPs made (solve_stages'
+    dp_solves): the same plan and latency as each DP run alone, with fewer
+    DP solves."""
+    table = _table(_cluster(2, memory), 7, seed)
+    shared: dict[str, dict[float, object]] = {}
+    alone_solves = shared_solves = 0
+    for schedule in ("1f1b", "zb-h1", "interleaved-1f1b", "zb-v"):
+        try:
+            alone = solve_stages(table, 8, schedule=schedule)
+        except PlanError:
+            with pytest.raises(PlanError):
+                solve_stages(table, 8, schedule=schedule, dp_solves=shared)
+            continue
+        found = solve_stages(table, 8, schedule=schedule, dp_solves=shared)
+        assert _key(found) == _key(alone)
+        assert found.latency == alone.latency
+        alone_solves += alone.dp_solves
+        shared_solves += found.dp_solves
+    assert set(shared) <= {"1f1b", "zb-h1"}
+    assert 0 < shared_solves < alone_solves

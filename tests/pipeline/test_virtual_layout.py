@@ -157,3 +157,77 @@ def test_the_plan_carries_the_phase_times_its_order_is_built_with() -> None:
     op.properties["phase_times"] = DenseArrayBase.from_list(f64, [1.0, 2.0])
     with pytest.raises(VerifyException, match=r"phase_times needs a forward, B and W time"):
         op.verify()
+
+
+def _reference_score(prices, layout, cuts, num_layers, memory, demand):  # type: ignore[no-untyped-def]
+    """_score as first written: every value read by its own four-level lookup."""
+    from alpa_ir.pipeline.virtual_layout import CAP_SLOWDOWN
+
+    meshes = max(layout) + 1
+    load = [[0.0, 0.0] for _ in range(meshes)]
+    fixed = [[0.0, 0.0] for _ in range(meshes)]
+    running = [[0.0, 0.0] for _ in range(meshes)]
+    transient = [[0.0, 0.0] for _ in range(meshes)]
+    edges = [0, *cuts, num_layers]
+    for pos, k in enumerate(layout):
+        first, last = edges[pos], edges[pos + 1] - 1
+        for c in (0, 1):
+            load[k][c] += prices.latency[k][c][first][last]
+            fixed[k][c] += prices.persistent[k][c][first][last]
+            transient[k][c] = max(transient[k][c], prices.transient[k][c][first][last])
+            per = prices.activations[k][c][first][last]
+            if demand.held is None:
+                running[k][c] = max(running[k][c], 2 * per)
+            else:
+                running[k][c] += demand.held[pos] * per
+    choices, need_of, times, overflow = [], [], [], 0.0
+    wanted = 2 * min(meshes, demand.micro_batches)
+    for k in range(meshes):
+        held = [fixed[k][c] + transient[k][c] for c in (0, 1)]
+        need = [held[c] + running[k][c] for c in (0, 1)]
+        c = 0 if need[0] <= memory else int(need[1] < need[0])
+        choices.append(c)
+        need_of.append(need[c])
+        overflow += max(0.0, need[c] - memory)
+        seconds = load[k][c]
+        if demand.held is None and running[k][c] > 0:
+            slots = max(2.0, 2 * (memory - held[c]) / running[k][c])
+            seconds *= max(1.0, wanted / slots) ** CAP_SLOWDOWN
+        times.append(seconds)
+    slowest = max(range(meshes), key=times.__getitem__)
+    hot = {slowest} | {k for k in range(meshes) if need_of[k] > memory}
+    return overflow, tuple(sorted(times, reverse=True)), choices, hot
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_score_reads_each_range_once_and_sums_as_before(seed: int) -> None:
+    """_score (a range's eight values in one tuple) gives the first version's
+    floats exactly, on both schedules' demands, meshes of two views, and
+    ranges with a memory-saving plan."""
+    from alpa_ir.pipeline.virtual_layout import _demand, _Prices, _score
+
+    rng = np.random.default_rng(seed)
+    num = 11
+    cluster = _small_cluster(devices=4, memory=60.0)
+    shapes = ((1, 2), (2, 1))
+    views = {(1, 2): tuple(cluster.logical_mesh(s) for s in shapes)}
+    table = StageCostTable(cluster, ((1, 2),), views, num)
+    for i in range(num):
+        for j in range(i, num):
+            for shape in shapes:
+                n = j - i + 1
+                lat, per, act, tra = rng.uniform(0.1, 3.0, 4) * n
+                saving = ViewCost(1.3 * lat, 0.4 * per, act, 0.0, 0.7 * tra)
+                table.costs[(i, j, shape)] = ViewCost(
+                    lat, per, act, 0.0, tra, memory_saving=saving if rng.random() < 0.5 else None
+                )
+    meshes = [VirtualMesh((1, 2), cluster.logical_mesh(shapes[d % 2], (2 * d, 2 * d + 1)))
+              for d in (0, 1)]  # fmt: skip
+    prices = _Prices(table, meshes)
+    for schedule in ("zb-v", "interleaved-1f1b"):
+        layout = chunk_layout(schedule, 2, 2)
+        demand = _demand(schedule, 2, 8, 2)
+        for _ in range(40):
+            cuts = sorted(rng.choice(np.arange(1, num), len(layout) - 1, replace=False).tolist())
+            found = _score(prices, layout, cuts, num, 60.0, demand)
+            assert found == _reference_score(prices, layout, cuts, num, 60.0, demand)
