@@ -64,6 +64,9 @@ class StrategyGraph:
     alias: dict[SSAValue, SSAValue]
     # Values by which op they are consumed: (consumer op, operand index) -> resolved value.
     uses: list[tuple[Operation, int, SSAValue]]
+    output_ties: dict[int, np.ndarray] = field(default_factory=dict)
+    """Per node defining a fresh returned value, the tie-breaking penalty the
+    planner added to each strategy (:mod:`alpa_ir.autosharding.tie_breaks`)."""
 
 
 def _itemsize(value: SSAValue) -> int:

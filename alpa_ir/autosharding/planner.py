@@ -51,11 +51,13 @@ from alpa_ir.autosharding.cost_model import (
     bound_to_cluster,
     prices_by_devices,
 )
+from alpa_ir.autosharding.dead_code import erase_dead_code
 from alpa_ir.autosharding.graph import GraphBuilder, StrategyCache, StrategyGraph
 from alpa_ir.autosharding.graph_copy import ModuleCopy, copy_module
 from alpa_ir.autosharding.hints import HINT_COST_ATTR, hint_specs
 from alpa_ir.autosharding.problem import Aliasing, build_problem
 from alpa_ir.autosharding.resharding import INF, ReshardCoster, ReshardOptions
+from alpa_ir.autosharding.tie_breaks import with_output_ties
 from alpa_ir.dialects.attrs import BATCH_ATTR, GROUP_ATTR
 from alpa_ir.dialects.lax_attrs import ints_of
 from alpa_ir.dialects.mesh import MESH_ATTR, LogicalMeshOp
@@ -238,6 +240,8 @@ class ShardingPlanner:
                 "reshard options"
             )
         coster = cache.coster if cache is not None else ReshardCoster(mesh, cost_model, options)
+        erased = erase_dead_code(function)  # as XLA's DCE before Alpa's pass (dead_code.py)
+        record_statistic(ctx, STATISTICS_NAME, "dead-ops", erased, "dead ops erased before the ILP")
         groups = {
             o: o.attributes[GROUP_ATTR].value.data  # type: ignore[attr-defined]
             for o in function.body.block.ops
@@ -326,7 +330,8 @@ class ShardingPlanner:
                 node_scale=node_scale,
                 coster=coster,
             )
-            return graph, problem
+            aliased = {a.output for a in aliases_of(function)}
+            return graph, with_output_ties(graph, problem, function, mesh.shape, aliased)
 
         graph, problem = build(hinted=True)
         solver = self._solver(registry.get("solvers", self.options.solver)())
@@ -559,14 +564,15 @@ def batch_leaves_with_rows(function: func.FuncOp, batch: Sequence[int]) -> set[i
 
 
 def _without_tie_breaks(objective: float, graph: object, choice: Sequence[int]) -> float:
-    """The objective less the arguments' tie-breaking penalties (which prefer
-    the plan that keeps less of the inputs on each device): what the plan's
-    communication costs, 0 for a plan without any."""
+    """The objective less the tie-breaking penalties of the arguments and of
+    the fresh outputs (which prefer the plan that keeps less of them on each
+    device): what the plan's communication costs, 0 for a plan without any."""
     ties = sum(
         node.strategies[choice[node.index]].cost
         for node in graph.nodes  # type: ignore[attr-defined]
         if node.arg is not None and math.isfinite(node.strategies[choice[node.index]].cost)
     )
+    ties += sum(float(t[choice[n]]) for n, t in graph.output_ties.items())  # type: ignore[attr-defined]
     return max(objective - ties, 0.0) if abs(objective - ties) > 1e-12 else 0.0
 
 
