@@ -81,7 +81,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
 
 from xdsl.dialects import func
@@ -90,6 +90,7 @@ from xdsl.dialects.builtin import (
 )
 from xdsl.ir import SSAValue
 
+from alpa_ir.autosharding.dead_code import dead_ops, erase_dead_code
 from alpa_ir.autosharding.graph import StrategyCache
 from alpa_ir.costs.device_model import DeviceModel, nominal_profile
 from alpa_ir.costs.flops import function_flops
@@ -304,6 +305,11 @@ class AnalyticalStageCostModel:
                 )
         except AlpaError:
             return cost  # some parameter cannot be sharded on this mesh
+        # Its persistent bytes first (cheap: the arguments' specs): a plan that
+        # holds no less is no memory saving, and pricing it would not change
+        # that (the same sum, in the same order, as its price's memory).
+        if self.persistent_bytes(sharded_function, mesh, params) >= cost.memory.persistent:
+            return cost
         sharded = self.price_planned(sharded_function, mesh, cluster, params, sharded_options)
         if sharded.memory.persistent >= cost.memory.persistent:
             return cost
@@ -319,8 +325,12 @@ class AnalyticalStageCostModel:
     ) -> StageCost:
         if mesh.size == 1 and not options.keep_argument_specs:
             # one device: every plan keeps every value whole and moves nothing,
-            # so the function as it is prices the same as its ILP plan would
+            # so the function as it is prices the same as its ILP plan would,
+            # less its dead code, which the planner erases before its ILP
             planned = function
+            if dead_ops(function.body.block):
+                planned = function.clone()
+                erase_dead_code(planned)
         else:
             pricer = self._pricer(cluster, options)
             planned = plan_function(
@@ -438,16 +448,7 @@ class AnalyticalStageCostModel:
             return float(math.prod(local(value)) * dtype_of(value.type).itemsize)
 
         block = planned.body.block
-        parameters = sum(nbytes(block.args[k]) for k in params)
-        # ZeRO partitions what a parameter's replicas would each hold.
-        partitioned = (
-            sum(
-                nbytes(block.args[k]) / replication(block.args[k], planned, mesh_shape)
-                for k in params
-            )
-            if self.options.zero
-            else parameters
-        )
+        parameters, gradients, optimizer_state = self._held(planned, params, mesh_shape, nbytes)
         full = peak_live_bytes(
             block, set(params), nbytes, fusion=self.options.fusion, decisions=decisions
         )
@@ -468,11 +469,48 @@ class AnalyticalStageCostModel:
         activations, transient = min(kept, full), max(full - kept, 0.0)
         return StageMemory(
             parameters=parameters,
-            gradients=partitioned * self.options.gradient_factor,
-            optimizer_state=partitioned * self.options.optimizer_state_factor,
+            gradients=gradients,
+            optimizer_state=optimizer_state,
             activations=activations,
             transient=transient,
         )
+
+    def _held(
+        self,
+        planned: func.FuncOp,
+        params: tuple[int, ...],
+        mesh_shape: tuple[int, ...],
+        nbytes: Callable[[SSAValue], float],
+    ) -> tuple[float, float, float]:
+        """Bytes per device of the parameters, their gradients and their
+        optimizer state under ``planned``'s argument specs."""
+        args = planned.body.block.args
+        parameters = sum(nbytes(args[k]) for k in params)
+        # ZeRO partitions what a parameter's replicas would each hold.
+        partitioned = (
+            sum(nbytes(args[k]) / replication(args[k], planned, mesh_shape) for k in params)
+            if self.options.zero
+            else parameters
+        )
+        return (
+            parameters,
+            partitioned * self.options.gradient_factor,
+            partitioned * self.options.optimizer_state_factor,
+        )
+
+    def persistent_bytes(
+        self, planned: func.FuncOp, mesh: LogicalDeviceMesh, params: tuple[int, ...]
+    ) -> float:
+        """``StageMemory.persistent`` of :meth:`price_planned`'s cost of
+        ``planned`` on ``mesh`` (the same floats), without pricing the rest."""
+        shape = mesh.shape
+
+        def nbytes(value: SSAValue) -> float:
+            local = spec_of_value(value, planned).local_shape(shape_of(value.type), shape)
+            return float(math.prod(local) * dtype_of(value.type).itemsize)
+
+        parameters, gradients, optimizer_state = self._held(planned, params, shape, nbytes)
+        return StageMemory(parameters, gradients, optimizer_state, 0.0).persistent
 
 
 def _persistent_at_most(

@@ -123,6 +123,7 @@ class BlockFusion:
         self.end = len(self.ops)
         self.materialized: set[SSAValue] = set()
         self.runs_until: dict[Operation, int] = {}
+        self._users: dict[SSAValue, list[Operation]] = {}
         self.tiled: set[SSAValue] = tiled_attention_values(self.ops) if tiled_attention else set()
         """The tiled attention's values (module docstring): never materialized."""
         for op in reversed(self.ops):
@@ -136,7 +137,13 @@ class BlockFusion:
 
     def users(self, value: SSAValue) -> list[Operation]:
         """The top-level ops that read ``value``, seeing through identity ops
-        (a marker's result is its operand's buffer)."""
+        (a marker's result is its operand's buffer). Kept per value: the
+        block is not changed while its decisions are read, and the decisions
+        and the kernels reading a value ask for the same users many times
+        (a list the callers only read)."""
+        found = self._users.get(value)
+        if found is not None:
+            return found
         out: list[Operation] = []
         for use in value.uses:
             user = self.top(use.operation)
@@ -144,6 +151,7 @@ class BlockFusion:
                 out += self.users(user.results[use.index])
             else:
                 out.append(user)
+        self._users[value] = out
         return out
 
     def _decide(self, op: Operation) -> None:
@@ -166,7 +174,8 @@ class BlockFusion:
                 not fusible
                 or not users
                 or any(u is self.block.last_op or not fuses_inputs(u) for u in users)
-                or (self.kernels_reading(result) > 1 and streamed_inputs(op) > 1)
+                # (both pure: the cheap test first, the walk of the readers only if needed)
+                or (streamed_inputs(op) > 1 and self.kernels_reading(result) > 1)
             ):
                 self.materialized.add(result)
                 continue

@@ -105,9 +105,17 @@ def tensor_type(shape: Sequence[int], dtype: np.dtype | type) -> TensorType:
 
 
 def shape_of(ty: Attribute) -> tuple[int, ...]:
+    # types are immutable: decode each one's shape once (the planner asks
+    # hundreds of thousands of times, for a few thousand types)
+    kept = getattr(ty, "__dict__", None)
+    shape = kept.get("_alpa_shape") if kept is not None else None
+    if shape is not None:
+        return shape  # type: ignore[no-any-return]
     if not isinstance(ty, TensorType):
         raise AlpaError(f"expected a tensor type, got {ty}")
-    return tuple(int(d) for d in ty.get_shape())
+    shape = tuple(int(d) for d in ty.get_shape())
+    object.__setattr__(ty, "_alpa_shape", shape)
+    return shape
 
 
 def dtype_of(ty: Attribute) -> Any:
