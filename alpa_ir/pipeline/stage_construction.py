@@ -439,12 +439,13 @@ def virtual_plans(
     bounds = [load_bound(table, m) for m in configs]
     balanced = []
     fitting: list[float] = []
+    prices: dict[tuple[int, ...], dict[str, list]] = {}  # each view's, read out once
     # the most promising first; one whose bound is beyond what is kept is not balanced
     for bound, meshes in sorted(zip(bounds, configs, strict=True), key=lambda x: x[0]):
         if fitting and bound > KEEP_ESTIMATED * min(fitting):
             continue
         layout = chunk_layout(schedule, len(meshes), chunks)
-        found = balance_chunks(table, meshes, layout, schedule, num_micro_batches)
+        found = balance_chunks(table, meshes, layout, schedule, num_micro_batches, prices)
         balanced.append((meshes, layout, found))
         if found.overflow == 0:
             fitting.append(found.slowest)

@@ -80,8 +80,13 @@ class _Prices:
     in one tuple (latency, persistent, transient and activations, each of
     choice 0 then 1), which :func:`_score` reads with one lookup."""
 
-    def __init__(self, table: StageCostTable, meshes: Sequence[VirtualMesh]) -> None:
-        by_shape: dict[tuple[int, ...], dict[str, list]] = {}
+    def __init__(
+        self,
+        table: StageCostTable,
+        meshes: Sequence[VirtualMesh],
+        by_shape: dict[tuple[int, ...], dict[str, list]] | None = None,
+    ) -> None:
+        by_shape = {} if by_shape is None else by_shape  # a view's lists, built once
         names = ("latency", "persistent", "transient", "activations")
         for m in meshes:
             shape = tuple(m.mesh.shape)
@@ -158,15 +163,17 @@ def _score(
     times: list[float] = []
     wanted = 2 * min(meshes, demand.micro_batches)
     for k in range(meshes):
-        held = [fixed[k][c] + transient[k][c] for c in (0, 1)]
-        need = [held[c] + running[k][c] for c in (0, 1)]
-        c = 0 if need[0] <= memory else int(need[1] < need[0])
+        fx, tr, rn = fixed[k], transient[k], running[k]
+        held0, held1 = fx[0] + tr[0], fx[1] + tr[1]
+        need0, need1 = held0 + rn[0], held1 + rn[1]
+        c = 0 if need0 <= memory else int(need1 < need0)
+        held, need = (held1, need1) if c else (held0, need0)
         choices.append(c)
-        need_of.append(need[c])
-        overflow += max(0.0, need[c] - memory)
+        need_of.append(need)
+        overflow += max(0.0, need - memory)
         seconds = load[k][c]
-        if demand.held is None and running[k][c] > 0:
-            slots = max(2.0, 2 * (memory - held[c]) / running[k][c])
+        if held_of is None and rn[c] > 0:
+            slots = max(2.0, 2 * (memory - held) / rn[c])
             seconds *= max(1.0, wanted / slots) ** CAP_SLOWDOWN
         times.append(seconds)
     slowest = max(range(meshes), key=times.__getitem__)
@@ -250,21 +257,24 @@ def balance_chunks(
     layout: Sequence[int],
     schedule: str,
     num_micro_batches: int,
+    prices: dict[tuple[int, ...], dict[str, list]] | None = None,
 ) -> ChunkLayout:
     """The chunks of ``layout`` (the mesh of each chunk, in pipeline order) on
-    ``meshes`` for ``schedule``, balanced as the module docstring says."""
+    ``meshes`` for ``schedule``, balanced as the module docstring says
+    (``prices``: a dict the caller keeps across calls on ``table``, each
+    view's values read out of it once)."""
     num = table.num_layers
     if len(layout) > num:
         raise PlanError(
             f"construct-stages: {len(layout)} chunks on {len(meshes)} meshes need at least "
             f"{len(layout)} layers, the step has {num}"
         )
-    prices = _Prices(table, meshes)
+    read = _Prices(table, meshes, prices)
     memory = table.cluster.device_memory
     sizes = [m.submesh[0] * m.submesh[1] for m in meshes]
-    cuts = _initial_cuts(prices, layout, sizes, num)
+    cuts = _initial_cuts(read, layout, sizes, num)
     demand = _demand(schedule, len(meshes), num_micro_batches, len(layout) // len(meshes))
-    best = _score(prices, layout, cuts, num, memory, demand)
+    best = _score(read, layout, cuts, num, memory, demand)
     improved = True
     while improved:
         improved = False
@@ -276,11 +286,13 @@ def balance_chunks(
                 if layout[c] not in best[3] and layout[d + 1] not in best[3]:
                     continue
                 for step in (-1, 1):
-                    trial = [x + step if c <= i <= d else x for i, x in enumerate(cuts)]
-                    edges = [0, *trial, num]
-                    if any(edges[i + 1] <= edges[i] for i in range(len(edges) - 1)):
+                    # the cuts are increasing: only chunk c (step -1) or d + 1 (+1) may empty
+                    if step < 0 and cuts[c] - 1 <= (cuts[c - 1] if c else 0):
                         continue
-                    score = _score(prices, layout, trial, num, memory, demand)
+                    if step > 0 and cuts[d] + 1 >= (cuts[d + 1] if d + 1 < len(cuts) else num):
+                        continue
+                    trial = [*cuts[:c], *(x + step for x in cuts[c : d + 1]), *cuts[d + 1 :]]
+                    score = _score(read, layout, trial, num, memory, demand)
                     if score[:2] < best[:2]:
                         cuts, best, improved = trial, score, True
     choices = best[2]
