@@ -65,11 +65,19 @@ def default_layers(name: str) -> int:
 
 def bench_optimizer(name: str) -> tuple[str, float]:
     """The optimizer a suite trains with, and its state per parameter byte for
-    the cost model: Adam (m and v: 2) for GPT-3 and Wide-ResNet; Adafactor for
-    MoE, as Alpa's MoE benchmark trains (its second moments are factored into
-    a row and a column per matrix: next to nothing). Without that, MoE-70B's
-    16 bytes per parameter exceed 64 GPUs of 16 GB whatever the plan."""
-    return ("adafactor", 0.0) if name.startswith("moe") else ("adam", 2.0)
+    the cost model: Adam (m and v: 2) for GPT-3; SGD with Nesterov momentum 0.9
+    (one momentum: 1) for Wide-ResNet, as Alpa's Wide-ResNet benchmark trains
+    (``optax.sgd(..., momentum=0.9, nesterov=True)`` in
+    benchmark/alpa/benchmark_{2d,3d}_one_case_wresnet.py, branch osdi22_artifact,
+    commit e0ae8bf8); Adafactor for MoE, as Alpa's MoE benchmark trains (its
+    second moments are factored into a row and a column per matrix: next to
+    nothing). Without that, MoE-70B's 16 bytes per parameter exceed 64 GPUs of
+    16 GB whatever the plan."""
+    if name.startswith("moe"):
+        return ("adafactor", 0.0)
+    if name.startswith("wresnet"):
+        return ("sgd-momentum", 1.0)
+    return ("adam", 2.0)
 
 
 EARLY_WORKERS_FROM_FLOPS = 1e12

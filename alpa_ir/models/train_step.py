@@ -24,7 +24,7 @@ State = dict[str, Any]
 TrainStep = Callable[[State, Batch], tuple[State, jax.Array]]
 
 DEFAULT_LEARNING_RATES: Mapping[str, float] = MappingProxyType(
-    {"adam": 1e-3, "sgd": 1e-2, "adafactor": 1e-2}
+    {"adam": 1e-3, "sgd": 1e-2, "sgd-momentum": 1e-2, "adafactor": 1e-2}
 )
 
 
@@ -41,9 +41,10 @@ DEFAULT_ADAM_EPS = 1e-8
 def make_optimizer(
     optimizer: str, learning_rate: float | None = None, adam_eps: float = DEFAULT_ADAM_EPS
 ) -> optax.GradientTransformation:
-    """``adam``, ``sgd`` or ``adafactor`` (factored second moments, what Alpa's
-    MoE benchmark trains with) with a constant learning rate (default
-    :data:`DEFAULT_LEARNING_RATES`)."""
+    """``adam``, ``sgd``, ``sgd-momentum`` (Nesterov, momentum 0.9: one state
+    per parameter, what Alpa's Wide-ResNet benchmark trains with) or
+    ``adafactor`` (factored second moments, what Alpa's MoE benchmark trains
+    with) with a constant learning rate (default :data:`DEFAULT_LEARNING_RATES`)."""
     if optimizer not in DEFAULT_LEARNING_RATES:
         raise AlpaError(
             f"unknown optimizer {optimizer!r}; known: {', '.join(DEFAULT_LEARNING_RATES)}"
@@ -53,13 +54,15 @@ def make_optimizer(
         return optax.adam(lr, eps=adam_eps)
     if optimizer == "adafactor":
         return optax.adafactor(lr)
+    if optimizer == "sgd-momentum":
+        return optax.sgd(lr, momentum=0.9, nesterov=True)
     return optax.sgd(lr)
 
 
 def make_train_step(
     config_or_name: Any,
     *,
-    optimizer: Literal["adam", "sgd", "adafactor"] = "adam",
+    optimizer: Literal["adam", "sgd", "sgd-momentum", "adafactor"] = "adam",
     abstract: bool = False,
     seed: int = 0,
     learning_rate: float | None = None,

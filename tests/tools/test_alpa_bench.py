@@ -45,6 +45,24 @@ def test_moe_trains_with_adafactor_as_alpas_benchmark() -> None:
     assert bench_optimizer("gpt3-39b") == ("adam", 2.0)
 
 
+def test_wresnet_trains_with_nesterov_momentum_as_alpas_benchmark() -> None:
+    import jax
+    import jax.numpy as jnp
+
+    from alpa_ir.models.train_step import make_optimizer
+
+    assert bench_optimizer("wresnet-4b") == ("sgd-momentum", 1.0)
+    params = {"conv": jnp.ones((3, 3, 4, 8)), "scale": jnp.ones((8,))}
+    tx = make_optimizer("sgd-momentum", 0.1)
+    state = tx.init(params)
+    # one momentum per parameter, as the state factor 1.0 prices it
+    assert sum(m.size for m in jax.tree.leaves(state)) == 3 * 3 * 4 * 8 + 8
+    grads = {"conv": jnp.ones((3, 3, 4, 8)), "scale": jnp.ones((8,))}
+    updates, _ = tx.update(grads, state, params)
+    # Nesterov's first update: -lr * (g + 0.9 g)
+    assert float(updates["scale"][0]) == pytest.approx(-0.1 * 1.9)
+
+
 def test_an_adafactor_step_runs() -> None:
     import jax
 
