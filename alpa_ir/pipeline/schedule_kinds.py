@@ -308,14 +308,12 @@ def zb_h1(
         del now
         state = progress[k]
         position = state.forward + state.backward
-        pending_w = state.weight < state.backward
-        w = Task(k, state.weight, "backward_weight")
         task = fb_orders[k][position] if position < 2 * m else None
         if task is not None and task.phase == "forward" and state.forward - state.weight >= cap[k]:
-            return w  # the memory cap: release a micro-batch first
+            return Task(k, state.weight, "backward_weight")  # the cap: release one first
         if task is not None and ready(task.stage, task.phase, task.micro_batch):  # type: ignore[arg-type]
             return task
-        return w if pending_w else None
+        return Task(k, state.weight, "backward_weight") if state.weight < state.backward else None
 
     return _list_schedule(kind, m, tuple(range(p)), policy, _times(kind, times, p))[0]
 
@@ -363,20 +361,22 @@ def zb_v(
         # completes a micro-batch (with every mesh at 2p the second chunk's forward
         # arrives in time; one slower mesh delays it for all)
         reserve = reserve if constrained or times is not None else 0
+        steps = tuple((c[0], int(c[1]) - 1 if c != "W" else -1) for c in priority)  # parsed once
 
         def policy(k: int, now: float, ready: Ready, progress: list[_Progress]) -> Task | None:
             del now
             chunks = (k, 2 * p - 1 - k)
-            held = sum(progress[s].forward - progress[s].weight for s in chunks)
-            for choice in priority:
-                if choice == "W":
+            first, second = progress[k], progress[chunks[1]]
+            held = (first.forward - first.weight) + (second.forward - second.weight)
+            for what, which in steps:
+                if what == "W":
                     for s in chunks:
                         if progress[s].weight < progress[s].backward:
                             return Task(s, progress[s].weight, "backward_weight")
                     continue
-                s = chunks[int(choice[1]) - 1]
+                s = chunks[which]
                 state = progress[s]
-                if choice[0] == "B":
+                if what == "B":
                     if state.backward < state.forward and ready(s, "backward", state.backward):
                         return Task(s, state.backward, "backward")
                     continue
