@@ -35,7 +35,6 @@ from alpa_ir.autosharding.local_ops import (
     linear_axis_index,
     split_indexed_dims,
 )
-from alpa_ir.autosharding.planner import OBJECTIVE_ATTR
 from alpa_ir.backends.collective_combining import combined_all_gather, combined_reduce_scatter
 from alpa_ir.backends.grad_accumulation import (
     GRAD_SYNC_SCOPE,
@@ -45,6 +44,7 @@ from alpa_ir.backends.grad_accumulation import (
     split_step,
     zeros_program,
 )
+from alpa_ir.dialects.attrs import PROPAGATED_ATTR
 from alpa_ir.dialects.lax import ConstantOp, LaxOp, PrimitiveOp
 from alpa_ir.dialects.sharding import (
     AllGatherOp,
@@ -390,11 +390,12 @@ def compile_propagated(
 
 def _result_specs(function: func.FuncOp) -> list[ShardingSpec]:
     """The spec of each result of ``function``: on the op that computes it
-    after the ILP, on the signature after XLA's propagation."""
+    (the ILP's plan, or one written by hand), on the signature after XLA's
+    propagation."""
     returned = list(function.body.block.last_op.operands)  # type: ignore[union-attr]
-    if OBJECTIVE_ATTR in function.attributes:
-        return [spec_of_value(v, function) for v in returned]
-    return [signature_spec(function, k, result=True) for k in range(len(returned))]
+    if PROPAGATED_ATTR in function.attributes:
+        return [signature_spec(function, k, result=True) for k in range(len(returned))]
+    return [spec_of_value(v, function) for v in returned]
 
 
 def _summing_in_place(
@@ -609,12 +610,12 @@ def compile_mesh_functions(
         assert isinstance(function, func.FuncOp)
         sums = deferred_sums(function, program.once_per_step.get(name, ()))
         in_place = program.summed_in_place(program.calls[name])
-        if OBJECTIVE_ATTR in function.attributes:
+        if PROPAGATED_ATTR in function.attributes:  # enable_auto_sharding=False: no ILP
+            run, in_shardings = compile_propagated(function, jmesh, info.axis_names, in_place)
+        else:  # the specs on its ops: the ILP's plan, or a plan text written by hand
             run, in_shardings = compile_spmd(
                 module, function, jmesh, info.axis_names, deferred=sums, accumulators=in_place
             )
-        else:  # no ILP ran (enable_auto_sharding=False): XLA propagates its specs
-            run, in_shardings = compile_propagated(function, jmesh, info.axis_names, in_place)
         finish = {k: finish_program(d, jmesh, info.axis_names) for k, d in sums.results.items()}
         finish_shardings = {
             k: NamedSharding(jmesh, partition_spec(ShardingSpec(d.dims), info.axis_names))

@@ -20,23 +20,18 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh, NamedSharding
 from xdsl.dialects import func
-from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr
+from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, UnitAttr
 from xdsl.ir import Attribute
 
+from alpa_ir.dialects.attrs import PROPAGATED_ATTR
 from alpa_ir.dialects.mesh import LogicalMeshOp
 from alpa_ir.dialects.sharding import SPEC_ATTR, ShardingSpec, ShardingSpecAttr
 from alpa_ir.dialects.types import dtype_of, shape_of
 from alpa_ir.errors import AlpaError
 from alpa_ir.frontend.jax_export import eval_block
-
-
-def _partition_spec(spec: ShardingSpec, names: Sequence[str]) -> PartitionSpec:
-    return PartitionSpec(
-        *[None if not d else tuple(names[a] for a in d) if len(d) > 1 else names[d[0]]
-          for d in spec.dims]
-    )  # fmt: skip
+from alpa_ir.runtime.devices import partition_spec
 
 
 def _arg_specs(function: func.FuncOp) -> list[ShardingSpec]:
@@ -68,7 +63,7 @@ def spec_of_sharding(
         orders = [list(itertools.permutations(d)) for d in dims]
         for chosen in itertools.product(*orders):
             spec = ShardingSpec(tuple(tuple(d) for d in chosen))
-            candidate = NamedSharding(mesh, _partition_spec(spec, names))
+            candidate = NamedSharding(mesh, partition_spec(spec, names))
             if candidate.is_equivalent_to(sharding, ndim):
                 return spec
     return None
@@ -97,7 +92,7 @@ def propagate_function(function: func.FuncOp, mesh_op: LogicalMeshOp) -> None:
     ins = function.function_type.inputs.data
     avals = [
         jax.ShapeDtypeStruct(
-            shape_of(t), dtype_of(t), sharding=NamedSharding(mesh, _partition_spec(s, names))
+            shape_of(t), dtype_of(t), sharding=NamedSharding(mesh, partition_spec(s, names))
         )
         for t, s in zip(ins, specs, strict=True)
     ]
@@ -118,6 +113,7 @@ def propagate_function(function: func.FuncOp, mesh_op: LogicalMeshOp) -> None:
     function.res_attrs = ArrayAttr(
         [_with_spec(function.res_attrs, k, s) for k, s in enumerate(results)]
     )
+    function.attributes[PROPAGATED_ATTR] = UnitAttr()
 
 
 def _with_spec(attrs: ArrayAttr | None, index: int, spec: ShardingSpec) -> DictionaryAttr:

@@ -24,6 +24,10 @@ gradients, the loss), whose reductions over the mesh the runtime defers to
 once per step (``deferred_reductions``)."""
 CROSS_BYTES_ATTR = "pipeline.cross_bytes"
 """Transfer attribute: bytes crossing between the meshes (i64)."""
+PROPAGATED_ATTR = "sharding.propagated"
+"""Function attribute (unit): its specs were chosen by XLA's sharding
+propagation, not by the ILP (``enable_auto_sharding=False``); the backend
+compiles such a function with those specs alone."""
 GROUP_ATTR = "sharding.group"
 """Op attribute: the ILP node (group of ``merge-trivial-ops``) the op belongs to."""
 TIME_ATTR = "p2.predicted_time"

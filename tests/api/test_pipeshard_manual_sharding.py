@@ -143,6 +143,7 @@ def test_without_auto_sharding_no_ilp_runs_and_xla_propagates_the_given_specs(
     function is planned by the ILP; each keeps the given specs and XLA's
     propagation lays out the rest, and the step still equals one device."""
     from alpa_ir.autosharding.planner import OBJECTIVE_ATTR
+    from alpa_ir.dialects.attrs import PROPAGATED_ATTR
     from alpa_ir.pipeline.stage_specs import main_calls
 
     params, batch = _args()
@@ -164,6 +165,7 @@ def test_without_auto_sharding_no_ilp_runs_and_xla_propagates_the_given_specs(
     assert "propagate=true" in executable.pass_pipeline
     functions = [f for _, _, f, _ in main_calls(executable.module)]
     assert functions and not any(OBJECTIVE_ATTR in f.attributes for f in functions)
+    assert all(PROPAGATED_ATTR in f.attributes for f in functions)
     specs = executable.stage_input_shard_specs
     split, rep = ShardingSpec(((), (1,))), ShardingSpec(((), ()))
     assert specs[0][:5] == (
