@@ -32,6 +32,7 @@ the field). A name Alpa does not have is an :class:`~alpa_ir.errors.AlpaError`.
 from __future__ import annotations
 
 import dataclasses
+import threading
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -106,6 +107,8 @@ class GlobalConfig:
         object.__setattr__(self, "_options", GlobalOptions())
         object.__setattr__(self, "_others", {k: v for k, (v, _) in WITHOUT_MEANING.items()})
         object.__setattr__(self, "_random", None)
+        # steps called from several threads each take a call number of their own
+        object.__setattr__(self, "_random_lock", threading.Lock())
 
     def options(self) -> GlobalOptions:
         """The fields that mean something here, as they are now (frozen)."""
@@ -120,14 +123,16 @@ class GlobalConfig:
         None: steps draw with their keys alone again."""
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int | np.integer)):
             raise AlpaError(f"the random seed must be an integer or None, got {seed!r}")
-        object.__setattr__(self, "_random", None if seed is None else SessionRandom(int(seed)))
+        with self._random_lock:
+            object.__setattr__(self, "_random", None if seed is None else SessionRandom(int(seed)))
 
     def next_call(self) -> SessionRandom:
         """The seed and number of this seeded call (counting it); after ``set_seed``."""
-        now = self._random
-        if now is None:
-            raise AlpaError("no random seed: call set_seed(seed) first")
-        object.__setattr__(self, "_random", dataclasses.replace(now, calls=now.calls + 1))
+        with self._random_lock:
+            now = self._random
+            if now is None:
+                raise AlpaError("no random seed: call set_seed(seed) first")
+            object.__setattr__(self, "_random", dataclasses.replace(now, calls=now.calls + 1))
         return now  # type: ignore[no-any-return]
 
     def __getattr__(self, name: str) -> Any:

@@ -13,7 +13,7 @@ from pipeshard_fixtures import _example, _step
 import alpa_ir
 import alpa_ir.api.global_config as config_module
 import alpa_ir.api.parallel as parallel_module
-from alpa_ir.api.global_config import GlobalConfig, GlobalOptions
+from alpa_ir.api.global_config import GlobalConfig, GlobalOptions, SessionRandom
 from alpa_ir.errors import AlpaError
 
 
@@ -79,3 +79,27 @@ def test_fields_without_meaning_warn_in_one_line(config: GlobalConfig) -> None:
         _ = config.no_such_field
     with pytest.raises(AlpaError, match="collect_trace must be a bool"):
         config.collect_trace = "yes"
+
+
+def test_seeded_calls_from_threads_each_get_a_number_of_their_own(config: GlobalConfig) -> None:
+    import sys
+    import threading
+
+    config.seed_draws(7)
+    numbers: list[int] = []
+
+    def call_many() -> None:
+        numbers.extend([config.next_call().calls for _ in range(2000)])
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch often, so an unlocked count would repeat
+    try:
+        threads = [threading.Thread(target=call_many) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert sorted(numbers) == list(range(16000))
+    assert config.session_random() == SessionRandom(7, 16000)
