@@ -49,7 +49,12 @@ from alpa_ir.pipeline.schedule_kinds import SPLIT_SCHEDULES
 AUTO_SCHEDULES = ("1f1b", "zb-h1", "interleaved-1f1b", "zb-v", "gpipe")
 """What ``schedule=auto`` compares, in order of preference on a tie."""
 VIRTUAL_STAGES = {"interleaved-1f1b": 2, "zb-v": 2}
-"""Chunks per mesh the planner gives the schedules that place several on one."""
+"""Chunks per mesh the planner gives the schedules that place several on one.
+Each is a power of two: the stage DP of such a schedule reuses its one-chunk
+schedule's solves with the sum weighted by ``1 / v`` (``stage_dp(sum_scale=)``),
+which equals the DP on costs divided by ``v`` bit for bit only when the
+division is exact."""
+assert all(v & (v - 1) == 0 for v in VIRTUAL_STAGES.values())
 MEMORY_EFFICIENCY = 0.8
 """Share of the memory bandwidth an optimizer update reaches."""
 
