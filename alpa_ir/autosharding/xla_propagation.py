@@ -20,7 +20,7 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from xdsl.dialects import func
 from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, UnitAttr
 from xdsl.ir import Attribute
@@ -31,7 +31,16 @@ from alpa_ir.dialects.sharding import SPEC_ATTR, ShardingSpec, ShardingSpecAttr
 from alpa_ir.dialects.types import dtype_of, shape_of
 from alpa_ir.errors import AlpaError
 from alpa_ir.frontend.jax_export import eval_block
-from alpa_ir.runtime.devices import partition_spec
+
+
+def _partition_spec(spec: ShardingSpec, names: Sequence[str]) -> PartitionSpec:
+    """``spec`` as JAX's PartitionSpec over the axis ``names`` (a copy of
+    ``runtime.devices.partition_spec``: the runtime sits above the planner's
+    libraries, which may not import it)."""
+    return PartitionSpec(
+        *[None if not d else tuple(names[a] for a in d) if len(d) > 1 else names[d[0]]
+          for d in spec.dims]
+    )  # fmt: skip
 
 
 def _arg_specs(function: func.FuncOp) -> list[ShardingSpec]:
@@ -63,7 +72,7 @@ def spec_of_sharding(
         orders = [list(itertools.permutations(d)) for d in dims]
         for chosen in itertools.product(*orders):
             spec = ShardingSpec(tuple(tuple(d) for d in chosen))
-            candidate = NamedSharding(mesh, partition_spec(spec, names))
+            candidate = NamedSharding(mesh, _partition_spec(spec, names))
             if candidate.is_equivalent_to(sharding, ndim):
                 return spec
     return None
@@ -92,7 +101,7 @@ def propagate_function(function: func.FuncOp, mesh_op: LogicalMeshOp) -> None:
     ins = function.function_type.inputs.data
     avals = [
         jax.ShapeDtypeStruct(
-            shape_of(t), dtype_of(t), sharding=NamedSharding(mesh, partition_spec(s, names))
+            shape_of(t), dtype_of(t), sharding=NamedSharding(mesh, _partition_spec(s, names))
         )
         for t, s in zip(ins, specs, strict=True)
     ]
