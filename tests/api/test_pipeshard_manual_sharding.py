@@ -5,13 +5,11 @@ forward; the rest is left to the planner, and the step equals one device."""
 
 from __future__ import annotations
 
-import itertools
-from typing import Any
-
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
+from alpa_mlp_fixtures import alpa_mlp_args as _args
+from alpa_mlp_fixtures import alpa_mlp_step as _step
 from jax.sharding import PartitionSpec as P
 
 import alpa_ir
@@ -24,32 +22,6 @@ from alpa_ir import (
 from alpa_ir.dialects.sharding import ShardingSpec
 from alpa_ir.errors import AlpaError
 from alpa_ir.testing import HloParser
-
-HIDDENS = (6, 8, 10, 12, 14)
-
-
-def _step(params: tuple[jax.Array, ...], batch: tuple[jax.Array, jax.Array]) -> Any:
-    x, tgt = batch
-
-    def loss_fn(params: tuple[jax.Array, ...]) -> jax.Array:
-        w0, b0, w1, b1, w2, b2, w3, b3 = params
-        z = jax.nn.relu(jax.nn.relu(x @ w0 + b0) @ w1 + b1)
-        alpa_ir.mark_pipeline_boundary()
-        v = jax.nn.softmax(jax.nn.relu(z @ w2 + b2) @ w3 + b3)
-        return jnp.mean((v - tgt) ** 2)
-
-    grads = alpa_ir.grad(loss_fn)(params)
-    return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads)
-
-
-def _args() -> tuple[tuple[jax.Array, ...], tuple[jax.Array, jax.Array]]:
-    keys = iter(jax.random.split(jax.random.PRNGKey(0), 10))
-    params = []
-    for a, b in itertools.pairwise(HIDDENS):
-        params += [jax.random.normal(next(keys), (a, b)) * 0.3, jax.random.normal(next(keys), (b,))]
-    x = jax.random.normal(jax.random.PRNGKey(1), (64, HIDDENS[0]))
-    tgt = jax.random.normal(jax.random.PRNGKey(2), (64, HIDDENS[-1]))
-    return tuple(params), (x, tgt)
 
 
 def _method(option: ManualShardingOption) -> PipeshardParallel:
