@@ -58,6 +58,26 @@ from typing import Any
 import jax
 
 
+def _mse_step(model: Any, tx: Any, x: jax.Array, y: jax.Array) -> tuple[Any, tuple[Any, Any]]:
+    """A step training ``model`` on the mean squared error of ``x`` against
+    ``y`` with the optax ``tx`` (no loss returned), its state and batch."""
+    import jax.numpy as jnp
+    import optax
+
+    params = model.init(jax.random.PRNGKey(0), x)
+    state = {"params": params, "opt_state": tx.init(params)}
+
+    def step(state: Any, batch: dict[str, jax.Array]) -> Any:
+        def loss(p: Any) -> jax.Array:
+            return jnp.mean((model.apply(p, batch["x"]) - batch["y"]) ** 2)
+
+        grads = jax.grad(loss)(state["params"])
+        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+        return {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state}
+
+    return step, (state, {"x": x, "y": y})
+
+
 @dataclass(frozen=True)
 class ClassicCase:
     name: str
@@ -147,19 +167,7 @@ def bert_step(config: BertLayers) -> tuple[Any, tuple[Any, ...]]:
     shape = (config.batch_size, config.seq_len, config.hidden_size)
     x = jnp.ones(shape, jnp.float32)
     model = Encoder()
-    params = model.init(jax.random.PRNGKey(0), x)
-    tx = optax.adam(1e-2)
-    state = {"params": params, "opt_state": tx.init(params)}
-
-    def step(state: Any, batch: dict[str, jax.Array]) -> Any:
-        def loss(p: Any) -> jax.Array:
-            return jnp.mean((model.apply(p, batch["x"]) - batch["y"]) ** 2)
-
-        grads = jax.grad(loss)(state["params"])
-        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-        return {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state}
-
-    return step, (state, {"x": x, "y": jnp.ones(shape, jnp.float32)})
+    return _mse_step(model, optax.adam(1e-2), x, jnp.ones(shape, jnp.float32))
 
 
 @dataclass(frozen=True)
@@ -263,19 +271,7 @@ def dot_all_to_all_step(config: DotAllToAll) -> tuple[Any, tuple[Any, ...]]:
     x = jnp.ones((b, m))
     y = jnp.ones((b, m))
     model = Model()
-    params = model.init(jax.random.PRNGKey(0), x)
-    tx = optax.sgd(1e-2)
-    state = {"params": params, "opt_state": tx.init(params)}
-
-    def step(state: Any, batch: dict[str, jax.Array]) -> Any:
-        def loss(p: Any) -> jax.Array:
-            return jnp.mean((model.apply(p, batch["x"]) - batch["y"]) ** 2)
-
-        grads = jax.grad(loss)(state["params"])
-        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-        return {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state}
-
-    return step, (state, {"x": x, "y": y})
+    return _mse_step(model, optax.sgd(1e-2), x, y)
 
 
 def _alpa_dot_all_to_all(mesh: Any, config: DotAllToAll, params: Any) -> float:
