@@ -44,15 +44,21 @@ from alpa_ir.pipeline.stage_specs import (
 STAGE_PIPELINE = "merge-trivial-ops,auto-sharding"
 
 
-def function_module(module: ModuleOp, name: str) -> ModuleOp:
-    """A module holding a copy of ``@name`` as ``@main`` on a copy of its mesh as ``@mesh``
-    (and copies of the module's ``mesh.cluster`` ops, which a cost model may price on)."""
+def function_and_mesh(module: ModuleOp, name: str) -> tuple[func.FuncOp, LogicalMeshOp]:
+    """Function ``@name`` of ``module`` and the logical mesh it runs on."""
     function = symbol_op(module, name, func.FuncOp)
     assert isinstance(function, func.FuncOp)
     ref = function.attributes[MESH_ATTR]
     assert isinstance(ref, SymbolRefAttr)
     mesh = symbol_op(module, ref.root_reference.data, LogicalMeshOp)
     assert isinstance(mesh, LogicalMeshOp)
+    return function, mesh
+
+
+def function_module(module: ModuleOp, name: str) -> ModuleOp:
+    """A module holding a copy of ``@name`` as ``@main`` on a copy of its mesh as ``@mesh``
+    (and copies of the module's ``mesh.cluster`` ops, which a cost model may price on)."""
+    function, mesh = function_and_mesh(module, name)
     mesh_copy = mesh.clone()
     mesh_copy.properties["sym_name"] = StringAttr("mesh")
     copy = function.clone()
@@ -140,13 +146,7 @@ class ShardStages(ModulePass):
         def propagate(name: str) -> None:
             from alpa_ir.autosharding.xla_propagation import propagate_function  # loads JAX
 
-            function = symbol_op(op, name, func.FuncOp)
-            assert isinstance(function, func.FuncOp)
-            ref = function.attributes[MESH_ATTR]
-            assert isinstance(ref, SymbolRefAttr)
-            mesh = symbol_op(op, ref.root_reference.data, LogicalMeshOp)
-            assert isinstance(mesh, LogicalMeshOp)
-            propagate_function(function, mesh)
+            propagate_function(*function_and_mesh(op, name))
 
         def shard(name: str) -> None:
             single = function_module(op, name)
